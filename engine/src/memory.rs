@@ -1,0 +1,793 @@
+//! The in-memory engine: [`MemoryEngine`] and its snapshots.
+//!
+//! This module owns the ordered, multi-versioned in-memory state (a lock-free
+//! skiplist of `(user key, sequence)` versions), the publication of write
+//! batches, the registry of live snapshots, garbage collection of versions no
+//! snapshot can see any more, and checkpointing that state to snapshot files
+//! (and loading it back at startup).
+//!
+//! It must never: let a reader observe part of a batch; remove a version a
+//! live snapshot (or an in-flight read) can still see; make readers wait for
+//! the writer (readers take at most a short registry lock, never the writer
+//! lock); or silently fall back to an older snapshot file when the newest one
+//! is corrupt. Durability of individual writes is not its job: between
+//! checkpoints, the WAL owned by the server is what survives a crash.
+//!
+//! # Versioning
+//!
+//! Every [`WriteBatch`] gets the next sequence number `seq`; each of its ops
+//! inserts a version `(key, seq) -> Option<value>` (`None` is a tombstone).
+//! Only after all of them are in the skiplist is `seq` published, so a
+//! snapshot (which reads "the newest version with a sequence ≤ mine") sees a
+//! batch entirely or not at all. The applied index is published together
+//! with the sequence under the same lock, so a snapshot's applied index always
+//! describes exactly the data it shows.
+//!
+//! # Garbage collection
+//!
+//! A snapshot at sequence `s` sees, for each key, the newest version with a
+//! sequence ≤ `s`; current and future readers see the newest version. So a
+//! version is needed only if it is the newest one at or below some live
+//! snapshot's sequence, or the newest overall; every other version can go.
+//! A needed tombstone can go too once no older version is left, since then
+//! "absent" reads the same as "deleted". The writer collects the keys it
+//! just wrote. Keys left with more than one version because snapshots pinned
+//! them are queued, and revisited once the *horizon* (the oldest live
+//! snapshot's sequence, or the published one if none is held; it never
+//! decreases) has moved past the point where they were queued.
+
+use std::borrow::Borrow;
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::{btree_map, BTreeMap, HashSet, VecDeque};
+use std::fmt;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+
+use bytes::Bytes;
+use crossbeam_skiplist::{map::Entry, SkipMap};
+
+use crate::snapfile::{self, SnapshotData};
+use crate::{BatchOp, Engine, EngineSnapshot, Error, Result, Scan, WriteBatch};
+
+/// Optimistic (unregistered) point reads retry this often when a write lands
+/// underneath them before falling back to a registered snapshot.
+const OPTIMISTIC_READ_ATTEMPTS: usize = 3;
+
+/// Deferred keys the writer revisits per write on top of one per op, so the
+/// backlog left by a long-held snapshot drains without a latency spike.
+const DEFERRED_GC_BUDGET: usize = 32;
+
+/// A scan steps over this many stale versions of one key with `next()`
+/// before paying for a fresh O(log n) seek past the key.
+const STEPS_BEFORE_SEEK: usize = 4;
+
+const SNAPSHOT_SUFFIX: &str = ".snap";
+const TMP_SUFFIX: &str = ".snap.tmp";
+
+/// Sequence given to state loaded from a snapshot file: it precedes every
+/// write made after loading, and 0 stays "before anything".
+const LOADED_SEQ: u64 = 1;
+
+type VersionMap = SkipMap<InternalKey, Option<Bytes>>;
+type VersionEntry<'a> = Entry<'a, InternalKey, Option<Bytes>>;
+
+/// Skiplist key: user key ascending, then sequence descending, so a seek to
+/// `(key, s)` lands on the newest version of `key` visible at `s`.
+struct InternalKey {
+    user_key: Bytes,
+    seq: u64,
+}
+
+/// What both stored keys and borrowed lookup probes look like, so lookups
+/// can go through `Borrow<dyn VersionedKey>` without allocating a key.
+trait VersionedKey {
+    fn user_key(&self) -> &[u8];
+    fn seq(&self) -> u64;
+}
+
+impl VersionedKey for InternalKey {
+    fn user_key(&self) -> &[u8] {
+        &self.user_key
+    }
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+struct Probe<'a> {
+    user_key: &'a [u8],
+    seq: u64,
+}
+
+impl VersionedKey for Probe<'_> {
+    fn user_key(&self) -> &[u8] {
+        self.user_key
+    }
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+fn compare_versioned(a: &dyn VersionedKey, b: &dyn VersionedKey) -> CmpOrdering {
+    a.user_key()
+        .cmp(b.user_key())
+        .then_with(|| b.seq().cmp(&a.seq()))
+}
+
+// `Borrow` requires the borrowed form to order exactly like the owner; both
+// go through `compare_versioned`.
+impl<'a> Borrow<dyn VersionedKey + 'a> for InternalKey {
+    fn borrow(&self) -> &(dyn VersionedKey + 'a) {
+        self
+    }
+}
+
+impl PartialEq for dyn VersionedKey + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        compare_versioned(self, other) == CmpOrdering::Equal
+    }
+}
+impl Eq for dyn VersionedKey + '_ {}
+impl PartialOrd for dyn VersionedKey + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for dyn VersionedKey + '_ {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        compare_versioned(self, other)
+    }
+}
+
+impl PartialEq for InternalKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == CmpOrdering::Equal
+    }
+}
+impl Eq for InternalKey {}
+impl PartialOrd for InternalKey {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for InternalKey {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        compare_versioned(self, other)
+    }
+}
+
+/// First version at or after `(key, seq)` (or strictly after it).
+fn seek<'m>(map: &'m VersionMap, key: &[u8], seq: u64, inclusive: bool) -> Option<VersionEntry<'m>> {
+    let probe = Probe { user_key: key, seq };
+    let probe: &dyn VersionedKey = &probe;
+    if inclusive {
+        map.lower_bound(Bound::Included(probe))
+    } else {
+        map.lower_bound(Bound::Excluded(probe))
+    }
+}
+
+/// The first version of the next user key after `entry`'s.
+fn skip_user_key<'m>(map: &'m VersionMap, entry: &VersionEntry<'m>) -> Option<VersionEntry<'m>> {
+    let key = &entry.key().user_key;
+    let mut cur = entry.next();
+    for _ in 0..STEPS_BEFORE_SEEK {
+        match cur {
+            Some(next) if next.key().user_key == *key => cur = next.next(),
+            other => return other,
+        }
+    }
+    match cur {
+        // Sequence 0 sorts after every version of `key`.
+        Some(next) if next.key().user_key == *key => seek(map, key, 0, false),
+        other => other,
+    }
+}
+
+fn before_end(key: &[u8], end: Bound<&[u8]>) -> bool {
+    match end {
+        Bound::Unbounded => true,
+        Bound::Included(end) => key <= end,
+        Bound::Excluded(end) => key < end,
+    }
+}
+
+/// What readers need to pin a consistent point: published under one lock so
+/// sequence, applied index and registration can never disagree.
+struct Published {
+    seq: u64,
+    applied_index: u64,
+    /// Sequence -> number of live snapshots at it.
+    held: BTreeMap<u64, usize>,
+}
+
+impl Published {
+    fn pins(&self) -> Pins {
+        Pins {
+            held: self.held.keys().copied().collect(),
+            published: self.seq,
+        }
+    }
+}
+
+/// The sequences live snapshots held when a GC pass started. Snapshots
+/// taken later hold the published sequence and see only the newest
+/// versions, which GC always keeps; ones released later just make the pass
+/// conservative.
+struct Pins {
+    /// Distinct, ascending.
+    held: Vec<u64>,
+    published: u64,
+}
+
+impl Pins {
+    fn horizon(&self) -> u64 {
+        self.held.first().copied().unwrap_or(self.published)
+    }
+
+    /// Whether some snapshot's sequence is in `lo..hi`, i.e. would see the
+    /// version `lo` whose next newer version is `hi`.
+    fn any_in(&self, lo: u64, hi: u64) -> bool {
+        let first_at_or_above = self.held.partition_point(|&seq| seq < lo);
+        self.held.get(first_at_or_above).is_some_and(|&seq| seq < hi)
+    }
+}
+
+struct WriterState {
+    last_seq: u64,
+    applied_index: u64,
+    /// Keys a snapshot kept from being fully collected, with the horizon at
+    /// which that was last tried; horizons are non-decreasing front to back.
+    deferred: VecDeque<(u64, Bytes)>,
+    deferred_keys: HashSet<Bytes>,
+}
+
+struct Inner {
+    versions: VersionMap,
+    visible_seq: AtomicU64,
+    applied_index: AtomicU64,
+    durable_applied_index: AtomicU64,
+    live_keys: AtomicUsize,
+    published: Mutex<Published>,
+    writer: Mutex<WriterState>,
+}
+
+impl Inner {
+    fn new(seq: u64, applied_index: u64) -> Self {
+        Inner {
+            versions: SkipMap::new(),
+            visible_seq: AtomicU64::new(seq),
+            applied_index: AtomicU64::new(applied_index),
+            durable_applied_index: AtomicU64::new(0),
+            live_keys: AtomicUsize::new(0),
+            published: Mutex::new(Published {
+                seq,
+                applied_index,
+                held: BTreeMap::new(),
+            }),
+            writer: Mutex::new(WriterState {
+                last_seq: seq,
+                applied_index,
+                deferred: VecDeque::new(),
+                deferred_keys: HashSet::new(),
+            }),
+        }
+    }
+
+    /// The registry only holds counters that every critical section leaves
+    /// consistent, so a panic elsewhere cannot have broken it.
+    fn published(&self) -> MutexGuard<'_, Published> {
+        self.published.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn register(&self) -> (u64, u64) {
+        let mut published = self.published();
+        let (seq, applied) = (published.seq, published.applied_index);
+        *published.held.entry(seq).or_insert(0) += 1;
+        (seq, applied)
+    }
+
+    fn release(&self, seq: u64) {
+        let mut published = self.published();
+        if let btree_map::Entry::Occupied(mut held) = published.held.entry(seq) {
+            *held.get_mut() -= 1;
+            if *held.get() == 0 {
+                held.remove();
+            }
+        }
+    }
+
+    /// The newest value of `key` visible at `seq`.
+    fn get_at(&self, seq: u64, key: &[u8]) -> Option<Bytes> {
+        let entry = seek(&self.versions, key, seq, true)?;
+        if entry.key().user_key != key {
+            return None;
+        }
+        entry.value().clone()
+    }
+
+    fn scan_at<F>(&self, seq: u64, start: Bound<&[u8]>, end: Bound<&[u8]>, mut visit: F)
+    where
+        F: FnMut(&Bytes, &Bytes) -> Scan,
+    {
+        let mut cur = match start {
+            Bound::Unbounded => self.versions.front(),
+            Bound::Included(key) => seek(&self.versions, key, u64::MAX, true),
+            Bound::Excluded(key) => seek(&self.versions, key, u64::MAX, true),
+        };
+        while let Some(entry) = cur {
+            let version = entry.key();
+            if !before_end(&version.user_key, end) {
+                return;
+            }
+            if version.seq > seq {
+                // Written after this snapshot: jump to what it can see.
+                cur = seek(&self.versions, &version.user_key, seq, true);
+                continue;
+            }
+            if let Some(value) = entry.value() {
+                if visit(&version.user_key, value) == Scan::Stop {
+                    return;
+                }
+            }
+            cur = skip_user_key(&self.versions, &entry);
+        }
+    }
+
+    /// Whether the newest version of `key` (published or not) is a value.
+    fn newest_is_live(&self, key: &[u8]) -> bool {
+        match seek(&self.versions, key, u64::MAX, true) {
+            Some(entry) => entry.key().user_key == key && entry.value().is_some(),
+            None => false,
+        }
+    }
+
+    /// Drops the versions of `key` no snapshot in `pins` (nor any newer
+    /// reader) can see. Returns whether the key is fully collected (at most
+    /// one version left, and that a value), i.e. needs no later visit.
+    fn collect_key(&self, key: &[u8], pins: &Pins) -> bool {
+        let mut cur = seek(&self.versions, key, u64::MAX, true);
+        let mut newer_seq: Option<u64> = None;
+        let mut kept = 0usize;
+        // Kept tombstones with no kept value older than them yet.
+        let mut trailing_tombstones: Vec<VersionEntry<'_>> = Vec::new();
+        while let Some(entry) = cur {
+            if entry.key().user_key != key {
+                break;
+            }
+            let seq = entry.key().seq;
+            let next = entry.next();
+            let needed = newer_seq.is_none_or(|newer| pins.any_in(seq, newer));
+            newer_seq = Some(seq);
+            if !needed {
+                entry.remove();
+            } else if entry.value().is_some() {
+                kept += 1;
+                trailing_tombstones.clear();
+            } else {
+                kept += 1;
+                trailing_tombstones.push(entry);
+            }
+            cur = next;
+        }
+        // Everything unneeded below them is gone, so a reader that would have
+        // seen one of these tombstones now finds nothing: the same answer.
+        // Oldest first, so no tombstone ever uncovers another's predecessor.
+        for tombstone in trailing_tombstones.iter().rev() {
+            tombstone.remove();
+        }
+        kept - trailing_tombstones.len() <= 1
+    }
+
+    fn defer(writer: &mut WriterState, horizon: u64, key: &Bytes) {
+        if writer.deferred_keys.insert(key.clone()) {
+            writer.deferred.push_back((horizon, key.clone()));
+        }
+    }
+
+    /// Revisits deferred keys whose pinning snapshots may have gone: those
+    /// queued before the horizon last moved, or all if nothing is held.
+    fn sweep_deferred(&self, writer: &mut WriterState, pins: &Pins, budget: usize) {
+        let horizon = pins.horizon();
+        for _ in 0..budget {
+            match writer.deferred.front() {
+                Some((tried_at, _)) if *tried_at < horizon || pins.held.is_empty() => {}
+                _ => return,
+            }
+            let Some((_, key)) = writer.deferred.pop_front() else {
+                return;
+            };
+            writer.deferred_keys.remove(&key);
+            if !self.collect_key(&key, pins) {
+                Self::defer(writer, horizon, &key);
+            }
+        }
+    }
+
+    fn collect_garbage(&self, writer: &mut WriterState) {
+        let pins = self.published().pins();
+        // Pairs with the fence in optimistic reads; see `write`.
+        fence(Ordering::Release);
+        self.sweep_deferred(writer, &pins, usize::MAX);
+    }
+}
+
+/// An in-memory [`Engine`] with multi-versioned, non-blocking snapshots.
+///
+/// Cloning is cheap and every clone is the same engine. Durability comes
+/// from [`MemoryEngine::checkpoint`] snapshot files (plus the server's WAL).
+#[derive(Clone)]
+pub struct MemoryEngine {
+    inner: Arc<Inner>,
+}
+
+impl Default for MemoryEngine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryEngine")
+            .field("visible_seq", &self.inner.visible_seq.load(Ordering::Relaxed))
+            .field("applied_index", &self.applied_index())
+            .field("durable_applied_index", &self.durable_applied_index())
+            .field("live_keys", &self.len_hint())
+            .field("internal_entries", &self.internal_entry_count())
+            .finish()
+    }
+}
+
+impl MemoryEngine {
+    /// An empty engine with applied index 0 and no snapshot file.
+    pub fn new() -> Self {
+        MemoryEngine {
+            inner: Arc::new(Inner::new(0, 0)),
+        }
+    }
+
+    /// Loads the newest snapshot file in `dir` (creating `dir` if needed).
+    ///
+    /// Leftover `*.snap.tmp` files from an interrupted checkpoint are
+    /// deleted. If the newest `*.snap` is corrupt this fails with
+    /// [`Error::Corrupt`] naming it instead of falling back to an older file:
+    /// silently losing acknowledged state is worse than refusing to start.
+    pub fn open(dir: &Path) -> Result<MemoryEngine> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create snapshot dir", dir, e))?;
+        let mut newest: Option<(u64, PathBuf)> = None;
+        for (name, path) in list_dir(dir)? {
+            if name.ends_with(TMP_SUFFIX) {
+                std::fs::remove_file(&path)
+                    .map_err(|e| Error::io("remove stale snapshot tmp", &path, e))?;
+            } else if let Some(index) = parse_snapshot_name(&name) {
+                if newest.as_ref().is_none_or(|(best, _)| index > *best) {
+                    newest = Some((index, path));
+                }
+            }
+        }
+        let Some((index, path)) = newest else {
+            return Ok(MemoryEngine::new());
+        };
+        let data = snapfile::read(&path)?;
+        if data.applied_index != index {
+            return Err(Error::Corrupt {
+                what: "snapshot file",
+                path,
+                offset: snapfile::APPLIED_INDEX_OFFSET,
+                reason: format!(
+                    "header applied index {} does not match the file name's {index}",
+                    data.applied_index
+                ),
+            });
+        }
+        let engine = MemoryEngine::from_snapshot_data(data);
+        engine
+            .inner
+            .durable_applied_index
+            .store(index, Ordering::Release);
+        Ok(engine)
+    }
+
+    /// An engine holding exactly `data` (e.g. a snapshot received from a
+    /// leader). Its durable applied index is 0 until it is checkpointed.
+    pub fn from_snapshot_data(data: SnapshotData) -> MemoryEngine {
+        let inner = Inner::new(LOADED_SEQ, data.applied_index);
+        let mut live = 0;
+        for (key, value) in data.entries {
+            inner.versions.insert(
+                InternalKey {
+                    user_key: key,
+                    seq: LOADED_SEQ,
+                },
+                Some(value),
+            );
+            live += 1;
+        }
+        // Duplicate keys in `data` collapse to one version; count what stuck.
+        inner.live_keys.store(live.min(inner.versions.len()), Ordering::Relaxed);
+        MemoryEngine {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Writes a snapshot of the current state to
+    /// `dir/<applied index as 016x>.snap` durably (tmp file, fdatasync,
+    /// rename, directory fsync), then deletes older snapshot files.
+    /// Returns the applied index written. Must run on a glommio executor;
+    /// it yields while writing so the executor keeps serving.
+    pub async fn checkpoint(&self, dir: &Path) -> Result<u64> {
+        let snapshot = self.snapshot();
+        let index = snapshot.applied_index();
+        let name = snapshot_name(index);
+        let final_path = dir.join(&name);
+        let tmp_path = dir.join(format!("{name}.tmp"));
+
+        // snapfile::write cleans up its own partial file on failure.
+        snapfile::write(&snapshot, &tmp_path).await?;
+        drop(snapshot);
+        self.try_collect_garbage();
+
+        glommio::io::rename(&tmp_path, &final_path)
+            .await
+            .map_err(|e| Error::glommio("rename snapshot into place", &final_path, e))?;
+        sync_dir(dir).await?;
+        self.inner
+            .durable_applied_index
+            .fetch_max(index, Ordering::AcqRel);
+
+        // The new file is durable, so older ones are garbage. Failing to
+        // delete one only costs disk space and is retried by the next
+        // checkpoint, so it must not turn a durable checkpoint into an error.
+        if let Ok(files) = list_dir(dir) {
+            for (file_name, path) in files {
+                if parse_snapshot_name(&file_name).is_some_and(|older| older < index) {
+                    let _ = glommio::io::remove(&path).await;
+                }
+            }
+        }
+        Ok(index)
+    }
+
+    /// Number of live (non-deleted) keys in the latest state.
+    pub fn len_hint(&self) -> usize {
+        self.inner.live_keys.load(Ordering::Relaxed)
+    }
+
+    /// Versions and tombstones currently stored, for GC tests.
+    #[doc(hidden)]
+    pub fn internal_entry_count(&self) -> usize {
+        self.inner.versions.len()
+    }
+
+    /// Collects every version that no live snapshot needs any more.
+    ///
+    /// Writes do this incrementally; this is for after releasing a long-held
+    /// snapshot when no writes are coming. Blocks while a write is running.
+    pub fn collect_garbage(&self) {
+        // A poisoned writer refuses writes; leaving its garbage is harmless.
+        if let Ok(mut writer) = self.inner.writer.lock() {
+            self.inner.collect_garbage(&mut writer);
+        }
+    }
+
+    /// Like [`Self::collect_garbage`], but never waits for the writer.
+    fn try_collect_garbage(&self) {
+        match self.inner.writer.try_lock() {
+            Ok(mut writer) => self.inner.collect_garbage(&mut writer),
+            Err(TryLockError::WouldBlock) | Err(TryLockError::Poisoned(_)) => {}
+        }
+    }
+}
+
+impl Engine for MemoryEngine {
+    type Snapshot = MemorySnapshot;
+
+    fn write(&self, batch: WriteBatch) -> Result<()> {
+        let inner = &*self.inner;
+        let mut writer = inner.writer.lock().map_err(|_| {
+            // Unpublished versions of the interrupted batch may be in the
+            // map; publishing any later sequence would expose them.
+            Error::Poisoned("a memory engine write panicked mid-batch".to_owned())
+        })?;
+        if let Some(index) = batch.applied_index() {
+            if index < writer.applied_index {
+                return Err(Error::Invalid(format!(
+                    "applied index would go backwards from {} to {index}",
+                    writer.applied_index
+                )));
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let applied_index = batch.applied_index().unwrap_or(writer.applied_index);
+        let seq = writer.last_seq + 1;
+        let ops = batch.into_ops();
+
+        let mut became_live = 0usize;
+        let mut became_dead = 0usize;
+        for op in &ops {
+            let (key, value) = match op {
+                BatchOp::Put { key, value } => (key, Some(value.clone())),
+                BatchOp::Delete { key } => (key, None),
+            };
+            match (inner.newest_is_live(key), value.is_some()) {
+                (false, true) => became_live += 1,
+                (true, false) => became_dead += 1,
+                _ => {}
+            }
+            // A key repeated in the batch replaces its own version: last wins.
+            inner.versions.insert(
+                InternalKey {
+                    user_key: key.clone(),
+                    seq,
+                },
+                value,
+            );
+        }
+        writer.last_seq = seq;
+        writer.applied_index = applied_index;
+
+        let pins = {
+            let mut published = inner.published();
+            published.seq = seq;
+            published.applied_index = applied_index;
+            inner.applied_index.store(applied_index, Ordering::Release);
+            inner.visible_seq.store(seq, Ordering::Release);
+            published.pins()
+        };
+        // Optimistic reads at the previous sequence validate by re-reading
+        // `visible_seq` after an acquire fence; this release fence makes any
+        // removal below that they observe imply they also observe `seq`.
+        fence(Ordering::Release);
+
+        inner.live_keys.fetch_add(became_live, Ordering::Relaxed);
+        inner.live_keys.fetch_sub(became_dead, Ordering::Relaxed);
+
+        for op in &ops {
+            let key = match op {
+                BatchOp::Put { key, .. } | BatchOp::Delete { key } => key,
+            };
+            if !inner.collect_key(key, &pins) {
+                Inner::defer(&mut writer, pins.horizon(), key);
+            }
+        }
+        inner.sweep_deferred(&mut writer, &pins, DEFERRED_GC_BUDGET + ops.len());
+        Ok(())
+    }
+
+    fn snapshot(&self) -> MemorySnapshot {
+        let (seq, applied_index) = self.inner.register();
+        MemorySnapshot {
+            inner: Arc::clone(&self.inner),
+            seq,
+            applied_index,
+        }
+    }
+
+    fn applied_index(&self) -> u64 {
+        self.inner.applied_index.load(Ordering::Acquire)
+    }
+
+    fn durable_applied_index(&self) -> u64 {
+        self.inner.durable_applied_index.load(Ordering::Acquire)
+    }
+
+    /// A point read without registering a snapshot (no lock): read at the
+    /// published sequence, then confirm no newer batch was published
+    /// meanwhile, since only a newer batch's GC can remove what that
+    /// sequence sees. Falls back to a registered snapshot under contention.
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        let inner = &*self.inner;
+        for _ in 0..OPTIMISTIC_READ_ATTEMPTS {
+            let seq = inner.visible_seq.load(Ordering::Acquire);
+            let value = inner.get_at(seq, key);
+            fence(Ordering::Acquire);
+            if inner.visible_seq.load(Ordering::Relaxed) == seq {
+                return Ok(value);
+            }
+        }
+        self.snapshot().get(key)
+    }
+}
+
+/// A consistent view of a [`MemoryEngine`]; keeps the versions it can see
+/// alive until dropped. Cheap to clone.
+pub struct MemorySnapshot {
+    inner: Arc<Inner>,
+    seq: u64,
+    applied_index: u64,
+}
+
+impl Clone for MemorySnapshot {
+    fn clone(&self) -> Self {
+        // Registered again so each clone's drop releases only itself.
+        let mut published = self.inner.published();
+        *published.held.entry(self.seq).or_insert(0) += 1;
+        drop(published);
+        MemorySnapshot {
+            inner: Arc::clone(&self.inner),
+            seq: self.seq,
+            applied_index: self.applied_index,
+        }
+    }
+}
+
+impl Drop for MemorySnapshot {
+    fn drop(&mut self) {
+        self.inner.release(self.seq);
+    }
+}
+
+impl fmt::Debug for MemorySnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemorySnapshot")
+            .field("seq", &self.seq)
+            .field("applied_index", &self.applied_index)
+            .finish()
+    }
+}
+
+impl EngineSnapshot for MemorySnapshot {
+    fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        Ok(self.inner.get_at(self.seq, key))
+    }
+
+    fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, visit: F) -> Result<()>
+    where
+        F: FnMut(&Bytes, &Bytes) -> Scan,
+    {
+        self.inner.scan_at(self.seq, start, end, visit);
+        Ok(())
+    }
+}
+
+fn snapshot_name(index: u64) -> String {
+    format!("{index:016x}{SNAPSHOT_SUFFIX}")
+}
+
+/// The applied index encoded in a snapshot file name, if it is one.
+fn parse_snapshot_name(name: &str) -> Option<u64> {
+    let hex = name.strip_suffix(SNAPSHOT_SUFFIX)?;
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// `(file name, path)` of every entry in `dir` whose name is UTF-8 (ours
+/// always are; anything else is not ours to touch).
+fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io("list snapshot dir", dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("list snapshot dir", dir, e))?;
+        if let Ok(name) = entry.file_name().into_string() {
+            out.push((name, entry.path()));
+        }
+    }
+    Ok(out)
+}
+
+/// Makes a rename in `dir` durable.
+async fn sync_dir(dir: &Path) -> Result<()> {
+    let handle = glommio::io::Directory::open(dir)
+        .await
+        .map_err(|e| Error::glommio("open snapshot dir", dir, e))?;
+    let synced = handle
+        .sync()
+        .await
+        .map_err(|e| Error::glommio("fsync snapshot dir", dir, e));
+    let closed = handle
+        .close()
+        .await
+        .map_err(|e| Error::glommio("close snapshot dir", dir, e));
+    synced.and(closed)
+}

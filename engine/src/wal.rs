@@ -1,0 +1,708 @@
+//! The write-ahead log: segmented files of checksummed frames, written with
+//! direct I/O through io_uring, one `fdatasync` per group commit.
+//!
+//! The WAL owns durability of the replicated log. It knows three kinds of
+//! records and nothing of what they mean: *entries* (an index plus opaque
+//! bytes; a later entry at index `i` replaces `i` and everything after it, as
+//! a Raft log does), *state* (an opaque blob; the newest one wins, e.g. Raft's
+//! HardState) and *snapshot markers* (an index plus opaque metadata; entries
+//! at or below the newest marker are no longer needed).
+//!
+//! # Byte format (all integers little-endian)
+//!
+//! A segment file is named `{seq:016x}-{first_index:016x}.wal` and holds
+//! frames back to back, each starting at a multiple of 8 bytes:
+//!
+//! ```text
+//! frame   = payload_len: u32 | crc32c(payload): u32 | payload | zero pad to 8
+//! payload = record*
+//! record  = kind: u8 | index: u64 | len: u32 | data[len]
+//! ```
+//!
+//! Every *sync* writes exactly one frame, so a frame is the unit of group
+//! commit and of tearing: a crash can only tear the last frame of the last
+//! segment. The first frame of a segment holds a `Header` record
+//! (`"METCDWAL"`, format version, seq, first index) followed by the newest
+//! state and snapshot marker, so releasing older segments loses nothing.
+//! Space after the last frame is zero (segments are preallocated, and a write
+//! pads its last block with zeros).
+//!
+//! # Recovery rules
+//!
+//! Scanning stops at the first frame that is all zero or invalid (bad length
+//! or checksum). If any valid frame can still be found after that point, the
+//! damage is in the middle of acknowledged data and recovery refuses to go
+//! on, naming the file and offset. Otherwise, in the last segment, it is a
+//! torn tail: the file is truncated there. A damaged frame in an older
+//! segment is always corruption, because a segment is only closed after its
+//! last frame was synced.
+//!
+//! # Must never
+//!
+//! Retry a failed `fdatasync`: a failure poisons the WAL (fsyncgate) and every
+//! later call fails. Know what entries mean.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+
+use bytes::{Buf, BufMut, Bytes};
+use glommio::io::{Directory, DmaFile, OpenOptions};
+
+use crate::{Error, Result};
+
+const MAGIC: &[u8; 8] = b"METCDWAL";
+const FORMAT_VERSION: u32 = 1;
+const FRAME_HEADER: usize = 8;
+const FRAME_ALIGN: usize = 8;
+const RECORD_HEADER: usize = 1 + 8 + 4;
+/// Frames larger than this are refused when writing and treated as garbage
+/// when reading: no legitimate group commit comes close.
+pub const MAX_FRAME_BYTES: usize = 256 << 20;
+
+const KIND_HEADER: u8 = 1;
+const KIND_ENTRY: u8 = 2;
+const KIND_STATE: u8 = 3;
+const KIND_SNAPSHOT: u8 = 4;
+
+/// Tunables of the WAL writer.
+#[derive(Debug, Clone)]
+pub struct WalOptions {
+    /// A segment is closed and a new one started once it holds this much.
+    pub segment_bytes: u64,
+    /// Preallocate segments to `segment_bytes` so syncs rarely change metadata.
+    pub preallocate: bool,
+}
+
+impl Default for WalOptions {
+    fn default() -> Self {
+        Self {
+            segment_bytes: 64 << 20,
+            preallocate: true,
+        }
+    }
+}
+
+/// One decoded record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    Entry { index: u64, data: Bytes },
+    State(Bytes),
+    Snapshot { index: u64, meta: Bytes },
+}
+
+/// A segment file on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentInfo {
+    pub seq: u64,
+    /// The index the first entry written to this segment was expected to have.
+    pub first_index: u64,
+    pub path: PathBuf,
+}
+
+/// What recovery found in a WAL directory.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Live entries in index order (conflicting suffixes already replaced),
+    /// without those covered by the newest snapshot marker.
+    pub entries: Vec<(u64, Bytes)>,
+    pub state: Option<Bytes>,
+    pub snapshot: Option<(u64, Bytes)>,
+    pub segments: Vec<SegmentInfo>,
+    /// Where a torn tail was cut off, if one was.
+    pub truncated: Option<(PathBuf, u64)>,
+}
+
+impl Recovered {
+    /// Index of the last entry, or of the snapshot marker if no entry follows it.
+    pub fn last_index(&self) -> u64 {
+        match self.entries.last() {
+            Some((index, _)) => *index,
+            None => self.snapshot.as_ref().map_or(0, |(index, _)| *index),
+        }
+    }
+}
+
+fn segment_name(seq: u64, first_index: u64) -> String {
+    format!("{seq:016x}-{first_index:016x}.wal")
+}
+
+fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
+    let stem = name.strip_suffix(".wal")?;
+    let (seq, first) = stem.split_once('-')?;
+    if seq.len() != 16 || first.len() != 16 {
+        return None;
+    }
+    Some((
+        u64::from_str_radix(seq, 16).ok()?,
+        u64::from_str_radix(first, 16).ok()?,
+    ))
+}
+
+/// Lists the segments of `dir` in sequence order, checking there is no gap.
+pub fn list_segments(dir: &Path) -> Result<Vec<SegmentInfo>> {
+    let mut segments = Vec::new();
+    let read_dir = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(segments),
+        Err(e) => return Err(Error::io("read_dir", dir, e)),
+    };
+    for entry in read_dir {
+        let entry = entry.map_err(|e| Error::io("read_dir", dir, e))?;
+        let name = entry.file_name();
+        if let Some((seq, first_index)) = name.to_str().and_then(parse_segment_name) {
+            segments.push(SegmentInfo {
+                seq,
+                first_index,
+                path: entry.path(),
+            });
+        }
+    }
+    segments.sort_by_key(|s| s.seq);
+    for pair in segments.windows(2) {
+        if pair[1].seq != pair[0].seq + 1 {
+            return Err(Error::Corrupt {
+                what: "wal",
+                path: pair[1].path.clone(),
+                offset: 0,
+                reason: format!(
+                    "segment sequence jumps from {:016x} to {:016x}: a segment is missing",
+                    pair[0].seq, pair[1].seq
+                ),
+            });
+        }
+    }
+    Ok(segments)
+}
+
+fn crc(payload: &[u8]) -> u32 {
+    crc32c::crc32c(payload)
+}
+
+fn padded(len: usize) -> usize {
+    len.div_ceil(FRAME_ALIGN) * FRAME_ALIGN
+}
+
+fn encode_record(out: &mut Vec<u8>, kind: u8, index: u64, data: &[u8]) {
+    out.reserve(RECORD_HEADER + data.len());
+    out.put_u8(kind);
+    out.put_u64_le(index);
+    // Callers bound record sizes far below 4 GiB (MAX_FRAME_BYTES).
+    out.put_u32_le(data.len() as u32);
+    out.extend_from_slice(data);
+}
+
+/// Parses the records of one frame payload. `None` if it is malformed.
+fn decode_payload(payload: &Bytes) -> Option<Vec<(u8, u64, Bytes)>> {
+    let mut records = Vec::new();
+    let mut rest = payload.clone();
+    while rest.has_remaining() {
+        if rest.remaining() < RECORD_HEADER {
+            return None;
+        }
+        let kind = rest.get_u8();
+        let index = rest.get_u64_le();
+        let len = rest.get_u32_le() as usize;
+        if len > rest.remaining() || !(KIND_HEADER..=KIND_SNAPSHOT).contains(&kind) {
+            return None;
+        }
+        records.push((kind, index, rest.split_to(len)));
+    }
+    Some(records)
+}
+
+/// Outcome of reading one frame at an offset.
+enum FrameAt {
+    /// A valid frame: its records and the offset just past it.
+    Valid(Vec<(u8, u64, Bytes)>, usize),
+    /// Zero header: nothing was ever written here.
+    Zero,
+    Invalid(&'static str),
+}
+
+fn frame_at(buf: &Bytes, pos: usize) -> FrameAt {
+    if pos + FRAME_HEADER > buf.len() {
+        return if buf[pos..].iter().all(|b| *b == 0) {
+            FrameAt::Zero
+        } else {
+            FrameAt::Invalid("frame header cut short")
+        };
+    }
+    let mut header = &buf[pos..pos + FRAME_HEADER];
+    let len = header.get_u32_le() as usize;
+    let sum = header.get_u32_le();
+    if len == 0 && sum == 0 {
+        return FrameAt::Zero;
+    }
+    if len == 0 || len > MAX_FRAME_BYTES || pos + FRAME_HEADER + len > buf.len() {
+        return FrameAt::Invalid("frame length runs past the end of the file");
+    }
+    let payload = buf.slice(pos + FRAME_HEADER..pos + FRAME_HEADER + len);
+    if crc(&payload) != sum {
+        return FrameAt::Invalid("frame checksum mismatch");
+    }
+    match decode_payload(&payload) {
+        Some(records) => FrameAt::Valid(records, pos + padded(FRAME_HEADER + len)),
+        None => FrameAt::Invalid("malformed records in a frame with a valid checksum"),
+    }
+}
+
+/// True if a valid frame starts anywhere at or after `from`.
+fn valid_frame_after(buf: &Bytes, from: usize) -> Option<usize> {
+    let mut pos = padded(from);
+    while pos + FRAME_HEADER <= buf.len() {
+        // A zero length word can never start a frame; skip cheaply.
+        if buf[pos..pos + 4] != [0, 0, 0, 0] {
+            if let FrameAt::Valid(..) = frame_at(buf, pos) {
+                return Some(pos);
+            }
+        }
+        pos += FRAME_ALIGN;
+    }
+    None
+}
+
+fn corrupt(path: &Path, offset: usize, reason: impl Into<String>) -> Error {
+    Error::Corrupt {
+        what: "wal",
+        path: path.to_path_buf(),
+        offset: offset as u64,
+        reason: reason.into(),
+    }
+}
+
+/// Reads every segment of `dir`, validating frames, and truncates a torn tail
+/// of the last segment (with plain, synchronous I/O: it runs before serving).
+///
+/// Fails with [`Error::Corrupt`], naming the file and offset, on damage that
+/// is not a torn tail.
+pub fn recover(dir: &Path) -> Result<Recovered> {
+    let segments = list_segments(dir)?;
+    let mut out = Recovered::default();
+    let last_seq = segments.last().map(|s| s.seq);
+    for segment in &segments {
+        let is_last = Some(segment.seq) == last_seq;
+        let data = std::fs::read(&segment.path).map_err(|e| Error::io("read", &segment.path, e))?;
+        let buf = Bytes::from(data);
+        let mut pos = 0usize;
+        let mut saw_header = false;
+        let end = loop {
+            if pos >= buf.len() {
+                break pos;
+            }
+            match frame_at(&buf, pos) {
+                FrameAt::Valid(records, next) => {
+                    apply_records(&mut out, segment, pos, records, &mut saw_header)?;
+                    pos = next;
+                }
+                FrameAt::Zero | FrameAt::Invalid(_) => {
+                    if let Some(found) = valid_frame_after(&buf, pos + FRAME_ALIGN) {
+                        let reason = match frame_at(&buf, pos) {
+                            FrameAt::Invalid(why) => why,
+                            _ => "zeroed frame",
+                        };
+                        return Err(corrupt(
+                            &segment.path,
+                            pos,
+                            format!("{reason}, yet a valid frame follows at offset {found}"),
+                        ));
+                    }
+                    if let FrameAt::Invalid(why) = frame_at(&buf, pos) {
+                        if !is_last {
+                            return Err(corrupt(&segment.path, pos, why));
+                        }
+                        out.truncated = Some((segment.path.clone(), pos as u64));
+                    }
+                    break pos;
+                }
+            }
+        };
+        if !saw_header {
+            if is_last {
+                // Created but its first frame never reached the disk.
+                std::fs::remove_file(&segment.path)
+                    .map_err(|e| Error::io("remove", &segment.path, e))?;
+                out.truncated = Some((segment.path.clone(), 0));
+                continue;
+            }
+            return Err(corrupt(&segment.path, 0, "segment has no header frame"));
+        }
+        if is_last && end < buf.len() {
+            // Cut the torn frame and the zero tail, so this segment never
+            // looks damaged once a newer segment follows it.
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&segment.path)
+                .map_err(|e| Error::io("open", &segment.path, e))?;
+            file.set_len(end as u64)
+                .map_err(|e| Error::io("truncate", &segment.path, e))?;
+            file.sync_all()
+                .map_err(|e| Error::io("fsync", &segment.path, e))?;
+        }
+        out.segments.push(segment.clone());
+    }
+    if let Some((snap_index, _)) = &out.snapshot {
+        let keep_from = out.entries.partition_point(|(index, _)| index <= snap_index);
+        out.entries.drain(..keep_from);
+    }
+    Ok(out)
+}
+
+fn apply_records(
+    out: &mut Recovered,
+    segment: &SegmentInfo,
+    frame_pos: usize,
+    records: Vec<(u8, u64, Bytes)>,
+    saw_header: &mut bool,
+) -> Result<()> {
+    for (kind, index, data) in records {
+        match kind {
+            KIND_HEADER => {
+                check_header(&data, segment).map_err(|why| corrupt(&segment.path, frame_pos, why))?;
+                *saw_header = true;
+            }
+            _ if !*saw_header => {
+                return Err(corrupt(&segment.path, frame_pos, "records before the segment header"));
+            }
+            KIND_ENTRY => {
+                // A Raft log replaces a conflicting suffix: index i overrides
+                // i and everything after it.
+                if let Some((last, _)) = out.entries.last() {
+                    if index <= *last {
+                        let keep = out.entries.partition_point(|(i, _)| *i < index);
+                        out.entries.truncate(keep);
+                    }
+                }
+                out.entries.push((index, data));
+            }
+            KIND_STATE => out.state = Some(data),
+            KIND_SNAPSHOT => {
+                let newer = out.snapshot.as_ref().is_none_or(|(i, _)| index >= *i);
+                if newer {
+                    out.snapshot = Some((index, data));
+                }
+            }
+            _ => return Err(corrupt(&segment.path, frame_pos, format!("unknown record kind {kind}"))),
+        }
+    }
+    Ok(())
+}
+
+fn header_bytes(seq: u64, first_index: u64) -> Vec<u8> {
+    let mut h = Vec::with_capacity(28);
+    h.extend_from_slice(MAGIC);
+    h.put_u32_le(FORMAT_VERSION);
+    h.put_u64_le(seq);
+    h.put_u64_le(first_index);
+    h
+}
+
+fn check_header(data: &[u8], segment: &SegmentInfo) -> std::result::Result<(), String> {
+    if data.len() != 28 || &data[..8] != MAGIC {
+        return Err("bad segment magic".into());
+    }
+    let mut rest = &data[8..];
+    let version = rest.get_u32_le();
+    if version != FORMAT_VERSION {
+        return Err(format!("unsupported WAL format version {version}"));
+    }
+    let seq = rest.get_u64_le();
+    let first_index = rest.get_u64_le();
+    if seq != segment.seq || first_index != segment.first_index {
+        return Err(format!(
+            "header says segment {seq:016x}-{first_index:016x}, file name disagrees"
+        ));
+    }
+    Ok(())
+}
+
+/// The WAL writer. Owned by one task on one executor.
+pub struct Wal {
+    dir: PathBuf,
+    opts: WalOptions,
+    file: DmaFile,
+    segment: SegmentInfo,
+    /// Older segments still on disk, oldest first.
+    closed: VecDeque<SegmentInfo>,
+    /// Bytes of the current segment that hold frames.
+    len: u64,
+    /// The bytes between `align_down(len)` and `len`: the block we rewrite
+    /// on the next sync, because direct I/O writes whole blocks.
+    tail: Vec<u8>,
+    /// Records appended since the last sync: the next frame's payload.
+    pending: Vec<u8>,
+    last_index: u64,
+    last_state: Option<Bytes>,
+    last_snapshot: Option<(u64, Bytes)>,
+    poisoned: Option<String>,
+    frame_count: u64,
+}
+
+impl Wal {
+    /// Opens the WAL for appending after [`recover`]: always starts a fresh
+    /// segment, so no torn block is ever rewritten in place.
+    pub async fn open(dir: &Path, opts: WalOptions, recovered: &Recovered) -> Result<Wal> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create_dir", dir, e))?;
+        let seq = recovered.segments.last().map_or(0, |s| s.seq + 1);
+        let last_index = recovered.last_index();
+        let (file, segment) = create_segment(dir, &opts, seq, last_index + 1).await?;
+        let mut wal = Wal {
+            dir: dir.to_path_buf(),
+            opts,
+            file,
+            segment,
+            closed: recovered.segments.iter().cloned().collect(),
+            len: 0,
+            tail: Vec::new(),
+            pending: Vec::new(),
+            last_index,
+            last_state: recovered.state.clone(),
+            last_snapshot: recovered.snapshot.clone(),
+            poisoned: None,
+            frame_count: 0,
+        };
+        wal.begin_segment_frame();
+        wal.sync().await?;
+        sync_dir(&wal.dir).await?;
+        Ok(wal)
+    }
+
+    fn begin_segment_frame(&mut self) {
+        let header = header_bytes(self.segment.seq, self.segment.first_index);
+        encode_record(&mut self.pending, KIND_HEADER, 0, &header);
+        if let Some(state) = &self.last_state {
+            encode_record(&mut self.pending, KIND_STATE, 0, state);
+        }
+        if let Some((index, meta)) = &self.last_snapshot {
+            encode_record(&mut self.pending, KIND_SNAPSHOT, *index, meta);
+        }
+    }
+
+    /// Queues an entry; durable after the next [`Wal::sync`].
+    pub fn append_entry(&mut self, index: u64, data: &[u8]) {
+        encode_record(&mut self.pending, KIND_ENTRY, index, data);
+        self.last_index = index;
+    }
+
+    /// Queues a state blob (the newest synced one wins at recovery).
+    pub fn append_state(&mut self, state: &[u8]) {
+        encode_record(&mut self.pending, KIND_STATE, 0, state);
+        self.last_state = Some(Bytes::copy_from_slice(state));
+    }
+
+    /// Queues a snapshot marker: entries up to `index` may be released.
+    pub fn append_snapshot(&mut self, index: u64, meta: &[u8]) {
+        encode_record(&mut self.pending, KIND_SNAPSHOT, index, meta);
+        self.last_snapshot = Some((index, Bytes::copy_from_slice(meta)));
+    }
+
+    /// Bytes queued for the next sync.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn last_index(&self) -> u64 {
+        self.last_index
+    }
+
+    /// Frames written since open (each one `fdatasync`).
+    pub fn frames_written(&self) -> u64 {
+        self.frame_count
+    }
+
+    pub fn segments(&self) -> impl Iterator<Item = &SegmentInfo> {
+        self.closed.iter().chain(std::iter::once(&self.segment))
+    }
+
+    fn check_poisoned(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(why) => Err(Error::Poisoned(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes everything queued as one frame and `fdatasync`s it: the group
+    /// commit. Rolls to a new segment when the current one is full.
+    pub async fn sync(&mut self) -> Result<()> {
+        self.check_poisoned()?;
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        if self.pending.len() > MAX_FRAME_BYTES {
+            let n = self.pending.len();
+            self.pending.clear();
+            return Err(Error::Invalid(format!(
+                "wal frame of {n} bytes exceeds the limit of {MAX_FRAME_BYTES}"
+            )));
+        }
+        if let Err(e) = self.write_frame().await {
+            self.poisoned = Some(e.to_string());
+            return Err(e);
+        }
+        if self.len >= self.opts.segment_bytes {
+            if let Err(e) = self.roll().await {
+                self.poisoned = Some(e.to_string());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_frame(&mut self) -> Result<()> {
+        let frame_len = padded(FRAME_HEADER + self.pending.len());
+        let base = self.file.align_down(self.len);
+        let in_block = (self.len - base) as usize;
+        debug_assert_eq!(in_block, self.tail.len());
+        let write_len = self.file.align_up((in_block + frame_len) as u64) as usize;
+        let mut buf = self.file.alloc_dma_buffer(write_len);
+        {
+            let bytes = buf.as_bytes_mut();
+            bytes[..in_block].copy_from_slice(&self.tail);
+            let mut header = &mut bytes[in_block..in_block + FRAME_HEADER];
+            header.put_u32_le(self.pending.len() as u32);
+            header.put_u32_le(crc(&self.pending));
+            let start = in_block + FRAME_HEADER;
+            bytes[start..start + self.pending.len()].copy_from_slice(&self.pending);
+            // Pool buffers are not zeroed; padding must be, so recovery sees
+            // a zero header after the last frame.
+            bytes[start + self.pending.len()..].fill(0);
+        }
+        let new_len = self.len + frame_len as u64;
+        let new_base = self.file.align_down(new_len);
+        let tail_start = (new_base - base) as usize;
+        let tail_end = (new_len - base) as usize;
+        self.tail.clear();
+        self.tail.extend_from_slice(&buf.as_bytes()[tail_start..tail_end]);
+        let path = self.segment.path.clone();
+        let written = self
+            .file
+            .write_at(buf, base)
+            .await
+            .map_err(|e| Error::glommio("write", &path, e))?;
+        if written != write_len {
+            return Err(Error::io(
+                "write",
+                &path,
+                std::io::Error::other(format!("short write: {written} of {write_len} bytes")),
+            ));
+        }
+        self.file
+            .fdatasync()
+            .await
+            .map_err(|e| Error::glommio("fdatasync", &path, e))?;
+        self.len = new_len;
+        self.pending.clear();
+        self.frame_count += 1;
+        Ok(())
+    }
+
+    async fn roll(&mut self) -> Result<()> {
+        let (file, segment) =
+            create_segment(&self.dir, &self.opts, self.segment.seq + 1, self.last_index + 1).await?;
+        let old_file = std::mem::replace(&mut self.file, file);
+        let old_segment = std::mem::replace(&mut self.segment, segment);
+        old_file
+            .close()
+            .await
+            .map_err(|e| Error::glommio("close", &old_segment.path, e))?;
+        self.closed.push_back(old_segment);
+        self.len = 0;
+        self.tail.clear();
+        self.begin_segment_frame();
+        self.write_frame().await?;
+        sync_dir(&self.dir).await
+    }
+
+    /// Deletes closed segments whose entries are all at or below `index`
+    /// (call after a snapshot covering `index` is durable). Returns how many.
+    pub async fn release_through(&mut self, index: u64) -> Result<usize> {
+        let mut released = 0;
+        loop {
+            let next_first = match self.closed.get(1) {
+                Some(next) => next.first_index,
+                None => self.segment.first_index,
+            };
+            let Some(oldest) = self.closed.front() else {
+                break;
+            };
+            // Every entry in `oldest` is below the next segment's first index.
+            if next_first > index + 1 {
+                break;
+            }
+            std::fs::remove_file(&oldest.path).map_err(|e| Error::io("remove", &oldest.path, e))?;
+            self.closed.pop_front();
+            released += 1;
+        }
+        if released > 0 {
+            sync_dir(&self.dir).await?;
+        }
+        Ok(released)
+    }
+
+    pub async fn close(self) -> Result<()> {
+        let path = self.segment.path.clone();
+        self.file
+            .close()
+            .await
+            .map_err(|e| Error::glommio("close", &path, e))
+    }
+}
+
+async fn create_segment(
+    dir: &Path,
+    opts: &WalOptions,
+    seq: u64,
+    first_index: u64,
+) -> Result<(DmaFile, SegmentInfo)> {
+    let path = dir.join(segment_name(seq, first_index));
+    let file = OpenOptions::new()
+        .write(true)
+        .read(true)
+        .create_new(true)
+        .dma_open(&path)
+        .await
+        .map_err(|e| Error::glommio("create", &path, e))?;
+    if opts.preallocate {
+        file.pre_allocate(opts.segment_bytes, false)
+            .await
+            .map_err(|e| Error::glommio("fallocate", &path, e))?;
+    }
+    Ok((
+        file,
+        SegmentInfo {
+            seq,
+            first_index,
+            path,
+        },
+    ))
+}
+
+async fn sync_dir(dir: &Path) -> Result<()> {
+    let d = Directory::open(dir)
+        .await
+        .map_err(|e| Error::glommio("open_dir", dir, e))?;
+    d.sync().await.map_err(|e| Error::glommio("fsync_dir", dir, e))?;
+    d.close().await.map_err(|e| Error::glommio("close_dir", dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn segment_names_roundtrip() {
+        let name = segment_name(3, 0x1234);
+        assert_eq!(parse_segment_name(&name), Some((3, 0x1234)));
+        assert_eq!(parse_segment_name("junk.wal"), None);
+    }
+
+    #[test]
+    fn payload_rejects_truncated_record() {
+        let mut p = Vec::new();
+        encode_record(&mut p, KIND_ENTRY, 7, b"hello");
+        let full = Bytes::from(p.clone());
+        assert_eq!(decode_payload(&full).unwrap().len(), 1);
+        let cut = Bytes::from(p[..p.len() - 1].to_vec());
+        assert!(decode_payload(&cut).is_none());
+    }
+}

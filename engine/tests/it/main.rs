@@ -1,0 +1,10 @@
+//! Integration tests for the engine crate.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+mod concurrency;
+mod gc;
+mod memory;
+mod model;
+mod snapfile;
+mod wal;

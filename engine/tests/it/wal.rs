@@ -1,0 +1,294 @@
+//! WAL recovery: group-committed frames survive, torn tails are cut,
+//! damage in the middle is refused with file and offset, released segments
+//! are not needed to recover.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use engine::wal::{self, Wal, WalOptions};
+use engine::Error;
+
+fn run<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .io_memory(1 << 20)
+        .spawn(move || async move { f() })
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+fn run_async<T, Fut>(f: impl FnOnce() -> Fut + Send + 'static) -> T
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+{
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .io_memory(1 << 20)
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+fn entry(i: u64) -> Vec<u8> {
+    format!("entry-{i:06}-{}", "x".repeat((i % 50) as usize)).into_bytes()
+}
+
+/// Writes `batches` group commits of `per_batch` entries each, starting after
+/// whatever `dir` already holds; returns the last index written.
+fn write_batches(dir: &Path, opts: WalOptions, batches: u64, per_batch: u64) -> u64 {
+    let dir = dir.to_path_buf();
+    run_async(move || async move {
+        let recovered = wal::recover(&dir).unwrap();
+        let mut w = Wal::open(&dir, opts, &recovered).await.unwrap();
+        let mut index = recovered.last_index();
+        for _ in 0..batches {
+            for _ in 0..per_batch {
+                index += 1;
+                w.append_entry(index, &entry(index));
+            }
+            w.append_state(format!("state-{index}").as_bytes());
+            w.sync().await.unwrap();
+        }
+        w.close().await.unwrap();
+        index
+    })
+}
+
+fn small_segments() -> WalOptions {
+    WalOptions {
+        segment_bytes: 8 << 10,
+        preallocate: true,
+    }
+}
+
+fn assert_entries(recovered: &wal::Recovered, first: u64, last: u64) {
+    let indices: Vec<u64> = recovered.entries.iter().map(|(i, _)| *i).collect();
+    let expected: Vec<u64> = (first..=last).collect();
+    assert_eq!(indices, expected);
+    for (i, data) in &recovered.entries {
+        assert_eq!(data, &Bytes::from(entry(*i)), "entry {i}");
+    }
+}
+
+fn last_segment(dir: &Path) -> PathBuf {
+    wal::list_segments(dir).unwrap().last().unwrap().path.clone()
+}
+
+/// Offsets of every frame in a segment (frames start 8-aligned).
+fn frame_offsets(path: &Path) -> Vec<u64> {
+    let data = std::fs::read(path).unwrap();
+    let mut offsets = Vec::new();
+    let mut pos = 0usize;
+    while pos + 8 <= data.len() {
+        let len = u32::from_le_bytes(data[pos..pos + 4].try_into().unwrap()) as usize;
+        if len == 0 {
+            break;
+        }
+        offsets.push(pos as u64);
+        pos += (8 + len).div_ceil(8) * 8;
+    }
+    offsets
+}
+
+#[test]
+fn group_commits_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let last = write_batches(dir.path(), WalOptions::default(), 20, 7);
+    assert_eq!(last, 140);
+    let recovered = wal::recover(dir.path()).unwrap();
+    assert_entries(&recovered, 1, 140);
+    assert_eq!(recovered.state.as_deref(), Some(&b"state-140"[..]));
+    assert!(recovered.truncated.is_none());
+    // A second session appends after the first.
+    let last = write_batches(dir.path(), WalOptions::default(), 3, 5);
+    assert_eq!(last, 155);
+    let recovered = wal::recover(dir.path()).unwrap();
+    assert_entries(&recovered, 1, 155);
+    assert_eq!(recovered.segments.len(), 2);
+}
+
+#[test]
+fn torn_tail_is_truncated_and_earlier_frames_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    write_batches(dir.path(), WalOptions::default(), 10, 4);
+    let seg = last_segment(dir.path());
+    let offsets = frame_offsets(&seg);
+    let last_frame = *offsets.last().unwrap();
+    // Tear the last frame: keep its header and half of its payload, and
+    // leave garbage where the rest would be.
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&seg).unwrap();
+    f.seek(SeekFrom::Start(last_frame + 24)).unwrap();
+    f.write_all(&[0xAB; 40]).unwrap();
+    drop(f);
+    let recovered = wal::recover(dir.path()).unwrap();
+    // The last frame held entries 37..=40.
+    assert_entries(&recovered, 1, 36);
+    assert_eq!(recovered.state.as_deref(), Some(&b"state-36"[..]));
+    let (path, offset) = recovered.truncated.clone().unwrap();
+    assert_eq!(path, seg);
+    assert_eq!(offset, last_frame);
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), last_frame);
+    // The log keeps working: append, reopen, everything is there and the
+    // truncated segment, now an older one, reads clean.
+    let last = write_batches(dir.path(), WalOptions::default(), 2, 3);
+    assert_eq!(last, 42);
+    let recovered = wal::recover(dir.path()).unwrap();
+    assert_entries(&recovered, 1, 42);
+    assert!(recovered.truncated.is_none());
+}
+
+#[test]
+fn file_cut_mid_frame_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    write_batches(
+        dir.path(),
+        WalOptions {
+            preallocate: false,
+            ..WalOptions::default()
+        },
+        5,
+        3,
+    );
+    let seg = last_segment(dir.path());
+    let offsets = frame_offsets(&seg);
+    let last_frame = *offsets.last().unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(last_frame + 13).unwrap();
+    drop(f);
+    let recovered = wal::recover(dir.path()).unwrap();
+    assert_entries(&recovered, 1, 12);
+    assert_eq!(recovered.truncated.unwrap().1, last_frame);
+}
+
+#[test]
+fn flipped_bit_in_a_middle_frame_is_refused_with_file_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    write_batches(dir.path(), WalOptions::default(), 10, 4);
+    let seg = last_segment(dir.path());
+    let offsets = frame_offsets(&seg);
+    let victim = offsets[4];
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&seg).unwrap();
+    let mut byte = [0u8; 1];
+    f.seek(SeekFrom::Start(victim + 20)).unwrap();
+    f.read_exact(&mut byte).unwrap();
+    byte[0] ^= 0x10;
+    f.seek(SeekFrom::Start(victim + 20)).unwrap();
+    f.write_all(&byte).unwrap();
+    drop(f);
+    let size_before = std::fs::metadata(&seg).unwrap().len();
+    match wal::recover(dir.path()) {
+        Err(Error::Corrupt { path, offset, .. }) => {
+            assert_eq!(path, seg);
+            assert_eq!(offset, victim);
+        }
+        other => panic!("expected corruption, got {other:?}"),
+    }
+    let message = wal::recover(dir.path()).unwrap_err().to_string();
+    assert!(message.contains(&seg.display().to_string()), "{message}");
+    assert!(message.contains(&format!("offset {victim}")), "{message}");
+    // Refusing must not destroy evidence.
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), size_before);
+}
+
+#[test]
+fn zeroed_middle_frame_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_batches(dir.path(), WalOptions::default(), 6, 2);
+    let seg = last_segment(dir.path());
+    let offsets = frame_offsets(&seg);
+    let victim = offsets[2];
+    let mut f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.seek(SeekFrom::Start(victim)).unwrap();
+    f.write_all(&[0u8; 16]).unwrap();
+    drop(f);
+    assert!(matches!(
+        wal::recover(dir.path()),
+        Err(Error::Corrupt { offset, .. }) if offset == victim
+    ));
+}
+
+#[test]
+fn damage_in_an_older_segment_is_never_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    write_batches(dir.path(), small_segments(), 100, 10);
+    let segments = wal::list_segments(dir.path()).unwrap();
+    assert!(segments.len() > 3, "{} segments", segments.len());
+    let older = &segments[1].path;
+    let offsets = frame_offsets(older);
+    let last_frame = *offsets.last().unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(older).unwrap();
+    f.seek(SeekFrom::Start(last_frame + 30)).unwrap();
+    f.write_all(b"garbage!").unwrap();
+    drop(f);
+    assert!(matches!(
+        wal::recover(dir.path()),
+        Err(Error::Corrupt { path, .. }) if &path == older
+    ));
+}
+
+#[test]
+fn released_segments_are_not_needed_after_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let (released, segments_before) = run_async(move || async move {
+        let recovered = wal::recover(&path).unwrap();
+        let mut w = Wal::open(&path, small_segments(), &recovered).await.unwrap();
+        for index in 1..=1500u64 {
+            w.append_entry(index, &entry(index));
+            if index % 10 == 0 {
+                w.append_state(format!("state-{index}").as_bytes());
+                w.sync().await.unwrap();
+            }
+        }
+        let before = w.segments().count();
+        w.append_snapshot(1250, b"snap-meta-1250");
+        w.sync().await.unwrap();
+        let released = w.release_through(1250).await.unwrap();
+        w.close().await.unwrap();
+        (released, before)
+    });
+    assert!(segments_before > 3);
+    assert!(released > 0 && released < segments_before, "released {released} of {segments_before}");
+    let recovered = wal::recover(dir.path()).unwrap();
+    assert_eq!(recovered.segments.len(), segments_before - released);
+    assert_eq!(recovered.snapshot, Some((1250, Bytes::from_static(b"snap-meta-1250"))));
+    assert_entries(&recovered, 1251, 1500);
+    assert_eq!(recovered.state.as_deref(), Some(&b"state-1500"[..]));
+    // Nothing past the snapshot was released: the oldest kept segment starts
+    // at or below 1251.
+    assert!(recovered.segments[0].first_index <= 1251);
+}
+
+#[test]
+fn later_entries_replace_a_conflicting_suffix() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run_async(move || async move {
+        let recovered = wal::recover(&path).unwrap();
+        let mut w = Wal::open(&path, WalOptions::default(), &recovered).await.unwrap();
+        for index in 1..=10u64 {
+            w.append_entry(index, b"old");
+        }
+        w.sync().await.unwrap();
+        w.append_entry(6, b"new");
+        w.append_entry(7, b"new");
+        w.sync().await.unwrap();
+        w.close().await.unwrap();
+    });
+    let recovered = wal::recover(dir.path()).unwrap();
+    let got: Vec<(u64, &[u8])> = recovered.entries.iter().map(|(i, d)| (*i, &d[..])).collect();
+    let mut expected: Vec<(u64, &[u8])> = (1..=5).map(|i| (i, &b"old"[..])).collect();
+    expected.push((6, b"new"));
+    expected.push((7, b"new"));
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn empty_directory_recovers_to_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let recovered = run(move || wal::recover(&dir.path().join("missing")).unwrap());
+    assert!(recovered.entries.is_empty());
+    assert_eq!(recovered.last_index(), 0);
+}

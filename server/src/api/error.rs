@@ -1,0 +1,72 @@
+//! The single mapping from [`ServerError`] to what clients see: etcd's exact
+//! message strings, its gRPC status codes, and HTTP statuses for the seed's
+//! curl API. Clients parse these strings; change them only to match etcd.
+
+use crate::error::ServerError;
+use crate::mvcc::MvccError;
+
+/// gRPC status codes (the numbers are the wire values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum GrpcCode {
+    Unknown = 2,
+    InvalidArgument = 3,
+    ResourceExhausted = 8,
+    FailedPrecondition = 9,
+    OutOfRange = 11,
+    Internal = 13,
+    Unavailable = 14,
+}
+
+/// What a client is told about an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireError {
+    pub grpc: GrpcCode,
+    pub http: u16,
+    pub message: String,
+}
+
+pub fn to_wire(e: &ServerError) -> WireError {
+    use GrpcCode::*;
+    let (grpc, http, message) = match e {
+        ServerError::Mvcc(m) => match m {
+            // etcd's server prefixes the mvcc package's messages.
+            MvccError::Compacted => (OutOfRange, 400, format!("etcdserver: {m}")),
+            MvccError::FutureRevision => (OutOfRange, 400, format!("etcdserver: {m}")),
+            MvccError::KeyNotFound => (InvalidArgument, 400, m.to_string()),
+            MvccError::TooManyOps => (InvalidArgument, 400, m.to_string()),
+            MvccError::DuplicateKey => (InvalidArgument, 400, m.to_string()),
+            _ => (Internal, 500, format!("etcdserver: {m}")),
+        },
+        ServerError::RequestTooLarge => (InvalidArgument, 413, e.to_string()),
+        ServerError::TooManyRequests => (ResourceExhausted, 429, e.to_string()),
+        ServerError::Stopped | ServerError::NoLeader | ServerError::Timeout => (Unavailable, 503, e.to_string()),
+        ServerError::BadRequest(_) => (InvalidArgument, 400, e.to_string()),
+        _ => (Unknown, 500, e.to_string()),
+    };
+    WireError { grpc, http, message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_messages_are_exact() {
+        let w = to_wire(&ServerError::Mvcc(MvccError::Compacted));
+        assert_eq!(w.message, "etcdserver: mvcc: required revision has been compacted");
+        assert_eq!(w.grpc, GrpcCode::OutOfRange);
+        let w = to_wire(&ServerError::Mvcc(MvccError::FutureRevision));
+        assert_eq!(w.message, "etcdserver: mvcc: required revision is a future revision");
+        assert_eq!(to_wire(&ServerError::RequestTooLarge).message, "etcdserver: request is too large");
+        assert_eq!(to_wire(&ServerError::RequestTooLarge).http, 413);
+        assert_eq!(
+            to_wire(&ServerError::Mvcc(MvccError::TooManyOps)).message,
+            "etcdserver: too many operations in txn request"
+        );
+        assert_eq!(
+            to_wire(&ServerError::Mvcc(MvccError::DuplicateKey)).message,
+            "etcdserver: duplicate key given in txn request"
+        );
+    }
+}

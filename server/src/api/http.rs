@@ -1,0 +1,482 @@
+//! The seed's curl API on `--listen-http-urls` (default 127.0.0.1:3379).
+//!
+//! ```text
+//! PUT    /<key>            body = value          -> 204, X-Metcd-Revision
+//! GET    /<key>[?rev=N]                          -> 200 value | 404
+//! GET    /<key>?prefix[&limit=N&rev=N&keys_only&count_only&sort_order=descend&sort_target=mod]
+//! GET    /<key>?range_end=<end> | ?from_key      -> 200 JSON {header, kvs, more, count}
+//! DELETE /<key>[?prefix|range_end=<end>|from_key][&prev_kv] -> 200 JSON {header, deleted}
+//! POST   /-/compact?revision=N                   -> 200 JSON {header}
+//! GET    /health, /version
+//! ```
+//!
+//! The key is the request path as sent (`/hello` is the key `/hello`, as in
+//! raftexample), percent-decoded strictly: a bad escape or non-UTF-8 key is a
+//! 400. Paths `/health`, `/version`, `/metrics` and `/-/...` are reserved.
+//! Errors are JSON `{"error": <etcd's message>, "code": <gRPC code>}`.
+//!
+//! This module parses and renders; it never touches MVCC or Raft directly,
+//! only through [`Backend`].
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+
+use super::error::to_wire;
+use super::hyper_io::HyperStream;
+use crate::error::ServerError;
+use crate::mvcc::{self, KeyValue};
+use crate::shard::{Backend, Command, Reply};
+
+pub const REVISION_HEADER: &str = "x-metcd-revision";
+
+#[derive(Clone, Copy)]
+pub struct HttpLimits {
+    pub max_request_bytes: usize,
+}
+
+type HttpResponse = Response<Full<Bytes>>;
+
+/// Accepts connections until the listener fails; one task per connection.
+pub async fn serve(listener: glommio::net::TcpListener, backend: Backend, limits: HttpLimits) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("metcd: http accept failed: {e}");
+                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let backend = backend.clone();
+        glommio::spawn_local(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let backend = backend.clone();
+                async move { Ok::<_, Infallible>(handle(&backend, limits, req).await) }
+            });
+            // Errors here are the client's (reset, malformed HTTP that hyper
+            // already answered with 400): nothing to do but drop the socket.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(HyperStream(stream), service)
+                .await;
+        })
+        .detach();
+    }
+}
+
+/// Binds with SO_REUSEPORT (every shard listens on the same port) and
+/// SO_REUSEADDR (a restart right after a kill must not trip over the old
+/// connections still in TIME_WAIT).
+pub fn bind(addr: SocketAddr) -> std::io::Result<glommio::net::TcpListener> {
+    use std::os::fd::IntoRawFd;
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    let fd = socket.into_raw_fd();
+    // SAFETY: `fd` is a bound, listening TCP socket we own; ownership moves
+    // into the glommio listener, which closes it.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
+
+async fn handle(backend: &Backend, limits: HttpLimits, req: Request<Incoming>) -> HttpResponse {
+    match route(backend, limits, req).await {
+        Ok(resp) => resp,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn route(backend: &Backend, limits: HttpLimits, req: Request<Incoming>) -> Result<HttpResponse, ServerError> {
+    let path = req.uri().path().to_owned();
+    let query = Query::parse(req.uri().query().unwrap_or(""))?;
+    match path.as_str() {
+        "/health" => return health(backend).await,
+        "/version" => return Ok(json_response(StatusCode::OK, &version_json(), None)),
+        "/metrics" => return Ok(text_response(StatusCode::NOT_FOUND, "metrics are not served yet\n")),
+        "/-/compact" if req.method() == Method::POST => return compact(backend, &query).await,
+        p if p.starts_with("/-/") => {
+            return Err(ServerError::BadRequest(format!("unknown admin endpoint {p}")));
+        }
+        _ => {}
+    }
+    let key = Bytes::from(percent_decode_strict(&path)?);
+    match *req.method() {
+        Method::GET | Method::HEAD => get(backend, key, &query).await,
+        Method::PUT | Method::POST => {
+            let value = read_body(req, limits.max_request_bytes).await?;
+            put(backend, key, value).await
+        }
+        Method::DELETE => delete(backend, key, &query).await,
+        _ => {
+            let mut resp = json_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &json!({"error": format!("method {} is not allowed on keys", req.method()), "code": 3}),
+                None,
+            );
+            resp.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET, HEAD, PUT, POST, DELETE"));
+            Ok(resp)
+        }
+    }
+}
+
+async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ServerError> {
+    if let Some(len) = req.headers().get(CONTENT_LENGTH) {
+        let len: usize = len
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| ServerError::BadRequest("invalid Content-Length".into()))?;
+        if len > limit {
+            return Err(ServerError::RequestTooLarge);
+        }
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ServerError::RequestTooLarge),
+        Err(e) => Err(ServerError::BadRequest(format!("reading request body: {e}"))),
+    }
+}
+
+async fn health(backend: &Backend) -> Result<HttpResponse, ServerError> {
+    let Reply::Status { healthy, .. } = backend.call(Command::Status).await else {
+        return Err(ServerError::Stopped);
+    };
+    let status = if healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    Ok(json_response(status, &json!({"health": healthy.to_string()}), None))
+}
+
+fn version_json() -> Value {
+    json!({
+        "etcdserver": crate::ETCD_API_VERSION,
+        "etcdcluster": crate::ETCD_CLUSTER_VERSION,
+        "metcd": env!("CARGO_PKG_VERSION"),
+    })
+}
+
+async fn compact(backend: &Backend, query: &Query) -> Result<HttpResponse, ServerError> {
+    let revision = query
+        .int("revision")?
+        .ok_or_else(|| ServerError::BadRequest("missing ?revision=N".into()))?;
+    let req = mvcc::Request::Compaction(mvcc::CompactionRequest {
+        revision,
+        physical: query.flag("physical"),
+    });
+    let resp = write(backend, req).await?;
+    let rev = response_revision(&resp);
+    Ok(json_response(StatusCode::OK, &json!({"header": {"revision": rev.to_string()}}), Some(rev)))
+}
+
+async fn write(backend: &Backend, req: mvcc::Request) -> Result<mvcc::Response, ServerError> {
+    match backend.call(Command::Write(req)).await {
+        Reply::Write(r) => r,
+        _ => Err(ServerError::Stopped),
+    }
+}
+
+async fn put(backend: &Backend, key: Bytes, value: Bytes) -> Result<HttpResponse, ServerError> {
+    let req = mvcc::Request::Put(mvcc::PutRequest {
+        key,
+        value,
+        ..Default::default()
+    });
+    let resp = write(backend, req).await?;
+    let rev = response_revision(&resp);
+    let mut out = Response::new(Full::new(Bytes::new()));
+    *out.status_mut() = StatusCode::NO_CONTENT;
+    set_revision(&mut out, rev);
+    Ok(out)
+}
+
+/// Range end from the query: `prefix`, `range_end=...` or `from_key`.
+fn range_end(key: &[u8], query: &Query) -> Result<Option<Bytes>, ServerError> {
+    if query.flag("prefix") {
+        return Ok(Some(Bytes::from(prefix_end(key))));
+    }
+    if query.flag("from_key") {
+        return Ok(Some(Bytes::from_static(b"\0")));
+    }
+    match query.get("range_end") {
+        Some(end) => Ok(Some(Bytes::from(end.to_vec()))),
+        None => Ok(None),
+    }
+}
+
+/// etcd's `GetPrefixRangeEnd`: the smallest key greater than every key with
+/// this prefix; "\0" (= to the end) when no such key exists.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.last_mut() {
+        if *last < 0xff {
+            *last += 1;
+            return end;
+        }
+        end.pop();
+    }
+    vec![0]
+}
+
+async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpResponse, ServerError> {
+    let end = range_end(&key, query)?;
+    let is_range = end.is_some() || query.has("limit") || query.flag("count_only") || query.flag("keys_only");
+    let req = mvcc::RangeRequest {
+        key,
+        range_end: end.unwrap_or_default(),
+        limit: query.int("limit")?.unwrap_or(0),
+        revision: query.int("rev")?.unwrap_or(0),
+        keys_only: query.flag("keys_only"),
+        count_only: query.flag("count_only"),
+        sort_order: match query.str("sort_order")?.as_deref() {
+            None | Some("none") => mvcc::SortOrder::None,
+            Some("ascend") => mvcc::SortOrder::Ascend,
+            Some("descend") => mvcc::SortOrder::Descend,
+            Some(other) => return Err(ServerError::BadRequest(format!("invalid sort_order {other:?}"))),
+        },
+        sort_target: match query.str("sort_target")?.as_deref() {
+            None | Some("key") => mvcc::SortTarget::Key,
+            Some("version") => mvcc::SortTarget::Version,
+            Some("create") => mvcc::SortTarget::Create,
+            Some("mod") => mvcc::SortTarget::Mod,
+            Some("value") => mvcc::SortTarget::Value,
+            Some(other) => return Err(ServerError::BadRequest(format!("invalid sort_target {other:?}"))),
+        },
+        serializable: query.flag("serializable"),
+        ..Default::default()
+    };
+    let resp = match backend.call(Command::Range(req)).await {
+        Reply::Range(r) => r?,
+        _ => return Err(ServerError::Stopped),
+    };
+    let rev = resp.header.revision;
+    if is_range {
+        let kvs: Vec<Value> = resp.kvs.iter().map(kv_json).collect();
+        let body = json!({
+            "header": {"revision": rev.to_string()},
+            "kvs": kvs,
+            "more": resp.more,
+            "count": resp.count.to_string(),
+        });
+        return Ok(json_response(StatusCode::OK, &body, Some(rev)));
+    }
+    match resp.kvs.first() {
+        Some(kv) => {
+            let mut out = Response::new(Full::new(kv.value.clone()));
+            set_revision(&mut out, rev);
+            let h = out.headers_mut();
+            h.insert("x-metcd-create-revision", HeaderValue::from(kv.create_revision));
+            h.insert("x-metcd-mod-revision", HeaderValue::from(kv.mod_revision));
+            h.insert("x-metcd-version", HeaderValue::from(kv.version));
+            Ok(out)
+        }
+        None => Ok(json_response(
+            StatusCode::NOT_FOUND,
+            &json!({"error": "key not found", "code": 5}),
+            Some(rev),
+        )),
+    }
+}
+
+async fn delete(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpResponse, ServerError> {
+    let req = mvcc::Request::DeleteRange(mvcc::DeleteRangeRequest {
+        range_end: range_end(&key, query)?.unwrap_or_default(),
+        key,
+        prev_kv: query.flag("prev_kv"),
+    });
+    let resp = write(backend, req).await?;
+    let rev = response_revision(&resp);
+    let mvcc::Response::DeleteRange(d) = &resp else {
+        return Err(ServerError::Stopped);
+    };
+    let mut body = json!({"header": {"revision": rev.to_string()}, "deleted": d.deleted.to_string()});
+    if !d.prev_kvs.is_empty() {
+        body["prev_kvs"] = Value::Array(d.prev_kvs.iter().map(kv_json).collect());
+    }
+    Ok(json_response(StatusCode::OK, &body, Some(rev)))
+}
+
+fn response_revision(resp: &mvcc::Response) -> i64 {
+    resp.header().revision
+}
+
+fn kv_json(kv: &KeyValue) -> Value {
+    let mut v = json!({
+        "key": String::from_utf8_lossy(&kv.key),
+        "create_revision": kv.create_revision.to_string(),
+        "mod_revision": kv.mod_revision.to_string(),
+        "version": kv.version.to_string(),
+    });
+    if !kv.value.is_empty() {
+        match std::str::from_utf8(&kv.value) {
+            Ok(s) => v["value"] = Value::String(s.to_owned()),
+            Err(_) => v["value_base64"] = Value::String(base64_encode(&kv.value)),
+        }
+    }
+    if kv.lease != 0 {
+        v["lease"] = Value::String(kv.lease.to_string());
+    }
+    v
+}
+
+fn base64_encode(data: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn set_revision(resp: &mut HttpResponse, rev: i64) {
+    resp.headers_mut().insert(REVISION_HEADER, HeaderValue::from(rev));
+}
+
+fn json_response(status: StatusCode, body: &Value, rev: Option<i64>) -> HttpResponse {
+    let mut bytes = serde_json::to_vec(body).unwrap_or_default();
+    bytes.push(b'\n');
+    let mut resp = Response::new(Full::new(Bytes::from(bytes)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(rev) = rev {
+        set_revision(&mut resp, rev);
+    }
+    resp
+}
+
+fn text_response(status: StatusCode, body: &'static str) -> HttpResponse {
+    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *resp.status_mut() = status;
+    resp
+}
+
+fn error_response(e: &ServerError) -> HttpResponse {
+    let wire = to_wire(e);
+    let status = StatusCode::from_u16(wire.http).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(status, &json!({"error": wire.message, "code": wire.grpc as i32}), None)
+}
+
+/// Strict percent-decoding: every `%` must be followed by two hex digits,
+/// and the result must be UTF-8 (keys are shown as text in JSON).
+pub fn percent_decode_strict(s: &str) -> Result<Vec<u8>, ServerError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| ServerError::BadRequest(format!("invalid percent-encoding at byte {i} of {s:?}")))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    if std::str::from_utf8(&out).is_err() {
+        return Err(ServerError::BadRequest(format!(
+            "key {s:?} is not valid UTF-8 after percent-decoding"
+        )));
+    }
+    Ok(out)
+}
+
+/// Parsed query string; values percent-decoded (`+` is a space).
+struct Query(Vec<(String, Vec<u8>)>);
+
+impl Query {
+    fn parse(q: &str) -> Result<Query, ServerError> {
+        let mut pairs = Vec::new();
+        for part in q.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = part.split_once('=').unwrap_or((part, ""));
+            let v = v.replace('+', " ");
+            pairs.push((k.to_owned(), percent_decode_strict(&v)?));
+        }
+        Ok(Query(pairs))
+    }
+
+    fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_slice())
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// `?x`, `?x=true`, `?x=1` are true; absent, `false`, `0` are false.
+    fn flag(&self, name: &str) -> bool {
+        matches!(self.get(name), Some(v) if v.is_empty() || v == b"true" || v == b"1")
+    }
+
+    fn str(&self, name: &str) -> Result<Option<String>, ServerError> {
+        self.get(name)
+            .map(|v| {
+                String::from_utf8(v.to_vec()).map_err(|_| ServerError::BadRequest(format!("invalid {name}")))
+            })
+            .transpose()
+    }
+
+    fn int(&self, name: &str) -> Result<Option<i64>, ServerError> {
+        self.str(name)?
+            .map(|v| {
+                v.parse::<i64>()
+                    .map_err(|_| ServerError::BadRequest(format!("invalid {name}={v:?}: expected an integer")))
+            })
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn strict_percent_decoding() {
+        assert_eq!(percent_decode_strict("/a%20b").unwrap(), b"/a b");
+        assert!(percent_decode_strict("/a%zz").is_err());
+        assert!(percent_decode_strict("/a%2").is_err());
+        assert!(percent_decode_strict("/a%ff").is_err());
+        assert_eq!(percent_decode_strict("/%E4%BD%A0").unwrap(), "/你".as_bytes());
+    }
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end(b"/a"), b"/b");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
+        assert_eq!(prefix_end(b""), b"\0");
+    }
+
+    #[test]
+    fn base64_matches_rfc4648() {
+        assert_eq!(base64_encode(b""), "");
+        assert_eq!(base64_encode(b"f"), "Zg==");
+        assert_eq!(base64_encode(b"fo"), "Zm8=");
+        assert_eq!(base64_encode(b"foo"), "Zm9v");
+        assert_eq!(base64_encode(b"foobar"), "Zm9vYmFy");
+    }
+}

@@ -1,0 +1,51 @@
+//! Glue that lets hyper run on glommio: its I/O traits over glommio's
+//! `TcpStream`. No tokio runtime is ever started.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_lite::{AsyncRead, AsyncWrite};
+use glommio::net::TcpStream;
+
+pub struct HyperStream(pub TcpStream);
+
+impl hyper::rt::Read for HyperStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        // SAFETY: we only write initialised bytes into the cursor's memory
+        // (zeroed first), and advance it by exactly the bytes read.
+        let uninit = unsafe { buf.as_mut() };
+        for b in uninit.iter_mut() {
+            b.write(0);
+        }
+        // SAFETY: every element was initialised just above.
+        let slice = unsafe { &mut *(uninit as *mut [std::mem::MaybeUninit<u8>] as *mut [u8]) };
+        match Pin::new(&mut self.get_mut().0).poll_read(cx, slice) {
+            Poll::Ready(Ok(n)) => {
+                // SAFETY: `n` bytes were written by the read above.
+                unsafe { buf.advance(n) };
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl hyper::rt::Write for HyperStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_close(cx)
+    }
+}

@@ -1,0 +1,435 @@
+//! Server configuration: etcd-named command-line flags, a TOML file
+//! (`--config FILE`, same names as the flags), and embedded defaults.
+//!
+//! Precedence: defaults < config file < flags given on the command line.
+//! This module only parses and validates; it never starts anything.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+/// Default `--max-request-bytes`, as etcd's (1.5 MiB).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
+
+/// Everything a member needs to start.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct Config {
+    /// Human-readable member name.
+    pub name: String,
+    /// Where WAL segments and engine files live. Default: `./<name>.metcd`.
+    pub data_dir: Option<PathBuf>,
+    /// The seed's curl API.
+    pub listen_http_urls: String,
+    /// The etcd v3 gRPC API (accepted now, served once the gRPC API lands).
+    pub listen_client_urls: String,
+    pub advertise_client_urls: Option<String>,
+    /// Storage engine: `memory` (btree and lsm are tracked in their issue).
+    pub engine: String,
+    /// Executor cores; 0 = every core.
+    pub shards: usize,
+    /// Applied entries between two snapshots (then WAL segments are released).
+    pub snapshot_count: u64,
+    pub heartbeat_interval: u64,
+    pub election_timeout: u64,
+    pub max_request_bytes: usize,
+    /// `periodic` or `revision`.
+    pub auto_compaction_mode: String,
+    /// `0` disables; periodic: hours (`1`) or a duration (`30m`, `10s`);
+    /// revision: a number of revisions to keep.
+    pub auto_compaction_retention: String,
+    /// How long the Raft loop waits for more proposals after the first one
+    /// before it writes a group commit (0 = take what is queued, no wait).
+    pub wal_batch_window_us: u64,
+    /// Most proposals in one group commit.
+    pub wal_max_batch: usize,
+    pub wal_segment_bytes: u64,
+    /// Proposals waiting for the Raft loop beyond this are refused with
+    /// "etcdserver: too many requests".
+    pub max_pending_proposals: usize,
+    /// glommio locked I/O memory per executor. 3 x this x shards must fit in
+    /// `ulimit -l` unless the process has CAP_IPC_LOCK (root does).
+    pub io_memory_bytes: usize,
+    /// Accepted for etcd compatibility; the quota alarm is tracked separately.
+    pub quota_backend_bytes: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            name: "default".into(),
+            data_dir: None,
+            listen_http_urls: "http://127.0.0.1:3379".into(),
+            listen_client_urls: "http://127.0.0.1:2379".into(),
+            advertise_client_urls: None,
+            engine: "memory".into(),
+            shards: 0,
+            snapshot_count: 100_000,
+            heartbeat_interval: 100,
+            election_timeout: 1000,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            auto_compaction_mode: "periodic".into(),
+            auto_compaction_retention: "0".into(),
+            wal_batch_window_us: 0,
+            wal_max_batch: 4096,
+            wal_segment_bytes: 64 << 20,
+            max_pending_proposals: 100_000,
+            io_memory_bytes: 1 << 20,
+            quota_backend_bytes: 2 << 30,
+        }
+    }
+}
+
+/// Command-line flags. Every one is optional so the config file can supply it.
+#[derive(Debug, Parser, Default)]
+#[command(name = "metcd", version, about = "An etcd-compatible, Raft-replicated key-value server")]
+pub struct Flags {
+    /// TOML config file (keys named as these flags, e.g. `snapshot-count = 10000`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub listen_http_urls: Option<String>,
+    #[arg(long)]
+    pub listen_client_urls: Option<String>,
+    #[arg(long)]
+    pub advertise_client_urls: Option<String>,
+    #[arg(long)]
+    pub engine: Option<String>,
+    #[arg(long)]
+    pub shards: Option<usize>,
+    #[arg(long)]
+    pub snapshot_count: Option<u64>,
+    /// Milliseconds.
+    #[arg(long)]
+    pub heartbeat_interval: Option<u64>,
+    /// Milliseconds.
+    #[arg(long)]
+    pub election_timeout: Option<u64>,
+    #[arg(long)]
+    pub max_request_bytes: Option<usize>,
+    #[arg(long)]
+    pub auto_compaction_mode: Option<String>,
+    #[arg(long)]
+    pub auto_compaction_retention: Option<String>,
+    #[arg(long)]
+    pub wal_batch_window_us: Option<u64>,
+    #[arg(long)]
+    pub wal_max_batch: Option<usize>,
+    #[arg(long)]
+    pub wal_segment_bytes: Option<u64>,
+    #[arg(long)]
+    pub max_pending_proposals: Option<usize>,
+    #[arg(long)]
+    pub io_memory_bytes: Option<usize>,
+    #[arg(long)]
+    pub quota_backend_bytes: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid --{flag} {value:?}: {reason}")]
+    Invalid {
+        flag: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+/// Auto-compaction policy, resolved from mode + retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoCompaction {
+    Off,
+    /// Keep history newer than this.
+    Periodic(Duration),
+    /// Keep this many revisions.
+    Revision(i64),
+}
+
+macro_rules! overlay {
+    ($cfg:ident, $flags:ident, $($field:ident),* $(,)?) => {
+        $( if let Some(v) = $flags.$field.take() { $cfg.$field = v; } )*
+    };
+}
+
+impl Config {
+    /// Builds the config from flags, reading `--config` if given.
+    pub fn from_flags(mut flags: Flags) -> Result<Config, ConfigError> {
+        let mut cfg = match &flags.config {
+            Some(path) => Config::from_file(path)?,
+            None => Config::default(),
+        };
+        if let Some(dir) = flags.data_dir.take() {
+            cfg.data_dir = Some(dir);
+        }
+        if let Some(urls) = flags.advertise_client_urls.take() {
+            cfg.advertise_client_urls = Some(urls);
+        }
+        overlay!(
+            cfg,
+            flags,
+            name,
+            listen_http_urls,
+            listen_client_urls,
+            engine,
+            shards,
+            snapshot_count,
+            heartbeat_interval,
+            election_timeout,
+            max_request_bytes,
+            auto_compaction_mode,
+            auto_compaction_retention,
+            wal_batch_window_us,
+            wal_max_batch,
+            wal_segment_bytes,
+            max_pending_proposals,
+            io_memory_bytes,
+            quota_backend_bytes,
+        );
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("{}.metcd", self.name)))
+    }
+
+    /// The socket addresses of `--listen-http-urls` (comma-separated URLs).
+    pub fn http_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        parse_urls("listen-http-urls", &self.listen_http_urls)
+    }
+
+    pub fn auto_compaction(&self) -> Result<AutoCompaction, ConfigError> {
+        let retention = self.auto_compaction_retention.trim();
+        let invalid = |reason: &str| ConfigError::Invalid {
+            flag: "auto-compaction-retention",
+            value: retention.to_string(),
+            reason: reason.to_string(),
+        };
+        if retention.is_empty() || retention == "0" {
+            return Ok(AutoCompaction::Off);
+        }
+        match self.auto_compaction_mode.as_str() {
+            "periodic" => {
+                let period = parse_retention_duration(retention)
+                    .ok_or_else(|| invalid("expected hours (e.g. 1) or a duration (e.g. 30m, 10s, 1h)"))?;
+                if period.is_zero() {
+                    return Ok(AutoCompaction::Off);
+                }
+                Ok(AutoCompaction::Periodic(period))
+            }
+            "revision" => {
+                let n: i64 = retention
+                    .parse()
+                    .map_err(|_| invalid("expected a number of revisions"))?;
+                if n < 0 {
+                    return Err(invalid("must not be negative"));
+                }
+                Ok(AutoCompaction::Revision(n))
+            }
+            other => Err(ConfigError::Invalid {
+                flag: "auto-compaction-mode",
+                value: other.to_string(),
+                reason: "expected periodic or revision".into(),
+            }),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |flag: &'static str, value: String, reason: &str| ConfigError::Invalid {
+            flag,
+            value,
+            reason: reason.to_string(),
+        };
+        if self.engine != "memory" {
+            return Err(invalid(
+                "engine",
+                self.engine.clone(),
+                "only `memory` is available in this build (btree and lsm are not implemented yet)",
+            ));
+        }
+        if self.name.is_empty() {
+            return Err(invalid("name", self.name.clone(), "must not be empty"));
+        }
+        if self.max_request_bytes == 0 || self.max_request_bytes > 64 << 20 {
+            return Err(invalid(
+                "max-request-bytes",
+                self.max_request_bytes.to_string(),
+                "must be between 1 and 64 MiB",
+            ));
+        }
+        if self.wal_max_batch == 0 {
+            return Err(invalid("wal-max-batch", "0".into(), "must be at least 1"));
+        }
+        if self.wal_segment_bytes < 64 << 10 {
+            return Err(invalid(
+                "wal-segment-bytes",
+                self.wal_segment_bytes.to_string(),
+                "must be at least 64 KiB",
+            ));
+        }
+        if self.snapshot_count == 0 {
+            return Err(invalid("snapshot-count", "0".into(), "must be at least 1"));
+        }
+        if self.heartbeat_interval == 0 || self.election_timeout < 5 * self.heartbeat_interval {
+            return Err(invalid(
+                "election-timeout",
+                self.election_timeout.to_string(),
+                "must be at least 5 x --heartbeat-interval (as etcd requires)",
+            ));
+        }
+        if self.max_pending_proposals == 0 {
+            return Err(invalid("max-pending-proposals", "0".into(), "must be at least 1"));
+        }
+        self.http_listen_addrs()?;
+        self.auto_compaction()?;
+        Ok(())
+    }
+}
+
+/// Parses `http://host:port[,http://host:port...]` into socket addresses.
+pub fn parse_urls(flag: &'static str, urls: &str) -> Result<Vec<SocketAddr>, ConfigError> {
+    let mut out = Vec::new();
+    for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let invalid = |reason: &str| ConfigError::Invalid {
+            flag,
+            value: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| invalid("only http:// URLs are supported"))?;
+        let hostport = rest.trim_end_matches('/');
+        let hostport = if let Some(port) = hostport.strip_prefix("localhost:") {
+            format!("127.0.0.1:{port}")
+        } else {
+            hostport.to_string()
+        };
+        let addr: SocketAddr = hostport
+            .parse()
+            .map_err(|_| invalid("expected an IP address and port, e.g. http://127.0.0.1:3379"))?;
+        out.push(addr);
+    }
+    if out.is_empty() {
+        return Err(ConfigError::Invalid {
+            flag,
+            value: urls.to_string(),
+            reason: "no URL given".into(),
+        });
+    }
+    Ok(out)
+}
+
+/// etcd's periodic retention: a bare number is hours; else a Go-style
+/// duration with one unit (`ms`, `s`, `m`, `h`).
+fn parse_retention_duration(s: &str) -> Option<Duration> {
+    if let Ok(hours) = s.parse::<u64>() {
+        return Some(Duration::from_secs(hours.checked_mul(3600)?));
+    }
+    let split = s.find(|c: char| c.is_ascii_alphabetic())?;
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    if !n.is_finite() || n < 0.0 {
+        return None;
+    }
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn flags_override_file_and_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "snapshot-count = 500\nname = \"from-file\"\nwal-batch-window-us = 50\n").unwrap();
+        let flags = Flags::parse_from(["metcd", "--config", file.to_str().unwrap(), "--name", "n1"]);
+        let cfg = Config::from_flags(flags).unwrap();
+        assert_eq!(cfg.name, "n1");
+        assert_eq!(cfg.snapshot_count, 500);
+        assert_eq!(cfg.wal_batch_window_us, 50);
+        assert_eq!(cfg.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
+        assert_eq!(cfg.data_dir(), PathBuf::from("n1.metcd"));
+    }
+
+    #[test]
+    fn unknown_file_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "snapshot-cuont = 5\n").unwrap();
+        let err = Config::from_file(&file).unwrap_err().to_string();
+        assert!(err.contains("snapshot-cuont"), "{err}");
+    }
+
+    #[test]
+    fn retention_parsing() {
+        let mut cfg = Config::default();
+        assert_eq!(cfg.auto_compaction().unwrap(), AutoCompaction::Off);
+        cfg.auto_compaction_retention = "1".into();
+        assert_eq!(cfg.auto_compaction().unwrap(), AutoCompaction::Periodic(Duration::from_secs(3600)));
+        cfg.auto_compaction_retention = "30m".into();
+        assert_eq!(cfg.auto_compaction().unwrap(), AutoCompaction::Periodic(Duration::from_secs(1800)));
+        cfg.auto_compaction_mode = "revision".into();
+        cfg.auto_compaction_retention = "1000".into();
+        assert_eq!(cfg.auto_compaction().unwrap(), AutoCompaction::Revision(1000));
+        cfg.auto_compaction_retention = "ten".into();
+        assert!(cfg.auto_compaction().is_err());
+    }
+
+    #[test]
+    fn urls() {
+        let addrs = parse_urls("x", "http://127.0.0.1:3379,http://localhost:4000").unwrap();
+        assert_eq!(addrs.len(), 2);
+        assert!(parse_urls("x", "https://1.2.3.4:1").is_err());
+        assert!(parse_urls("x", "http://nohost").is_err());
+    }
+
+    #[test]
+    fn shipped_profiles_parse() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tuning");
+        for entry in std::fs::read_dir(root).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let cfg = Config::from_file(&path).unwrap();
+                cfg.validate().unwrap();
+            }
+        }
+    }
+}

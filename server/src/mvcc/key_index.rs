@@ -1,0 +1,235 @@
+//! The in-memory key index: for every key, the ordered revisions at which it
+//! was put or deleted since the last compaction (etcd's `treeIndex` /
+//! `keyIndex`, flattened: generations are implicit between tombstones).
+//!
+//! It owns only revision numbers, never values (those stay in the engine),
+//! and it must never be the only copy of anything: it is rebuilt from the
+//! engine on open. The value of a key visible at revision `R` is the last
+//! event with `main <= R`, unless that event is a tombstone.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use bytes::Bytes;
+
+/// One event of a key: written at `(main, sub)`; a tombstone is a delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rev {
+    pub(crate) main: i64,
+    pub(crate) sub: u32,
+    pub(crate) tombstone: bool,
+}
+
+/// A key range as etcd interprets `(key, range_end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyRange<'a> {
+    /// `range_end` empty: just `key`.
+    Single(&'a [u8]),
+    /// `range_end == "\0"`: every key `>= key`.
+    From(&'a [u8]),
+    /// `[key, range_end)` with `range_end > key`.
+    Between(&'a [u8], &'a [u8]),
+    /// `range_end <= key` (and not `"\0"`): nothing.
+    Empty,
+}
+
+impl<'a> KeyRange<'a> {
+    pub(crate) fn new(key: &'a [u8], range_end: &'a [u8]) -> Self {
+        if range_end.is_empty() {
+            KeyRange::Single(key)
+        } else if range_end == [0] {
+            KeyRange::From(key)
+        } else if range_end <= key {
+            // Checked here because BTreeMap::range panics on start > end.
+            KeyRange::Empty
+        } else {
+            KeyRange::Between(key, range_end)
+        }
+    }
+}
+
+/// The visible (non-tombstone) event of `revs` at revision `at`.
+fn visible(revs: &[Rev], at: i64) -> Option<Rev> {
+    let n = revs.partition_point(|r| r.main <= at);
+    let r = *revs.get(n.checked_sub(1)?)?;
+    (!r.tombstone).then_some(r)
+}
+
+/// How many leading events of `revs` no read at a revision `>= at` can reach:
+/// all events before the last one with `main <= at`, and that one too if it
+/// is a tombstone (etcd's `keyIndex.compact`).
+fn garbage_len(revs: &[Rev], at: i64) -> usize {
+    let n = revs.partition_point(|r| r.main <= at);
+    match n.checked_sub(1).and_then(|i| revs.get(i)) {
+        Some(last) if last.tombstone => n,
+        Some(_) => n - 1,
+        None => 0,
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct KeyIndex {
+    keys: BTreeMap<Bytes, Vec<Rev>>,
+}
+
+impl KeyIndex {
+    /// Number of keys with at least one event (live or not).
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The event visible for `key` at revision `at`.
+    pub(crate) fn get(&self, key: &[u8], at: i64) -> Option<Rev> {
+        visible(self.keys.get(key)?, at)
+    }
+
+    /// Calls `f` for every key of `range` visible at `at`, in ascending key
+    /// order, until `f` returns false.
+    pub(crate) fn visit(&self, range: KeyRange<'_>, at: i64, mut f: impl FnMut(&Bytes, Rev) -> bool) {
+        let bounds: (Bound<&[u8]>, Bound<&[u8]>) = match range {
+            KeyRange::Empty => return,
+            KeyRange::Single(key) => {
+                if let Some((k, revs)) = self.keys.get_key_value(key) {
+                    if let Some(r) = visible(revs, at) {
+                        f(k, r);
+                    }
+                }
+                return;
+            }
+            KeyRange::From(key) => (Bound::Included(key), Bound::Unbounded),
+            KeyRange::Between(key, end) => (Bound::Included(key), Bound::Excluded(end)),
+        };
+        for (k, revs) in self.keys.range::<[u8], _>(bounds) {
+            if let Some(r) = visible(revs, at) {
+                if !f(k, r) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Number of keys of `range` visible at `at`.
+    pub(crate) fn count(&self, range: KeyRange<'_>, at: i64) -> i64 {
+        let mut n = 0i64;
+        self.visit(range, at, |_, _| {
+            n += 1;
+            true
+        });
+        n
+    }
+
+    /// Records a new event for `key`. Events must arrive in increasing
+    /// `(main, sub)` order, which the apply path and the engine scan in
+    /// `open` both guarantee.
+    pub(crate) fn push(&mut self, key: &[u8], rev: Rev) {
+        if let Some(revs) = self.keys.get_mut(key) {
+            revs.push(rev);
+        } else {
+            // Copy the key: the caller's bytes may be a slice of a whole Raft
+            // entry, which the index would otherwise pin for its lifetime.
+            self.keys.insert(Bytes::copy_from_slice(key), vec![rev]);
+        }
+    }
+
+    /// Undoes the last [`KeyIndex::push`] for `key` if it was at `main`
+    /// (rollback of a failed request).
+    pub(crate) fn pop(&mut self, key: &[u8], main: i64) {
+        let Some(revs) = self.keys.get_mut(key) else {
+            return;
+        };
+        if revs.last().is_some_and(|r| r.main == main) {
+            revs.pop();
+        }
+        if revs.is_empty() {
+            self.keys.remove(key);
+        }
+    }
+
+    /// Calls `f` for every event that [`KeyIndex::compact`] at `at` would
+    /// drop, without changing anything.
+    pub(crate) fn compaction_garbage(&self, at: i64, mut f: impl FnMut(Rev)) {
+        for revs in self.keys.values() {
+            let n = garbage_len(revs, at);
+            revs.iter().take(n).for_each(|r| f(*r));
+        }
+    }
+
+    /// Drops every event no read at a revision `>= at` can reach, and keys
+    /// left with no event.
+    pub(crate) fn compact(&mut self, at: i64) {
+        self.keys.retain(|_, revs| {
+            let n = garbage_len(revs, at);
+            if n > 0 {
+                revs.drain(..n);
+                // Compaction is rare; give back the memory of long histories.
+                revs.shrink_to_fit();
+            }
+            !revs.is_empty()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(main: i64, sub: u32) -> Rev {
+        Rev {
+            main,
+            sub,
+            tombstone: false,
+        }
+    }
+    fn del(main: i64, sub: u32) -> Rev {
+        Rev {
+            main,
+            sub,
+            tombstone: true,
+        }
+    }
+
+    #[test]
+    fn key_range_rules() {
+        assert_eq!(KeyRange::new(b"a", b""), KeyRange::Single(b"a"));
+        assert_eq!(KeyRange::new(b"a", b"\0"), KeyRange::From(b"a"));
+        assert_eq!(KeyRange::new(b"\0", b"\0"), KeyRange::From(b"\0"));
+        assert_eq!(KeyRange::new(b"b", b"a"), KeyRange::Empty);
+        assert_eq!(KeyRange::new(b"a", b"a"), KeyRange::Empty);
+        assert_eq!(KeyRange::new(b"a", b"b"), KeyRange::Between(b"a", b"b"));
+    }
+
+    #[test]
+    fn visibility_and_compaction() {
+        let mut ix = KeyIndex::default();
+        ix.push(b"a", put(2, 0));
+        ix.push(b"a", put(3, 0));
+        ix.push(b"a", del(5, 0));
+        ix.push(b"a", put(5, 1));
+        ix.push(b"b", put(4, 0));
+        ix.push(b"b", del(6, 0));
+        assert_eq!(ix.get(b"a", 1), None);
+        assert_eq!(ix.get(b"a", 2), Some(put(2, 0)));
+        assert_eq!(ix.get(b"a", 4), Some(put(3, 0)));
+        assert_eq!(ix.get(b"a", 5), Some(put(5, 1)));
+        assert_eq!(ix.get(b"b", 6), None);
+        assert_eq!(ix.count(KeyRange::From(b"\0"), 4), 2);
+        assert_eq!(ix.count(KeyRange::From(b"\0"), 6), 1);
+
+        let mut garbage = Vec::new();
+        ix.compaction_garbage(4, |r| garbage.push(r));
+        assert_eq!(garbage, vec![put(2, 0)]);
+        ix.compact(4);
+        assert_eq!(ix.get(b"a", 4), Some(put(3, 0)));
+        assert_eq!(ix.get(b"b", 4), Some(put(4, 0)));
+
+        let mut garbage = Vec::new();
+        ix.compaction_garbage(6, |r| garbage.push(r));
+        assert_eq!(garbage, vec![put(3, 0), del(5, 0), put(4, 0), del(6, 0)]);
+        ix.compact(6);
+        assert_eq!(ix.len(), 1);
+        assert_eq!(ix.get(b"a", 6), Some(put(5, 1)));
+
+        ix.pop(b"a", 5);
+        assert_eq!(ix.len(), 0);
+    }
+}

@@ -1,0 +1,833 @@
+//! The MVCC store: etcd v3's revisioned key space on top of an
+//! [`Engine`], applied one Raft entry at a time.
+//!
+//! It owns the in-memory [`KeyIndex`], the current and compacted revisions,
+//! and the `k`/`m` key spaces of the engine. It must never half-apply a
+//! request, never panic on any request, and never depend on anything but
+//! the engine state and the request (every replica must compute the same
+//! bytes); it knows nothing about Raft, leases' liveness or the runtime.
+//!
+//! # Engine layout
+//!
+//! - `b'k' ++ main (u64 BE) ++ sub (u64 BE)` → one key revision, encoded by
+//!   [`codec::encode_kv`]: `version byte, flags (tombstone), key` and, for a
+//!   put, `create_revision, version, lease, value`. Big-endian revisions make
+//!   the engine's key order the revision order, so `open` rebuilds the
+//!   index with one scan.
+//! - `b'm' ++ name` → metadata; `b"mcompact_rev"` is the finished compaction
+//!   revision (i64 BE). Compaction deletes its garbage and writes this key in
+//!   the same batch, so there is no "scheduled but unfinished" state.
+//!
+//! Every [`MvccStore::apply`] writes exactly one [`WriteBatch`] carrying the
+//! applied index, also when the request fails with a user error (then the
+//! batch holds nothing else), so the engine's applied index always says
+//! which log entries are reflected in the data.
+//!
+//! # Revisions
+//!
+//! As in etcd, a write request takes one revision (`current + 1`) if it
+//! changes anything: the n-th change inside it gets sub revision n. Reads
+//! inside a txn see its earlier writes; compares and the txn's pre-checks
+//! see the state before the txn.
+
+use std::cmp::Ordering;
+use std::ops::Bound;
+
+use bytes::Bytes;
+use engine::{Engine, EngineSnapshot, Scan, WriteBatch};
+
+use super::codec::{self, MAX_TXN_DEPTH};
+use super::error::MvccError;
+use super::key_index::{KeyIndex, KeyRange, Rev};
+use super::types::{
+    ApplyOutcome, Compare, CompareResult, CompareTarget, CompactionRequest, CompactionResponse,
+    DeleteRangeRequest, DeleteRangeResponse, Event, EventKind, KeyValue, PutRequest, PutResponse,
+    RangeRequest, RangeResponse, Request, RequestOp, Response, ResponseHeader, ResponseOp,
+    SortOrder, SortTarget, TargetUnion, TxnRequest, TxnResponse,
+};
+use super::validate::is_txn_readonly;
+
+const KEY_PREFIX: u8 = b'k';
+const META_COMPACT_REV: &[u8] = b"mcompact_rev";
+const REV_KEY_LEN: usize = 17;
+
+/// The engine key of key revision `(main, sub)`.
+fn rev_key(main: i64, sub: u64) -> Bytes {
+    let mut k = [0u8; REV_KEY_LEN];
+    k[0] = KEY_PREFIX;
+    // Stored mains are >= 1, so the cast keeps their order.
+    k[1..9].copy_from_slice(&(main as u64).to_be_bytes());
+    k[9..].copy_from_slice(&sub.to_be_bytes());
+    Bytes::copy_from_slice(&k)
+}
+
+fn parse_rev_key(k: &[u8]) -> Result<(i64, u32), MvccError> {
+    let bad = || MvccError::Corrupt(format!("bad revision key {k:02x?}"));
+    if k.len() != REV_KEY_LEN || k[0] != KEY_PREFIX {
+        return Err(bad());
+    }
+    let main = u64::from_be_bytes(k[1..9].try_into().map_err(|_| bad())?);
+    let sub = u64::from_be_bytes(k[9..].try_into().map_err(|_| bad())?);
+    match (i64::try_from(main), u32::try_from(sub)) {
+        (Ok(main), Ok(sub)) if main > 0 => Ok((main, sub)),
+        _ => Err(bad()),
+    }
+}
+
+fn corrupt(what: impl std::fmt::Display) -> MvccError {
+    MvccError::Corrupt(what.to_string())
+}
+
+fn header(revision: i64) -> ResponseHeader {
+    ResponseHeader { revision }
+}
+
+/// etcd's MVCC key space over an engine. See the module docs.
+pub struct MvccStore<E: Engine> {
+    engine: E,
+    index: KeyIndex,
+    current_rev: i64,
+    compact_rev: i64,
+}
+
+impl<E: Engine> std::fmt::Debug for MvccStore<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MvccStore")
+            .field("current_rev", &self.current_rev)
+            .field("compact_rev", &self.compact_rev)
+            .field("keys", &self.index.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Engine> MvccStore<E> {
+    /// Opens the store over `engine`, rebuilding the key index with one scan
+    /// of the `k` key space.
+    pub fn open(engine: E) -> Result<Self, MvccError> {
+        let snap = engine.snapshot();
+        let compact_rev = match snap.get(META_COMPACT_REV)? {
+            None => 0,
+            Some(v) => {
+                let b: [u8; 8] = v[..]
+                    .try_into()
+                    .map_err(|_| corrupt("compact revision is not 8 bytes"))?;
+                let rev = i64::from_be_bytes(b);
+                if rev < 0 {
+                    return Err(corrupt(format!("negative compact revision {rev}")));
+                }
+                rev
+            }
+        };
+        let mut index = KeyIndex::default();
+        let mut max_main = 0i64;
+        let mut failed = None;
+        snap.scan(
+            Bound::Included(&[KEY_PREFIX][..]),
+            Bound::Excluded(&[KEY_PREFIX + 1][..]),
+            |k, v| {
+                let step = parse_rev_key(k).and_then(|(main, sub)| {
+                    let (tombstone, key) = codec::decode_kv_key(v)
+                        .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
+                    index.push(
+                        key,
+                        Rev {
+                            main,
+                            sub,
+                            tombstone,
+                        },
+                    );
+                    max_main = main;
+                    Ok(())
+                });
+                match step {
+                    Ok(()) => Scan::Continue,
+                    Err(e) => {
+                        failed = Some(e);
+                        Scan::Stop
+                    }
+                }
+            },
+        )?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(MvccStore {
+            engine,
+            index,
+            // Compaction may have removed every entry of the newest revisions
+            // (all tombstones), but never below the compact revision.
+            current_rev: max_main.max(compact_rev),
+            compact_rev,
+        })
+    }
+
+    /// The revision of the last change (0 for an empty store).
+    pub fn current_revision(&self) -> i64 {
+        self.current_rev
+    }
+
+    /// The revision of the last compaction: reads below it fail.
+    pub fn compact_revision(&self) -> i64 {
+        self.compact_rev
+    }
+
+    /// The Raft index of the last entry applied to the engine.
+    pub fn applied_index(&self) -> u64 {
+        self.engine.applied_index()
+    }
+
+    /// The engine, e.g. to take a snapshot for a Raft snapshot.
+    pub fn engine(&self) -> &E {
+        &self.engine
+    }
+
+    fn view<'a>(&'a self, snap: &'a E::Snapshot) -> View<'a, E::Snapshot> {
+        View {
+            index: &self.index,
+            snap,
+            staged_main: 0,
+            staged: &[],
+            compact_rev: self.compact_rev,
+        }
+    }
+
+    /// A Range at `req.revision` (`<= 0`: the current revision), with etcd's
+    /// filter, sort, limit, `count` and `more` rules.
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, MvccError> {
+        let snap = self.engine.snapshot();
+        self.view(&snap).range(req, self.current_rev)
+    }
+
+    /// Executes a read-only txn (every op of both branches a Range, see
+    /// [`is_txn_readonly`]) without the Raft log, like etcd does.
+    pub fn read_txn(&self, req: &TxnRequest) -> Result<TxnResponse, MvccError> {
+        if !is_txn_readonly(req) {
+            return Err(MvccError::NotReadOnly);
+        }
+        let snap = self.engine.snapshot();
+        let view = self.view(&snap);
+        let cur = self.current_rev;
+        let succeeded = view.compares(&req.compare, cur)?;
+        let ops = if succeeded { &req.success } else { &req.failure };
+        for op in ops {
+            if let RequestOp::Range(r) = op {
+                check_range_rev(r, cur, self.compact_rev)?;
+            }
+        }
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            let RequestOp::Range(r) = op else {
+                return Err(MvccError::NotReadOnly);
+            };
+            responses.push(ResponseOp::Range(view.range(r, cur)?));
+        }
+        Ok(TxnResponse {
+            header: header(cur),
+            succeeded,
+            responses,
+        })
+    }
+
+    /// Applies one committed write request at Raft index `index`.
+    ///
+    /// Writes exactly one engine batch carrying `index`. A user error (any
+    /// [`MvccError`] that is not [`MvccError::is_fatal`]) changes no data
+    /// but still advances the applied index. A fatal error leaves the store
+    /// as it was before the call (in memory) and must stop the member.
+    ///
+    /// The caller must not apply an index twice: the engine's applied index
+    /// ([`MvccStore::applied_index`]) says where to resume after a restart.
+    pub fn apply(&mut self, index: u64, req: &Request) -> Result<ApplyOutcome, MvccError> {
+        if let Request::Compaction(c) = req {
+            return self.apply_compaction(index, c);
+        }
+        let snap = self.engine.snapshot();
+        let begin_rev = self.current_rev;
+        let mut tx = WriteTxn {
+            index: &mut self.index,
+            snap: &snap,
+            begin_rev,
+            compact_rev: self.compact_rev,
+            changes: Vec::new(),
+        };
+        let result = match req {
+            Request::Put(p) => tx.put(p).map(Response::Put),
+            Request::DeleteRange(d) => tx.delete_range(d).map(Response::DeleteRange),
+            Request::Txn(t) => tx.txn(t).map(Response::Txn),
+            Request::Compaction(_) => Err(corrupt("compaction in the write path")),
+        };
+        let changes = std::mem::take(&mut tx.changes);
+        let rev = begin_rev + 1;
+        let response = match result {
+            Ok(r) => r,
+            Err(e) => {
+                rollback(&mut self.index, &changes, rev);
+                if !e.is_fatal() {
+                    self.write_applied_index(index)?;
+                }
+                return Err(e);
+            }
+        };
+
+        let mut batch = WriteBatch::with_capacity(changes.len());
+        for (sub, ch) in changes.iter().enumerate() {
+            let mut value = Vec::with_capacity(24 + ch.kv.key.len() + ch.kv.value.len());
+            codec::encode_kv(&mut value, &ch.kv, ch.tombstone);
+            batch.put(rev_key(rev, sub as u64), Bytes::from(value));
+        }
+        batch.set_applied_index(index);
+        if let Err(e) = self.engine.write(batch) {
+            rollback(&mut self.index, &changes, rev);
+            return Err(e.into());
+        }
+        if !changes.is_empty() {
+            self.current_rev = rev;
+        }
+        let events = changes
+            .into_iter()
+            .map(|c| Event {
+                kind: if c.tombstone {
+                    EventKind::Delete
+                } else {
+                    EventKind::Put
+                },
+                kv: c.kv,
+                prev_kv: c.event_prev,
+            })
+            .collect();
+        Ok(ApplyOutcome { response, events })
+    }
+
+    /// Advances the applied index for a log entry with nothing for MVCC
+    /// (empty entries, configuration changes, other subsystems' requests).
+    pub fn apply_noop(&mut self, index: u64) -> Result<(), MvccError> {
+        self.write_applied_index(index)
+    }
+
+    fn write_applied_index(&mut self, index: u64) -> Result<(), MvccError> {
+        let mut batch = WriteBatch::new();
+        batch.set_applied_index(index);
+        self.engine.write(batch)?;
+        Ok(())
+    }
+
+    fn apply_compaction(
+        &mut self,
+        index: u64,
+        c: &CompactionRequest,
+    ) -> Result<ApplyOutcome, MvccError> {
+        let at = c.revision;
+        // etcd's order: an already compacted revision wins over a future one.
+        let user_err = if at <= self.compact_rev {
+            Some(MvccError::Compacted)
+        } else if at > self.current_rev {
+            Some(MvccError::FutureRevision)
+        } else {
+            None
+        };
+        if let Some(e) = user_err {
+            self.write_applied_index(index)?;
+            return Err(e);
+        }
+        // Plan the deletions first and prune the index only once the batch
+        // is durable in the engine, so a failed write changes nothing.
+        let mut batch = WriteBatch::new();
+        self.index
+            .compaction_garbage(at, |r| batch.delete(rev_key(r.main, u64::from(r.sub))));
+        batch.put(
+            Bytes::from_static(META_COMPACT_REV),
+            Bytes::copy_from_slice(&at.to_be_bytes()),
+        );
+        batch.set_applied_index(index);
+        self.engine.write(batch)?;
+        self.index.compact(at);
+        self.compact_rev = at;
+        Ok(ApplyOutcome {
+            response: Response::Compaction(CompactionResponse {
+                header: header(self.current_rev),
+            }),
+            events: Vec::new(),
+        })
+    }
+}
+
+/// Undoes the index events a failed request pushed (all at `rev`).
+fn rollback(index: &mut KeyIndex, changes: &[Change], rev: i64) {
+    for ch in changes.iter().rev() {
+        index.pop(&ch.kv.key, rev);
+    }
+}
+
+/// A change staged by the request being applied; its sub revision is its
+/// position in the list.
+struct Change {
+    kv: KeyValue,
+    tombstone: bool,
+    /// The watcher's `prev_kv` for this change (see [`Event::prev_kv`]).
+    event_prev: Option<KeyValue>,
+}
+
+/// A read-only view: the index, an engine snapshot, and the changes staged
+/// at `staged_main` by the request being applied (not yet in the engine).
+struct View<'a, S> {
+    index: &'a KeyIndex,
+    snap: &'a S,
+    staged_main: i64,
+    staged: &'a [Change],
+    compact_rev: i64,
+}
+
+impl<S: EngineSnapshot> View<'_, S> {
+    fn load(&self, rev: Rev) -> Result<KeyValue, MvccError> {
+        if rev.main == self.staged_main {
+            return self
+                .staged
+                .get(rev.sub as usize)
+                .map(|c| c.kv.clone())
+                .ok_or_else(|| corrupt(format!("no staged change {}/{}", rev.main, rev.sub)));
+        }
+        let value = self
+            .snap
+            .get(&rev_key(rev.main, u64::from(rev.sub)))?
+            .ok_or_else(|| corrupt(format!("revision {}/{} missing", rev.main, rev.sub)))?;
+        match codec::decode_kv(&value, rev.main) {
+            Ok((false, kv)) => Ok(kv),
+            Ok((true, _)) => Err(corrupt(format!(
+                "revision {}/{} is a tombstone in the engine, not in the index",
+                rev.main, rev.sub
+            ))),
+            Err(e) => Err(corrupt(format!("revision {}/{}: {e}", rev.main, rev.sub))),
+        }
+    }
+
+    fn get(&self, key: &[u8], at: i64) -> Result<Option<KeyValue>, MvccError> {
+        self.index.get(key, at).map(|r| self.load(r)).transpose()
+    }
+
+    /// etcd's `applierV3backend.Range` over `storeTxnRead.rangeKeys`, where
+    /// `cur_rev` is the revision the reader is at.
+    fn range(&self, req: &RangeRequest, cur_rev: i64) -> Result<RangeResponse, MvccError> {
+        let mut rev = req.revision;
+        if rev > cur_rev {
+            return Err(MvccError::FutureRevision);
+        }
+        if rev <= 0 {
+            rev = cur_rev;
+        }
+        if rev < self.compact_rev {
+            return Err(MvccError::Compacted);
+        }
+        let range = KeyRange::new(&req.key, &req.range_end);
+        if req.count_only {
+            return Ok(RangeResponse {
+                header: header(cur_rev),
+                kvs: Vec::new(),
+                more: false,
+                count: self.index.count(range, rev),
+            });
+        }
+
+        // etcd fetches everything when it will sort or filter, otherwise
+        // limit + 1 keys (the extra one decides `more`). Note the original
+        // sort order decides this: a non-key target with order NONE sorts
+        // only the fetched limit + 1 keys, exactly like etcd.
+        let fetch_all = req.sort_order != SortOrder::None
+            || req.min_mod_revision != 0
+            || req.max_mod_revision != 0
+            || req.min_create_revision != 0
+            || req.max_create_revision != 0;
+        let fetch_limit = if fetch_all || req.limit <= 0 {
+            usize::MAX
+        } else {
+            usize::try_from(req.limit)
+                .unwrap_or(usize::MAX)
+                .saturating_add(1)
+        };
+        let mut kvs = Vec::new();
+        // `count` is every key in range at `rev`, regardless of limit and of
+        // the revision filters below.
+        let mut count = 0i64;
+        let mut failed = None;
+        self.index.visit(range, rev, |_, r| {
+            count += 1;
+            if kvs.len() < fetch_limit {
+                match self.load(r) {
+                    Ok(kv) => kvs.push(kv),
+                    Err(e) => {
+                        failed = Some(e);
+                        return false;
+                    }
+                }
+            }
+            true
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+
+        if req.max_mod_revision != 0 {
+            kvs.retain(|kv| kv.mod_revision <= req.max_mod_revision);
+        }
+        if req.min_mod_revision != 0 {
+            kvs.retain(|kv| kv.mod_revision >= req.min_mod_revision);
+        }
+        if req.max_create_revision != 0 {
+            kvs.retain(|kv| kv.create_revision <= req.max_create_revision);
+        }
+        if req.min_create_revision != 0 {
+            kvs.retain(|kv| kv.create_revision >= req.min_create_revision);
+        }
+
+        let mut order = req.sort_order;
+        if req.sort_target != SortTarget::Key && order == SortOrder::None {
+            order = SortOrder::Ascend;
+        }
+        // Keys come out of the index ascending, so ascending by key is a
+        // no-op. The sort is stable: ties keep key order (etcd's Go sort is
+        // unstable in general but stable for the <= 12 elements it
+        // insertion-sorts; we pick the stable order for every size).
+        let target = req.sort_target;
+        match order {
+            SortOrder::Ascend if target != SortTarget::Key => {
+                kvs.sort_by(|a, b| cmp_by(target, a, b));
+            }
+            SortOrder::Descend => kvs.sort_by(|a, b| cmp_by(target, b, a)),
+            _ => {}
+        }
+
+        let mut more = false;
+        if let Ok(limit) = usize::try_from(req.limit) {
+            if limit > 0 && kvs.len() > limit {
+                kvs.truncate(limit);
+                more = true;
+            }
+        }
+        if req.keys_only {
+            for kv in &mut kvs {
+                kv.value = Bytes::new();
+            }
+        }
+        Ok(RangeResponse {
+            header: header(cur_rev),
+            kvs,
+            more,
+            count,
+        })
+    }
+
+    /// etcd's `applyCompare` at revision `at`: every key of the range must
+    /// satisfy the compare; no key compares as an all-zero KeyValue, except
+    /// that a Value compare on no key fails.
+    fn compare(&self, c: &Compare, at: i64) -> Result<bool, MvccError> {
+        let mut any = false;
+        let mut holds = true;
+        let mut failed = None;
+        self.index
+            .visit(KeyRange::new(&c.key, &c.range_end), at, |_, r| {
+                any = true;
+                match self.load(r) {
+                    Ok(kv) => holds = compare_kv(c, &kv),
+                    Err(e) => failed = Some(e),
+                }
+                holds && failed.is_none()
+            });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if !any {
+            if c.target == CompareTarget::Value {
+                return Ok(false);
+            }
+            return Ok(compare_kv(c, &KeyValue::default()));
+        }
+        Ok(holds)
+    }
+
+    fn compares(&self, cmps: &[Compare], at: i64) -> Result<bool, MvccError> {
+        for c in cmps {
+            if !self.compare(c, at)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// etcd's `compareToPath`: the branch taken by `t` and, in pre-order, by
+    /// every nested txn on the taken branches, all evaluated at `at` (the
+    /// state before the txn: nested compares do not see earlier writes).
+    fn path(&self, t: &TxnRequest, at: i64, depth: usize, out: &mut Vec<bool>) -> Result<(), MvccError> {
+        // Decoded requests are never this deep; this bounds recursion for
+        // requests built in-process.
+        if depth > MAX_TXN_DEPTH {
+            return Err(MvccError::TooManyOps);
+        }
+        let succeeded = self.compares(&t.compare, at)?;
+        out.push(succeeded);
+        for op in if succeeded { &t.success } else { &t.failure } {
+            if let RequestOp::Txn(n) = op {
+                self.path(n, at, depth + 1, out)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn cmp_by(target: SortTarget, a: &KeyValue, b: &KeyValue) -> Ordering {
+    match target {
+        SortTarget::Key => a.key.cmp(&b.key),
+        SortTarget::Version => a.version.cmp(&b.version),
+        SortTarget::Create => a.create_revision.cmp(&b.create_revision),
+        SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
+        SortTarget::Value => a.value.cmp(&b.value),
+    }
+}
+
+/// etcd's `compareKV`: the target union only counts if its variant matches
+/// the target; otherwise the compare is against zero / the empty value.
+fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
+    let ord = match c.target {
+        CompareTarget::Value => {
+            let v: &[u8] = match &c.target_union {
+                TargetUnion::Value(v) => v,
+                _ => &[],
+            };
+            kv.value[..].cmp(v)
+        }
+        CompareTarget::Create => kv.create_revision.cmp(&match c.target_union {
+            TargetUnion::CreateRevision(v) => v,
+            _ => 0,
+        }),
+        CompareTarget::Mod => kv.mod_revision.cmp(&match c.target_union {
+            TargetUnion::ModRevision(v) => v,
+            _ => 0,
+        }),
+        CompareTarget::Version => kv.version.cmp(&match c.target_union {
+            TargetUnion::Version(v) => v,
+            _ => 0,
+        }),
+        CompareTarget::Lease => kv.lease.cmp(&match c.target_union {
+            TargetUnion::Lease(v) => v,
+            _ => 0,
+        }),
+    };
+    match c.result {
+        CompareResult::Equal => ord == Ordering::Equal,
+        CompareResult::NotEqual => ord != Ordering::Equal,
+        CompareResult::Greater => ord == Ordering::Greater,
+        CompareResult::Less => ord == Ordering::Less,
+    }
+}
+
+/// etcd's `checkRequestRange` for one Range of a txn, against the state
+/// before the txn. Revision 0 is always fine; a negative one is below any
+/// compact revision, hence `Compacted`, exactly as in etcd.
+fn check_range_rev(r: &RangeRequest, cur_rev: i64, compact_rev: i64) -> Result<(), MvccError> {
+    if r.revision == 0 {
+        Ok(())
+    } else if r.revision > cur_rev {
+        Err(MvccError::FutureRevision)
+    } else if r.revision < compact_rev {
+        Err(MvccError::Compacted)
+    } else {
+        Ok(())
+    }
+}
+
+/// Calls `f` on every non-txn op of the executed path of `t`, in etcd's
+/// `checkRequests` order (nested txns recursively, in place).
+fn walk_path(
+    t: &TxnRequest,
+    path: &[bool],
+    pos: &mut usize,
+    f: &mut impl FnMut(&RequestOp) -> Result<(), MvccError>,
+) -> Result<(), MvccError> {
+    let succeeded = *path.get(*pos).ok_or_else(|| corrupt("txn path too short"))?;
+    *pos += 1;
+    for op in if succeeded { &t.success } else { &t.failure } {
+        match op {
+            RequestOp::Txn(n) => walk_path(n, path, pos, f)?,
+            op => f(op)?,
+        }
+    }
+    Ok(())
+}
+
+/// The write side of one request: mutates the index as it goes (so later
+/// ops see earlier ones) and stages engine writes in `changes`; the caller
+/// commits them in one batch or rolls the index back.
+struct WriteTxn<'a, S> {
+    index: &'a mut KeyIndex,
+    snap: &'a S,
+    /// The store revision before the request; writes go to `begin_rev + 1`.
+    begin_rev: i64,
+    compact_rev: i64,
+    changes: Vec<Change>,
+}
+
+impl<S: EngineSnapshot> WriteTxn<'_, S> {
+    fn view(&self) -> View<'_, S> {
+        View {
+            index: self.index,
+            snap: self.snap,
+            staged_main: self.begin_rev + 1,
+            staged: &self.changes,
+            compact_rev: self.compact_rev,
+        }
+    }
+
+    /// The revision reads inside the request are at (etcd's
+    /// `storeTxnWrite.Range`): the pending one once something was written.
+    fn read_rev(&self) -> i64 {
+        self.begin_rev + i64::from(!self.changes.is_empty())
+    }
+
+    fn stage(&mut self, kv: KeyValue, tombstone: bool, event_prev: Option<KeyValue>) -> Result<(), MvccError> {
+        let sub = u32::try_from(self.changes.len())
+            .map_err(|_| corrupt("more than 2^32 changes in one revision"))?;
+        self.index.push(
+            &kv.key,
+            Rev {
+                main: self.begin_rev + 1,
+                sub,
+                tombstone,
+            },
+        );
+        self.changes.push(Change {
+            kv,
+            tombstone,
+            event_prev,
+        });
+        Ok(())
+    }
+
+    fn put(&mut self, p: &PutRequest) -> Result<PutResponse, MvccError> {
+        let rev = self.begin_rev + 1;
+        let view = self.view();
+        let prev = view.get(&p.key, rev)?;
+        let (value, lease) = match &prev {
+            None if p.ignore_value || p.ignore_lease => return Err(MvccError::KeyNotFound),
+            Some(kv) => (
+                if p.ignore_value { kv.value.clone() } else { p.value.clone() },
+                if p.ignore_lease { kv.lease } else { p.lease },
+            ),
+            None => (p.value.clone(), p.lease),
+        };
+        let (create_revision, version) = match &prev {
+            Some(kv) => (kv.create_revision, kv.version.saturating_add(1)),
+            None => (rev, 1),
+        };
+        let event_prev = match &prev {
+            // A create event has no prev_kv in etcd's watch.
+            _ if create_revision == rev => None,
+            Some(kv) if kv.mod_revision <= self.begin_rev => Some(kv.clone()),
+            _ => view.get(&p.key, self.begin_rev)?,
+        };
+        let kv = KeyValue {
+            key: p.key.clone(),
+            create_revision,
+            mod_revision: rev,
+            version,
+            value,
+            lease,
+        };
+        self.stage(kv, false, event_prev)?;
+        Ok(PutResponse {
+            header: header(rev),
+            prev_kv: if p.prev_kv { prev } else { None },
+        })
+    }
+
+    fn delete_range(&mut self, d: &DeleteRangeRequest) -> Result<DeleteRangeResponse, MvccError> {
+        let rev = self.begin_rev + 1;
+        let mut victims = Vec::new();
+        self.index
+            .visit(KeyRange::new(&d.key, &d.range_end), self.read_rev(), |k, r| {
+                victims.push((k.clone(), r));
+                true
+            });
+        let mut prev_kvs = Vec::new();
+        let mut event_prevs = Vec::with_capacity(victims.len());
+        {
+            let view = self.view();
+            for (key, r) in &victims {
+                let cur = view.load(*r)?;
+                event_prevs.push(if r.main <= self.begin_rev {
+                    Some(cur.clone())
+                } else {
+                    view.get(key, self.begin_rev)?
+                });
+                if d.prev_kv {
+                    prev_kvs.push(cur);
+                }
+            }
+        }
+        let deleted = victims.len() as i64;
+        for ((key, _), event_prev) in victims.into_iter().zip(event_prevs) {
+            let kv = KeyValue {
+                key,
+                mod_revision: rev,
+                ..KeyValue::default()
+            };
+            self.stage(kv, true, event_prev)?;
+        }
+        Ok(DeleteRangeResponse {
+            header: header(if self.changes.is_empty() {
+                self.begin_rev
+            } else {
+                rev
+            }),
+            deleted,
+            prev_kvs,
+        })
+    }
+
+    /// etcd's `applierV3backend.Txn`: path from compares, put and range
+    /// pre-checks against the state before the txn, then execution.
+    fn txn(&mut self, t: &TxnRequest) -> Result<TxnResponse, MvccError> {
+        let mut path = Vec::new();
+        {
+            let view = self.view();
+            view.path(t, self.begin_rev, 1, &mut path)?;
+            if !is_txn_readonly(t) {
+                walk_path(t, &path, &mut 0, &mut |op| match op {
+                    RequestOp::Put(p) if p.ignore_value || p.ignore_lease => {
+                        match view.index.get(&p.key, self.begin_rev) {
+                            Some(_) => Ok(()),
+                            None => Err(MvccError::KeyNotFound),
+                        }
+                    }
+                    _ => Ok(()),
+                })?;
+            }
+            walk_path(t, &path, &mut 0, &mut |op| match op {
+                RequestOp::Range(r) => check_range_rev(r, self.begin_rev, self.compact_rev),
+                _ => Ok(()),
+            })?;
+        }
+        let mut resp = self.exec(t, &path, &mut 0)?;
+        resp.header = header(self.read_rev());
+        Ok(resp)
+    }
+
+    fn exec(&mut self, t: &TxnRequest, path: &[bool], pos: &mut usize) -> Result<TxnResponse, MvccError> {
+        let succeeded = *path.get(*pos).ok_or_else(|| corrupt("txn path too short"))?;
+        *pos += 1;
+        let ops = if succeeded { &t.success } else { &t.failure };
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            responses.push(match op {
+                RequestOp::Range(r) => ResponseOp::Range(self.view().range(r, self.read_rev())?),
+                RequestOp::Put(p) => ResponseOp::Put(self.put(p)?),
+                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete_range(d)?),
+                RequestOp::Txn(n) => ResponseOp::Txn(self.exec(n, path, pos)?),
+            });
+        }
+        // etcd never fills a nested txn's header: revision 0. The top-level
+        // caller overwrites it.
+        Ok(TxnResponse {
+            header: ResponseHeader::default(),
+            succeeded,
+            responses,
+        })
+    }
+}

@@ -1,0 +1,488 @@
+//! The Raft group's owner: the loop that drives raft-rs `RawNode` on its
+//! owner core, appends to the WAL with group commit, applies committed
+//! entries in order to MVCC and answers the proposers.
+//!
+//! Group commit: proposals queue up while the previous `fdatasync` runs;
+//! the loop takes everything queued (up to `wal-max-batch`, optionally
+//! waiting `wal-batch-window-us` for more), proposes it, and the resulting
+//! Ready is written as one WAL frame with one `fdatasync`.
+//!
+//! Order of a Ready follows raft-rs' `five_mem_node` example: messages,
+//! snapshot, committed entries, append entries, hard state, sync, persisted
+//! messages, advance, light-ready commit and entries, `advance_apply`.
+//!
+//! Must never: reply to a write before its entry is durable and applied;
+//! apply out of order; keep accepting writes after a failed sync.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BufMut};
+use engine::wal::{self, Wal, WalOptions};
+use engine::{Engine, MemoryEngine};
+use futures_channel::oneshot;
+use raft::eraftpb::{ConfState, Entry, EntryType};
+use raft::storage::MemStorage;
+use raft::{RawNode, Storage};
+
+use crate::compactor::Compactor;
+use crate::config::Config;
+use crate::error::{Result, ServerError};
+use crate::mvcc::{self, MvccError, MvccStore};
+use crate::notify::Notify;
+use crate::raftlog;
+
+/// This member's Raft id (single member; the cluster issue derives it as
+/// etcd does from name, URLs and token).
+pub const MEMBER_ID: u64 = 1;
+
+type WriteReply = oneshot::Sender<Result<mvcc::Response>>;
+
+struct Proposal {
+    id: u64,
+    data: Vec<u8>,
+    reply: WriteReply,
+}
+
+/// Where a member keeps its files.
+pub struct DataDirs {
+    pub root: PathBuf,
+    pub wal: PathBuf,
+    pub snap: PathBuf,
+}
+
+impl DataDirs {
+    pub fn new(root: &Path) -> Self {
+        let member = root.join("member");
+        Self {
+            root: root.to_path_buf(),
+            wal: member.join("wal"),
+            snap: member.join("snap"),
+        }
+    }
+}
+
+/// Holds an exclusive `flock` on the data dir for the process lifetime, so
+/// two members never share one directory.
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+pub fn lock_data_dir(root: &Path) -> Result<DirLock> {
+    std::fs::create_dir_all(root).map_err(|e| engine::Error::io("create_dir", root, e))?;
+    let path = root.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| engine::Error::io("open", &path, e))?;
+    // SAFETY: flock on a valid, owned file descriptor; no memory is shared.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(ServerError::Startup(format!(
+            "data dir {} is locked by another metcd process; stop it or pick another --data-dir",
+            root.display()
+        )));
+    }
+    Ok(DirLock { _file: file })
+}
+
+/// Live statistics of the Raft group (for /health, status and benchmarks).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodeStatus {
+    pub term: u64,
+    pub leader: u64,
+    pub applied_index: u64,
+    pub committed_index: u64,
+    pub revision: i64,
+    pub compact_revision: i64,
+    pub wal_syncs: u64,
+}
+
+pub struct Node {
+    mvcc: RefCell<MvccStore<MemoryEngine>>,
+    engine: MemoryEngine,
+    dirs: DataDirs,
+    queue: RefCell<Vec<Proposal>>,
+    queue_ready: Notify,
+    pending: RefCell<HashMap<u64, WriteReply>>,
+    next_id: Cell<u64>,
+    fatal: RefCell<Option<String>>,
+    status: Cell<NodeStatus>,
+    snapshot_done: RefCell<Option<Result<u64>>>,
+    snapshot_in_flight: Cell<bool>,
+    last_snapshot_index: Cell<u64>,
+    max_request_bytes: usize,
+    max_pending: usize,
+    max_batch: usize,
+    batch_window: Duration,
+    snapshot_count: u64,
+    tick_interval: Duration,
+}
+
+fn log(msg: std::fmt::Arguments<'_>) {
+    eprintln!("metcd: {msg}");
+}
+
+impl Node {
+    /// Recovers the member from its data dir and starts the Raft loop and
+    /// the auto-compactor on the current executor.
+    pub async fn start(cfg: &Config) -> Result<Rc<Node>> {
+        let dirs = DataDirs::new(&cfg.data_dir());
+        let engine = MemoryEngine::open(&dirs.snap)?;
+        let engine_applied = engine.applied_index();
+        let recovered = wal::recover(&dirs.wal)?;
+        if let Some((path, offset)) = &recovered.truncated {
+            log(format_args!(
+                "wal: cut a torn tail in {} at offset {offset} (an unacknowledged group commit)",
+                path.display()
+            ));
+        }
+        let mut initial_conf = ConfState::default();
+        initial_conf.voters = vec![MEMBER_ID];
+        let restored = raftlog::restore(&recovered, engine_applied, &initial_conf)?;
+        let mvcc = MvccStore::open(engine.clone())?;
+        let wal = Wal::open(
+            &dirs.wal,
+            WalOptions {
+                segment_bytes: cfg.wal_segment_bytes,
+                preallocate: true,
+            },
+            &recovered,
+        )
+        .await?;
+        log(format_args!(
+            "recovered {} log entries after snapshot index {}, applied index {}, revision {}",
+            recovered.entries.len(),
+            recovered.snapshot.as_ref().map_or(0, |(i, _)| *i),
+            restored.applied,
+            mvcc.current_revision(),
+        ));
+        drop(recovered);
+
+        let raft_cfg = raft::Config {
+            id: MEMBER_ID,
+            election_tick: (cfg.election_timeout / cfg.heartbeat_interval).max(2) as usize,
+            heartbeat_tick: 1,
+            applied: restored.applied,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            check_quorum: true,
+            pre_vote: true,
+            ..Default::default()
+        };
+        raft_cfg.validate()?;
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut raw = RawNode::new(&raft_cfg, restored.storage, &logger)?;
+        // A one-voter group elects itself at once.
+        raw.campaign()?;
+
+        let boot_nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let node = Rc::new(Node {
+            mvcc: RefCell::new(mvcc),
+            engine,
+            last_snapshot_index: Cell::new(engine_applied),
+            dirs,
+            queue: RefCell::new(Vec::new()),
+            queue_ready: Notify::default(),
+            pending: RefCell::new(HashMap::new()),
+            // Unique across restarts: entries replayed from an earlier run
+            // must never match a proposal of this run.
+            next_id: Cell::new(boot_nanos),
+            fatal: RefCell::new(None),
+            status: Cell::new(NodeStatus::default()),
+            snapshot_done: RefCell::new(None),
+            snapshot_in_flight: Cell::new(false),
+            max_request_bytes: cfg.max_request_bytes,
+            max_pending: cfg.max_pending_proposals,
+            max_batch: cfg.wal_max_batch,
+            batch_window: Duration::from_micros(cfg.wal_batch_window_us),
+            snapshot_count: cfg.snapshot_count,
+            tick_interval: Duration::from_millis(cfg.heartbeat_interval),
+        });
+        node.refresh_status(&raw, &wal);
+        let looped = node.clone();
+        glommio::spawn_local(async move {
+            if let Err(e) = looped.run(raw, wal).await {
+                looped.fail(format!("raft loop stopped: {e}"));
+            }
+        })
+        .detach();
+        let compactor = Compactor::new(cfg.auto_compaction().map_err(|e| ServerError::Startup(e.to_string()))?);
+        glommio::spawn_local(auto_compact(node.clone(), compactor)).detach();
+        Ok(node)
+    }
+
+    /// Stops accepting work after an unrecoverable error (e.g. a failed
+    /// fsync) and exits: a restart recovers from the WAL, which is the only
+    /// safe way on.
+    fn fail(&self, why: String) {
+        log(format_args!("fatal: {why}"));
+        *self.fatal.borrow_mut() = Some(why);
+        self.pending.borrow_mut().clear();
+        self.queue.borrow_mut().clear();
+        std::process::exit(2);
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        self.status.get()
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.fatal.borrow().is_none() && self.status.get().leader != 0
+    }
+
+    /// Proposes a write and waits until it is durable and applied.
+    pub async fn write(&self, req: mvcc::Request) -> Result<mvcc::Response> {
+        if self.fatal.borrow().is_some() {
+            return Err(ServerError::Stopped);
+        }
+        if self.queue.borrow().len() >= self.max_pending {
+            return Err(ServerError::TooManyRequests);
+        }
+        let id = self.next_id.get().wrapping_add(1);
+        self.next_id.set(id);
+        let mut data = Vec::with_capacity(64);
+        data.put_u64_le(id);
+        mvcc::codec::encode(&req, &mut data);
+        // etcd checks the marshalled request against --max-request-bytes.
+        if data.len() - 8 > self.max_request_bytes {
+            return Err(ServerError::RequestTooLarge);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.queue.borrow_mut().push(Proposal { id, data, reply: tx });
+        self.queue_ready.notify();
+        rx.await.map_err(|_| ServerError::Stopped)?
+    }
+
+    /// Serves a read from the applied state on this core. Every write that
+    /// was acknowledged is already applied, so on a single member this is
+    /// linearizable.
+    pub fn range(&self, req: &mvcc::RangeRequest) -> Result<mvcc::RangeResponse> {
+        Ok(self.mvcc.borrow().range(req)?)
+    }
+
+    async fn run(self: &Rc<Self>, mut raw: RawNode<MemStorage>, mut wal: Wal) -> Result<()> {
+        let mut next_tick = Instant::now() + self.tick_interval;
+        let mut entry_buf = Vec::with_capacity(4096);
+        loop {
+            if self.queue.borrow().is_empty() && !raw.has_ready() && self.snapshot_done.borrow().is_none() {
+                let wait = next_tick.saturating_duration_since(Instant::now());
+                futures_lite::future::or(self.queue_ready.notified(), glommio::timer::sleep(wait)).await;
+            }
+            if Instant::now() >= next_tick {
+                raw.tick();
+                next_tick = Instant::now() + self.tick_interval;
+            }
+            if !self.batch_window.is_zero() {
+                let queued = self.queue.borrow().len();
+                if queued > 0 && queued < self.max_batch {
+                    glommio::timer::sleep(self.batch_window).await;
+                }
+            }
+            self.propose_queued(&mut raw);
+            self.finish_snapshot(&mut raw, &mut wal).await?;
+            self.handle_ready(&mut raw, &mut wal, &mut entry_buf).await?;
+            self.refresh_status(&raw, &wal);
+            self.maybe_snapshot();
+            // Let connections run between group commits.
+            glommio::yield_if_needed().await;
+        }
+    }
+
+    fn propose_queued(&self, raw: &mut RawNode<MemStorage>) {
+        let batch: Vec<Proposal> = {
+            let mut queue = self.queue.borrow_mut();
+            let n = queue.len().min(self.max_batch);
+            queue.drain(..n).collect()
+        };
+        let mut pending = self.pending.borrow_mut();
+        for p in batch {
+            match raw.propose(Vec::new(), p.data) {
+                Ok(()) => {
+                    pending.insert(p.id, p.reply);
+                }
+                Err(raft::Error::ProposalDropped) => {
+                    let _ = p.reply.send(Err(ServerError::NoLeader));
+                }
+                Err(e) => {
+                    let _ = p.reply.send(Err(ServerError::Raft(e)));
+                }
+            }
+        }
+        if !self.queue.borrow().is_empty() {
+            // More than one batch queued: come back without sleeping.
+            self.queue_ready.notify();
+        }
+    }
+
+    async fn handle_ready(&self, raw: &mut RawNode<MemStorage>, wal: &mut Wal, buf: &mut Vec<u8>) -> Result<()> {
+        if !raw.has_ready() {
+            return Ok(());
+        }
+        let mut ready = raw.ready();
+        // A single member has no peers to message and receives no snapshots;
+        // the peer transport arrives with the cluster issue.
+        self.apply_entries(ready.take_committed_entries())?;
+        if !ready.entries().is_empty() {
+            for e in ready.entries() {
+                raftlog::encode_entry(e, buf);
+                wal.append_entry(e.index, buf);
+            }
+            raw.store().wl().append(ready.entries())?;
+        }
+        if let Some(hs) = ready.hs() {
+            wal.append_state(&raftlog::encode_hard_state(hs));
+            raw.store().wl().set_hardstate(hs.clone());
+        }
+        // The group commit: one frame, one fdatasync for the whole Ready.
+        wal.sync().await?;
+        let mut light = raw.advance(ready);
+        if let Some(commit) = light.commit_index() {
+            let hs = {
+                let mut core = raw.store().wl();
+                core.mut_hard_state().commit = commit;
+                core.hard_state().clone()
+            };
+            // Written with the next frame; recovery tolerates a lagging commit.
+            wal.append_state(&raftlog::encode_hard_state(&hs));
+        }
+        self.apply_entries(light.take_committed_entries())?;
+        raw.advance_apply();
+        Ok(())
+    }
+
+    fn apply_entries(&self, entries: Vec<Entry>) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut mvcc = self.mvcc.borrow_mut();
+        let mut pending = self.pending.borrow_mut();
+        for entry in entries {
+            if entry.entry_type != EntryType::EntryNormal || entry.data.is_empty() {
+                // Leader no-ops (and, later, conf changes) still advance the
+                // applied index so replay stays idempotent.
+                mvcc.apply_noop(entry.index)?;
+                continue;
+            }
+            let mut data = entry.data.clone();
+            if data.len() < 8 {
+                return Err(ServerError::Decode(raftlog::DecodeError {
+                    what: "proposal",
+                    index: entry.index,
+                }));
+            }
+            let id = data.get_u64_le();
+            let req = mvcc::codec::decode(&data).map_err(|_| {
+                ServerError::Decode(raftlog::DecodeError {
+                    what: "request",
+                    index: entry.index,
+                })
+            })?;
+            let result = match mvcc.apply(entry.index, &req) {
+                Ok(outcome) => Ok(outcome.response),
+                Err(e) if is_fatal(&e) => return Err(e.into()),
+                Err(e) => Err(ServerError::Mvcc(e)),
+            };
+            if let Some(reply) = pending.remove(&id) {
+                let _ = reply.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    fn refresh_status(&self, raw: &RawNode<MemStorage>, wal: &Wal) {
+        let mvcc = self.mvcc.borrow();
+        let raft = &raw.raft;
+        self.status.set(NodeStatus {
+            term: raft.term,
+            leader: raft.leader_id,
+            applied_index: raft.raft_log.applied,
+            committed_index: raft.raft_log.committed,
+            revision: mvcc.current_revision(),
+            compact_revision: mvcc.compact_revision(),
+            wal_syncs: wal.frames_written(),
+        });
+    }
+
+    /// Starts a checkpoint of the engine once `snapshot-count` entries were
+    /// applied since the last one. It runs as its own task (it yields while
+    /// writing), so the loop keeps committing.
+    fn maybe_snapshot(self: &Rc<Self>) {
+        let applied = self.engine.applied_index();
+        if self.snapshot_in_flight.get() || applied < self.last_snapshot_index.get() + self.snapshot_count {
+            return;
+        }
+        self.snapshot_in_flight.set(true);
+        let node = self.clone();
+        glommio::spawn_local(async move {
+            let result = node.engine.checkpoint(&node.dirs.snap).await.map_err(ServerError::from);
+            *node.snapshot_done.borrow_mut() = Some(result);
+            node.queue_ready.notify();
+        })
+        .detach();
+    }
+
+    /// After a checkpoint is durable: mark it in the WAL, drop the covered
+    /// entries from memory and release WAL segments it makes unnecessary.
+    async fn finish_snapshot(&self, raw: &mut RawNode<MemStorage>, wal: &mut Wal) -> Result<()> {
+        let Some(result) = self.snapshot_done.borrow_mut().take() else {
+            return Ok(());
+        };
+        self.snapshot_in_flight.set(false);
+        let index = result?;
+        let store = raw.store().clone();
+        let term = store.term(index)?;
+        let conf = store.initial_state()?.conf_state;
+        wal.append_snapshot(index, &raftlog::encode_snapshot_meta(term, &conf));
+        wal.sync().await?;
+        store.wl().compact(index)?;
+        let released = wal.release_through(index).await?;
+        self.last_snapshot_index.set(index);
+        log(format_args!(
+            "snapshot at applied index {index} (term {term}); released {released} WAL segment(s)"
+        ));
+        Ok(())
+    }
+
+    /// Data directories (for tests and tooling).
+    pub fn dirs(&self) -> &DataDirs {
+        &self.dirs
+    }
+}
+
+fn is_fatal(e: &MvccError) -> bool {
+    matches!(e, MvccError::Engine(_) | MvccError::Corrupt(_))
+}
+
+/// Proposes compactions when the auto-compaction policy says so; they go
+/// through the log like any client's, so every member compacts at the same
+/// revision.
+async fn auto_compact(node: Rc<Node>, mut compactor: Compactor) {
+    if compactor.policy() == crate::config::AutoCompaction::Off {
+        return;
+    }
+    loop {
+        glommio::timer::sleep(compactor.tick_interval()).await;
+        if node.fatal.borrow().is_some() {
+            return;
+        }
+        let status = node.status();
+        if let Some(revision) = compactor.tick(Instant::now(), status.revision, status.compact_revision) {
+            let req = mvcc::Request::Compaction(mvcc::CompactionRequest {
+                revision,
+                physical: false,
+            });
+            match node.write(req).await {
+                Ok(_) => log(format_args!("auto-compaction: compacted to revision {revision}")),
+                Err(e) => log(format_args!("auto-compaction to revision {revision} failed: {e}")),
+            }
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! Shard executors: one pinned glommio executor per core, each accepting
+//! client connections on the same ports (SO_REUSEPORT). Shard 0 owns the
+//! Raft group; the other shards forward commands to it over glommio shared
+//! channels and route the replies back by request id.
+//!
+//! Must never: share mutable state between cores except through these
+//! channels; block an executor.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures_channel::oneshot;
+use glommio::channels::shared_channel::{self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender};
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::api::http::{self, HttpLimits};
+use crate::config::Config;
+use crate::error::{Result, ServerError};
+use crate::mvcc;
+use crate::node::{Node, NodeStatus};
+
+/// The owner core of the Raft group.
+pub const OWNER_SHARD: usize = 0;
+const CHANNEL_CAPACITY: usize = 4096;
+
+/// A request to the group owner.
+#[derive(Debug)]
+pub enum Command {
+    Write(mvcc::Request),
+    Range(mvcc::RangeRequest),
+    Status,
+}
+
+#[derive(Debug)]
+pub enum Reply {
+    Write(Result<mvcc::Response>),
+    Range(Result<mvcc::RangeResponse>),
+    Status { status: NodeStatus, healthy: bool },
+}
+
+/// How a shard reaches the group: directly on the owner core, through
+/// channels elsewhere.
+#[derive(Clone)]
+pub enum Backend {
+    Local(Rc<Node>),
+    Remote(Rc<Remote>),
+}
+
+impl Backend {
+    pub async fn call(&self, cmd: Command) -> Reply {
+        match self {
+            Backend::Local(node) => execute(node, cmd).await,
+            Backend::Remote(remote) => remote.call(cmd).await,
+        }
+    }
+}
+
+async fn execute(node: &Node, cmd: Command) -> Reply {
+    match cmd {
+        Command::Write(req) => Reply::Write(node.write(req).await),
+        Command::Range(req) => Reply::Range(node.range(&req)),
+        Command::Status => Reply::Status {
+            status: node.status(),
+            healthy: node.is_healthy(),
+        },
+    }
+}
+
+/// A non-owner shard's link to the owner.
+pub struct Remote {
+    to_owner: ConnectedSender<(u64, Command)>,
+    waiting: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
+    next_id: Cell<u64>,
+}
+
+impl Remote {
+    async fn call(&self, cmd: Command) -> Reply {
+        let id = self.next_id.get().wrapping_add(1);
+        self.next_id.set(id);
+        let (tx, rx) = oneshot::channel();
+        self.waiting.borrow_mut().insert(id, tx);
+        if self.to_owner.send((id, cmd)).await.is_err() {
+            self.waiting.borrow_mut().remove(&id);
+            return stopped();
+        }
+        rx.await.unwrap_or_else(|_| stopped())
+    }
+
+    async fn dispatch_replies(self: Rc<Self>, replies: ConnectedReceiver<(u64, Reply)>) {
+        while let Some((id, reply)) = replies.recv().await {
+            if let Some(tx) = self.waiting.borrow_mut().remove(&id) {
+                let _ = tx.send(reply);
+            }
+        }
+        // The owner is gone: fail everything still waiting.
+        self.waiting.borrow_mut().clear();
+    }
+}
+
+fn stopped() -> Reply {
+    Reply::Write(Err(ServerError::Stopped))
+}
+
+/// The owner's end of one remote shard's link.
+async fn serve_remote(node: Rc<Node>, requests: ConnectedReceiver<(u64, Command)>, replies: ConnectedSender<(u64, Reply)>) {
+    let replies = Rc::new(replies);
+    while let Some((id, cmd)) = requests.recv().await {
+        let node = node.clone();
+        let replies = replies.clone();
+        glommio::spawn_local(async move {
+            let reply = execute(&node, cmd).await;
+            let _ = replies.send((id, reply)).await;
+        })
+        .detach();
+    }
+}
+
+struct Link {
+    requests: (SharedSender<(u64, Command)>, SharedReceiver<(u64, Command)>),
+    replies: (SharedSender<(u64, Reply)>, SharedReceiver<(u64, Reply)>),
+}
+
+/// Number of executors: `--shards`, or every online core.
+pub fn shard_count(cfg: &Config) -> usize {
+    if cfg.shards > 0 {
+        return cfg.shards;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Starts every shard and blocks until they exit (they serve forever unless
+/// start-up fails, in which case the process exits with the error).
+pub fn run(cfg: Config) -> Result<()> {
+    let shards = shard_count(&cfg);
+    let addrs = cfg
+        .http_listen_addrs()
+        .map_err(|e| ServerError::Startup(e.to_string()))?;
+    // SO_REUSEPORT would let us share a port with another metcd by accident:
+    // probe first without it, so a busy port is a clear error.
+    for addr in &addrs {
+        std::net::TcpListener::bind(addr)
+            .map_err(|e| ServerError::Startup(format!("cannot listen on {addr}: {e}")))?;
+    }
+    let _lock = crate::node::lock_data_dir(&cfg.data_dir())?;
+    let cpus = glommio::CpuSet::online().map(|s| s.len()).unwrap_or(1);
+    let limits = HttpLimits {
+        max_request_bytes: cfg.max_request_bytes,
+    };
+    let mut owner_side = Vec::new();
+    let mut remote_side = Vec::new();
+    for _ in 1..shards {
+        let link = Link {
+            requests: shared_channel::new_bounded(CHANNEL_CAPACITY),
+            replies: shared_channel::new_bounded(CHANNEL_CAPACITY),
+        };
+        owner_side.push((link.requests.1, link.replies.0));
+        remote_side.push((link.requests.0, link.replies.1));
+    }
+    let mut handles = Vec::new();
+    let placement = |shard: usize| {
+        if shards <= cpus {
+            Placement::Fixed(shard)
+        } else {
+            Placement::Unbound
+        }
+    };
+    let owner_cfg = cfg.clone();
+    let owner_addrs = addrs.clone();
+    let owner = LocalExecutorBuilder::new(placement(OWNER_SHARD))
+        .name("metcd-shard-0")
+        .io_memory(cfg.io_memory_bytes)
+        .spawn(move || async move {
+            let node = match Node::start(&owner_cfg).await {
+                Ok(node) => node,
+                Err(e) => {
+                    eprintln!("metcd: cannot start: {e}");
+                    std::process::exit(1);
+                }
+            };
+            for (requests, replies) in owner_side {
+                let requests = requests.connect().await;
+                let replies = replies.connect().await;
+                glommio::spawn_local(serve_remote(node.clone(), requests, replies)).detach();
+            }
+            serve_all(&owner_addrs, Backend::Local(node), limits).await;
+        })
+        .map_err(|e| ServerError::Startup(format!("starting shard 0: {e}")))?;
+    handles.push(owner);
+    for (i, (requests, replies)) in remote_side.into_iter().enumerate() {
+        let shard = i + 1;
+        let addrs = addrs.clone();
+        let handle = LocalExecutorBuilder::new(placement(shard))
+            .name(&format!("metcd-shard-{shard}"))
+            .io_memory(cfg.io_memory_bytes)
+            .spawn(move || async move {
+                let remote = Rc::new(Remote {
+                    to_owner: requests.connect().await,
+                    waiting: RefCell::new(HashMap::new()),
+                    next_id: Cell::new(0),
+                });
+                let replies = replies.connect().await;
+                glommio::spawn_local(remote.clone().dispatch_replies(replies)).detach();
+                serve_all(&addrs, Backend::Remote(remote), limits).await;
+            })
+            .map_err(|e| ServerError::Startup(format!("starting shard {shard}: {e}")))?;
+        handles.push(handle);
+    }
+    eprintln!(
+        "metcd: {shards} shard(s); serving the HTTP API on {}",
+        addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")
+    );
+    for h in handles {
+        h.join()
+            .map_err(|e| ServerError::Startup(format!("shard exited: {e}")))?;
+    }
+    Ok(())
+}
+
+async fn serve_all(addrs: &[std::net::SocketAddr], backend: Backend, limits: HttpLimits) {
+    let mut tasks = Vec::new();
+    for addr in addrs {
+        match http::bind(*addr) {
+            Ok(listener) => {
+                tasks.push(glommio::spawn_local(http::serve(listener, backend.clone(), limits)));
+            }
+            Err(e) => {
+                eprintln!("metcd: cannot listen on {addr}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    for t in tasks {
+        t.await;
+    }
+    // Never reached while serving; keep the executor alive otherwise.
+    glommio::timer::sleep(Duration::from_secs(u64::MAX / 4)).await;
+}

@@ -1,0 +1,5 @@
+#![allow(clippy::unwrap_used)]
+
+mod crash;
+mod http_api;
+mod support;

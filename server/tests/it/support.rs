@@ -1,0 +1,209 @@
+//! Test support: start the real `metcd` binary on loopback ports and talk
+//! HTTP/1.1 to it over plain sockets (so malformed requests can be sent too).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A running `metcd` process, killed on drop.
+pub struct Server {
+    pub port: u16,
+    pub data_dir: PathBuf,
+    pub extra: Vec<String>,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Server {
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        let mut s = Server {
+            port: free_port(),
+            data_dir: data_dir.to_path_buf(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            child: None,
+            log: data_dir.with_extension("log"),
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_metcd"))
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--listen-http-urls")
+            .arg(format!("http://127.0.0.1:{}", self.port))
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        self.wait_healthy();
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait().unwrap() {
+                    panic!("metcd exited with {status} during start-up:\n{}", self.log_text());
+                }
+            }
+            if let Ok(mut c) = HttpConn::connect(&self.addr()) {
+                if let Ok(r) = c.request("GET", "/health", b"") {
+                    if r.status == 200 {
+                        return;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("metcd did not become healthy:\n{}", self.log_text());
+    }
+
+    /// SIGKILL, no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn conn(&self) -> HttpConn {
+        HttpConn::connect(&self.addr()).unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    pub fn header_i64(&self, name: &str) -> Option<i64> {
+        self.headers.get(name).and_then(|v| v.parse().ok())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// A keep-alive HTTP/1.1 connection.
+pub struct HttpConn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl HttpConn {
+    pub fn connect(addr: &str) -> std::io::Result<HttpConn> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+        Ok(HttpConn { stream, buf: Vec::new() })
+    }
+
+    pub fn request(&mut self, method: &str, path: &str, body: &[u8]) -> std::io::Result<HttpResponse> {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let mut msg = head.into_bytes();
+        msg.extend_from_slice(body);
+        self.send_raw(&msg)?;
+        self.read_response(method == "HEAD")
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    pub fn read_response(&mut self, head_only: bool) -> std::io::Result<HttpResponse> {
+        let header_end = loop {
+            if let Some(pos) = find(&self.buf, b"\r\n\r\n") {
+                break pos;
+            }
+            self.fill()?;
+        };
+        let head = String::from_utf8_lossy(&self.buf[..header_end]).into_owned();
+        self.buf.drain(..header_end + 4);
+        let mut lines = head.split("\r\n");
+        let status_line = lines.next().unwrap_or_default();
+        let status: u16 = status_line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("bad status line {status_line:?}")))?;
+        let mut headers = HashMap::new();
+        for line in lines {
+            if let Some((k, v)) = line.split_once(':') {
+                headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+            }
+        }
+        let len: usize = if head_only || status == 204 || status == 304 {
+            0
+        } else {
+            headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0)
+        };
+        while self.buf.len() < len {
+            self.fill()?;
+        }
+        let body = self.buf.drain(..len).collect();
+        Ok(HttpResponse { status, headers, body })
+    }
+
+    fn fill(&mut self) -> std::io::Result<()> {
+        let mut chunk = [0u8; 16384];
+        let n = self.stream.read(&mut chunk)?;
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
