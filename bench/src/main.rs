@@ -73,13 +73,28 @@ fn main() {
             key_space,
             cpu,
         } => {
-            let levels: Result<Vec<usize>, _> = clients.split(',').map(|c| c.trim().parse::<usize>()).collect();
+            let levels: Result<Vec<usize>, _> = clients
+                .split(',')
+                .map(|c| c.trim().parse::<usize>())
+                .collect();
             match levels {
-                Ok(levels) => http_put(endpoint, levels, total, Duration::from_secs_f64(duration), value_size, key_space, cpu),
+                Ok(levels) => http_put(
+                    endpoint,
+                    levels,
+                    total,
+                    Duration::from_secs_f64(duration),
+                    value_size,
+                    key_space,
+                    cpu,
+                ),
                 Err(e) => Err(format!("--clients: {e}")),
             }
         }
-        Cmd::Fsync { dir, total, duration } => fsync_floor(dir, total, Duration::from_secs_f64(duration)),
+        Cmd::Fsync {
+            dir,
+            total,
+            duration,
+        } => fsync_floor(dir, total, Duration::from_secs_f64(duration)),
     };
     if let Err(e) = result {
         eprintln!("metcd-bench: {e}");
@@ -173,7 +188,9 @@ async fn put_level(
     // Connections are set up before timing starts.
     let mut conns = Vec::with_capacity(clients);
     for _ in 0..clients {
-        let s = TcpStream::connect(endpoint.as_str()).await.map_err(|e| format!("connect {endpoint}: {e}"))?;
+        let s = TcpStream::connect(endpoint.as_str())
+            .await
+            .map_err(|e| format!("connect {endpoint}: {e}"))?;
         s.set_nodelay(true).map_err(|e| e.to_string())?;
         conns.push(s);
     }
@@ -261,7 +278,11 @@ async fn read_status(stream: &mut TcpStream, buf: &mut [u8]) -> Option<u16> {
             let status = head.split(' ').nth(1)?.parse().ok()?;
             let len: usize = head
                 .lines()
-                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_string())
+                })
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
             let mut have = filled - end - 4;
@@ -283,7 +304,9 @@ async fn read_status(stream: &mut TcpStream, buf: &mut [u8]) -> Option<u16> {
 fn fsync_floor(dir: PathBuf, total: u64, duration: Duration) -> Result<(), String> {
     let report = run_on_executor(None, move || async move {
         let path = dir.join(format!("metcd-bench-fsync-{}.tmp", std::process::id()));
-        let file = glommio::io::DmaFile::create(&path).await.map_err(|e| e.to_string())?;
+        let file = glommio::io::DmaFile::create(&path)
+            .await
+            .map_err(|e| e.to_string())?;
         let mut hist = new_hist()?;
         let start = Instant::now();
         let mut ops = 0u64;
@@ -291,7 +314,9 @@ fn fsync_floor(dir: PathBuf, total: u64, duration: Duration) -> Result<(), Strin
             let mut buf = file.alloc_dma_buffer(4096);
             buf.as_bytes_mut().fill(ops as u8);
             let t0 = Instant::now();
-            file.write_at(buf, (ops % 1024) * 4096).await.map_err(|e| e.to_string())?;
+            file.write_at(buf, (ops % 1024) * 4096)
+                .await
+                .map_err(|e| e.to_string())?;
             file.fdatasync().await.map_err(|e| e.to_string())?;
             let _ = hist.record((t0.elapsed().as_micros() as u64).max(1));
             ops += 1;

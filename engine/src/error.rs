@@ -40,7 +40,11 @@ impl Error {
     }
 
     /// Converts glommio's error (which already names op and path) to ours.
-    pub fn glommio(op: &'static str, path: impl Into<PathBuf>, e: glommio::GlommioError<()>) -> Self {
+    pub fn glommio(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+        e: glommio::GlommioError<()>,
+    ) -> Self {
         Error::io(op, path, std::io::Error::other(e.to_string()))
     }
 }

@@ -43,7 +43,7 @@ use std::fmt;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use crossbeam_skiplist::{map::Entry, SkipMap};
@@ -159,7 +159,12 @@ impl Ord for InternalKey {
 }
 
 /// First version at or after `(key, seq)` (or strictly after it).
-fn seek<'m>(map: &'m VersionMap, key: &[u8], seq: u64, inclusive: bool) -> Option<VersionEntry<'m>> {
+fn seek<'m>(
+    map: &'m VersionMap,
+    key: &[u8],
+    seq: u64,
+    inclusive: bool,
+) -> Option<VersionEntry<'m>> {
     let probe = Probe { user_key: key, seq };
     let probe: &dyn VersionedKey = &probe;
     if inclusive {
@@ -231,7 +236,9 @@ impl Pins {
     /// version `lo` whose next newer version is `hi`.
     fn any_in(&self, lo: u64, hi: u64) -> bool {
         let first_at_or_above = self.held.partition_point(|&seq| seq < lo);
-        self.held.get(first_at_or_above).is_some_and(|&seq| seq < hi)
+        self.held
+            .get(first_at_or_above)
+            .is_some_and(|&seq| seq < hi)
     }
 }
 
@@ -279,7 +286,9 @@ impl Inner {
     /// The registry only holds counters that every critical section leaves
     /// consistent, so a panic elsewhere cannot have broken it.
     fn published(&self) -> MutexGuard<'_, Published> {
-        self.published.lock().unwrap_or_else(PoisonError::into_inner)
+        self.published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn register(&self) -> (u64, u64) {
@@ -315,7 +324,7 @@ impl Inner {
         let mut cur = match start {
             Bound::Unbounded => self.versions.front(),
             Bound::Included(key) => seek(&self.versions, key, u64::MAX, true),
-            Bound::Excluded(key) => seek(&self.versions, key, u64::MAX, true),
+            Bound::Excluded(key) => seek(&self.versions, key, 0, false),
         };
         while let Some(entry) = cur {
             let version = entry.key();
@@ -372,9 +381,10 @@ impl Inner {
             }
             cur = next;
         }
-        // Everything unneeded below them is gone, so a reader that would have
-        // seen one of these tombstones now finds nothing: the same answer.
-        // Oldest first, so no tombstone ever uncovers another's predecessor.
+        // Every unneeded version older than these tombstones was removed
+        // above, so removing them only turns a "deleted" answer into
+        // "absent": the same answer. Never the other way round, or an older
+        // value would resurface.
         for tombstone in trailing_tombstones.iter().rev() {
             tombstone.remove();
         }
@@ -432,7 +442,10 @@ impl Default for MemoryEngine {
 impl fmt::Debug for MemoryEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryEngine")
-            .field("visible_seq", &self.inner.visible_seq.load(Ordering::Relaxed))
+            .field(
+                "visible_seq",
+                &self.inner.visible_seq.load(Ordering::Relaxed),
+            )
             .field("applied_index", &self.applied_index())
             .field("durable_applied_index", &self.durable_applied_index())
             .field("live_keys", &self.len_hint())
@@ -507,7 +520,9 @@ impl MemoryEngine {
             live += 1;
         }
         // Duplicate keys in `data` collapse to one version; count what stuck.
-        inner.live_keys.store(live.min(inner.versions.len()), Ordering::Relaxed);
+        inner
+            .live_keys
+            .store(live.min(inner.versions.len()), Ordering::Relaxed);
         MemoryEngine {
             inner: Arc::new(inner),
         }
@@ -517,7 +532,8 @@ impl MemoryEngine {
     /// `dir/<applied index as 016x>.snap` durably (tmp file, fdatasync,
     /// rename, directory fsync), then deletes older snapshot files.
     /// Returns the applied index written. Must run on a glommio executor;
-    /// it yields while writing so the executor keeps serving.
+    /// it yields while writing so the executor keeps serving. Run at most
+    /// one checkpoint per directory at a time; writes may continue meanwhile.
     pub async fn checkpoint(&self, dir: &Path) -> Result<u64> {
         let snapshot = self.snapshot();
         let index = snapshot.applied_index();
@@ -527,8 +543,9 @@ impl MemoryEngine {
 
         // snapfile::write cleans up its own partial file on failure.
         snapfile::write(&snapshot, &tmp_path).await?;
+        // Versions it pinned are collected incrementally by later writes
+        // rather than in one long pass that would stall this executor.
         drop(snapshot);
-        self.try_collect_garbage();
 
         glommio::io::rename(&tmp_path, &final_path)
             .await
@@ -570,14 +587,6 @@ impl MemoryEngine {
         // A poisoned writer refuses writes; leaving its garbage is harmless.
         if let Ok(mut writer) = self.inner.writer.lock() {
             self.inner.collect_garbage(&mut writer);
-        }
-    }
-
-    /// Like [`Self::collect_garbage`], but never waits for the writer.
-    fn try_collect_garbage(&self) {
-        match self.inner.writer.try_lock() {
-            Ok(mut writer) => self.inner.collect_garbage(&mut writer),
-            Err(TryLockError::WouldBlock) | Err(TryLockError::Poisoned(_)) => {}
         }
     }
 }

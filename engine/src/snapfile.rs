@@ -331,7 +331,10 @@ pub fn read(path: &Path) -> Result<SnapshotData> {
         let value = reader.vec(value_len as usize)?;
         if let Some((previous, _)) = entries.last() {
             if key.as_slice() <= previous.as_ref() {
-                return Err(corrupt(at, "keys are not in strictly ascending order".into()));
+                return Err(corrupt(
+                    at,
+                    "keys are not in strictly ascending order".into(),
+                ));
             }
         }
         entries.push((Bytes::from(key), Bytes::from(value)));

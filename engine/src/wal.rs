@@ -69,7 +69,11 @@ const KIND_SNAPSHOT: u8 = 4;
 pub struct WalOptions {
     /// A segment is closed and a new one started once it holds this much.
     pub segment_bytes: u64,
-    /// Preallocate segments to `segment_bytes` so syncs rarely change metadata.
+    /// Preallocate segments to `segment_bytes` *and write zeros through
+    /// them*, so a sync overwrites already-written blocks and `fdatasync`
+    /// has no metadata to journal (fallocate alone leaves unwritten extents
+    /// whose conversion costs a journal commit on ext4: measured 3 ms vs
+    /// 0.3 ms per sync). The next segment is prepared in the background.
     pub preallocate: bool,
 }
 
@@ -341,7 +345,9 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
         out.segments.push(segment.clone());
     }
     if let Some((snap_index, _)) = &out.snapshot {
-        let keep_from = out.entries.partition_point(|(index, _)| index <= snap_index);
+        let keep_from = out
+            .entries
+            .partition_point(|(index, _)| index <= snap_index);
         out.entries.drain(..keep_from);
     }
     Ok(out)
@@ -357,11 +363,16 @@ fn apply_records(
     for (kind, index, data) in records {
         match kind {
             KIND_HEADER => {
-                check_header(&data, segment).map_err(|why| corrupt(&segment.path, frame_pos, why))?;
+                check_header(&data, segment)
+                    .map_err(|why| corrupt(&segment.path, frame_pos, why))?;
                 *saw_header = true;
             }
             _ if !*saw_header => {
-                return Err(corrupt(&segment.path, frame_pos, "records before the segment header"));
+                return Err(corrupt(
+                    &segment.path,
+                    frame_pos,
+                    "records before the segment header",
+                ));
             }
             KIND_ENTRY => {
                 // A Raft log replaces a conflicting suffix: index i overrides
@@ -381,7 +392,13 @@ fn apply_records(
                     out.snapshot = Some((index, data));
                 }
             }
-            _ => return Err(corrupt(&segment.path, frame_pos, format!("unknown record kind {kind}"))),
+            _ => {
+                return Err(corrupt(
+                    &segment.path,
+                    frame_pos,
+                    format!("unknown record kind {kind}"),
+                ))
+            }
         }
     }
     Ok(())
@@ -435,16 +452,28 @@ pub struct Wal {
     last_snapshot: Option<(u64, Bytes)>,
     poisoned: Option<String>,
     frame_count: u64,
+    /// The next segment's file, being zero-filled in the background.
+    spare: Option<glommio::Task<Result<PreparedFile>>>,
 }
+
+/// A zero-filled file under a temporary name, ready to become a segment.
+struct PreparedFile {
+    file: DmaFile,
+    path: PathBuf,
+}
+
+const SPARE_SUFFIX: &str = ".wal.spare";
 
 impl Wal {
     /// Opens the WAL for appending after [`recover`]: always starts a fresh
     /// segment, so no torn block is ever rewritten in place.
     pub async fn open(dir: &Path, opts: WalOptions, recovered: &Recovered) -> Result<Wal> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create_dir", dir, e))?;
+        remove_spares(dir)?;
         let seq = recovered.segments.last().map_or(0, |s| s.seq + 1);
         let last_index = recovered.last_index();
-        let (file, segment) = create_segment(dir, &opts, seq, last_index + 1).await?;
+        let prepared = prepare_file(dir.to_path_buf(), seq, opts.clone()).await?;
+        let (file, segment) = install_segment(dir, prepared, seq, last_index + 1).await?;
         let mut wal = Wal {
             dir: dir.to_path_buf(),
             opts,
@@ -459,10 +488,11 @@ impl Wal {
             last_snapshot: recovered.snapshot.clone(),
             poisoned: None,
             frame_count: 0,
+            spare: None,
         };
+        wal.start_spare();
         wal.begin_segment_frame();
         wal.sync().await?;
-        sync_dir(&wal.dir).await?;
         Ok(wal)
     }
 
@@ -571,7 +601,8 @@ impl Wal {
         let tail_start = (new_base - base) as usize;
         let tail_end = (new_len - base) as usize;
         self.tail.clear();
-        self.tail.extend_from_slice(&buf.as_bytes()[tail_start..tail_end]);
+        self.tail
+            .extend_from_slice(&buf.as_bytes()[tail_start..tail_end]);
         let path = self.segment.path.clone();
         let written = self
             .file
@@ -595,9 +626,21 @@ impl Wal {
         Ok(())
     }
 
+    fn start_spare(&mut self) {
+        let dir = self.dir.clone();
+        let opts = self.opts.clone();
+        let seq = self.segment.seq + 1;
+        self.spare = Some(glommio::spawn_local(prepare_file(dir, seq, opts)));
+    }
+
     async fn roll(&mut self) -> Result<()> {
+        let seq = self.segment.seq + 1;
+        let prepared = match self.spare.take() {
+            Some(task) => task.await?,
+            None => prepare_file(self.dir.clone(), seq, self.opts.clone()).await?,
+        };
         let (file, segment) =
-            create_segment(&self.dir, &self.opts, self.segment.seq + 1, self.last_index + 1).await?;
+            install_segment(&self.dir, prepared, seq, self.last_index + 1).await?;
         let old_file = std::mem::replace(&mut self.file, file);
         let old_segment = std::mem::replace(&mut self.segment, segment);
         old_file
@@ -609,7 +652,8 @@ impl Wal {
         self.tail.clear();
         self.begin_segment_frame();
         self.write_frame().await?;
-        sync_dir(&self.dir).await
+        self.start_spare();
+        Ok(())
     }
 
     /// Deletes closed segments whose entries are all at or below `index`
@@ -638,7 +682,13 @@ impl Wal {
         Ok(released)
     }
 
-    pub async fn close(self) -> Result<()> {
+    pub async fn close(mut self) -> Result<()> {
+        if let Some(task) = self.spare.take() {
+            if let Ok(spare) = task.await {
+                let _ = spare.file.close().await;
+                let _ = std::fs::remove_file(&spare.path);
+            }
+        }
         let path = self.segment.path.clone();
         self.file
             .close()
@@ -647,17 +697,16 @@ impl Wal {
     }
 }
 
-async fn create_segment(
-    dir: &Path,
-    opts: &WalOptions,
-    seq: u64,
-    first_index: u64,
-) -> Result<(DmaFile, SegmentInfo)> {
-    let path = dir.join(segment_name(seq, first_index));
+/// Creates `{seq}.wal.spare`, preallocated and zero-filled when
+/// `opts.preallocate`, and synced so its blocks are written extents.
+async fn prepare_file(dir: PathBuf, seq: u64, opts: WalOptions) -> Result<PreparedFile> {
+    const ZERO_CHUNK: usize = 1 << 20;
+    let path = dir.join(format!("{seq:016x}{SPARE_SUFFIX}"));
     let file = OpenOptions::new()
         .write(true)
         .read(true)
-        .create_new(true)
+        .create(true)
+        .truncate(true)
         .dma_open(&path)
         .await
         .map_err(|e| Error::glommio("create", &path, e))?;
@@ -665,9 +714,40 @@ async fn create_segment(
         file.pre_allocate(opts.segment_bytes, false)
             .await
             .map_err(|e| Error::glommio("fallocate", &path, e))?;
+        let total = file.align_up(opts.segment_bytes);
+        let mut pos = 0u64;
+        while pos < total {
+            let len = ZERO_CHUNK.min((total - pos) as usize);
+            let mut buf = file.alloc_dma_buffer(len);
+            buf.as_bytes_mut().fill(0);
+            file.write_at(buf, pos)
+                .await
+                .map_err(|e| Error::glommio("zero-fill", &path, e))?;
+            pos += len as u64;
+        }
+        file.fdatasync()
+            .await
+            .map_err(|e| Error::glommio("fdatasync", &path, e))?;
     }
+    Ok(PreparedFile { file, path })
+}
+
+/// Gives a prepared file its segment name and makes the name durable.
+async fn install_segment(
+    dir: &Path,
+    prepared: PreparedFile,
+    seq: u64,
+    first_index: u64,
+) -> Result<(DmaFile, SegmentInfo)> {
+    let path = dir.join(segment_name(seq, first_index));
+    prepared
+        .file
+        .rename(&path)
+        .await
+        .map_err(|e| Error::glommio("rename", &prepared.path, e))?;
+    sync_dir(dir).await?;
     Ok((
-        file,
+        prepared.file,
         SegmentInfo {
             seq,
             first_index,
@@ -676,12 +756,29 @@ async fn create_segment(
     ))
 }
 
+/// Spare files left by a crash are never part of the log.
+fn remove_spares(dir: &Path) -> Result<()> {
+    let read_dir = std::fs::read_dir(dir).map_err(|e| Error::io("read_dir", dir, e))?;
+    for entry in read_dir {
+        let entry = entry.map_err(|e| Error::io("read_dir", dir, e))?;
+        if entry.file_name().to_string_lossy().ends_with(SPARE_SUFFIX) {
+            let path = entry.path();
+            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+        }
+    }
+    Ok(())
+}
+
 async fn sync_dir(dir: &Path) -> Result<()> {
     let d = Directory::open(dir)
         .await
         .map_err(|e| Error::glommio("open_dir", dir, e))?;
-    d.sync().await.map_err(|e| Error::glommio("fsync_dir", dir, e))?;
-    d.close().await.map_err(|e| Error::glommio("close_dir", dir, e))
+    d.sync()
+        .await
+        .map_err(|e| Error::glommio("fsync_dir", dir, e))?;
+    d.close()
+        .await
+        .map_err(|e| Error::glommio("close_dir", dir, e))
 }
 
 #[cfg(test)]

@@ -78,7 +78,11 @@ impl Compactor {
             }
             AutoCompaction::Periodic(retention) => {
                 let every = sample_interval(retention);
-                if self.samples.back().is_none_or(|(t, _)| now.duration_since(*t) >= every) {
+                if self
+                    .samples
+                    .back()
+                    .is_none_or(|(t, _)| now.duration_since(*t) >= every)
+                {
                     self.samples.push_back((now, current));
                 }
                 // The newest sample that is at least `retention` old; older
@@ -112,14 +116,18 @@ mod tests {
         let mut c = Compactor::new(AutoCompaction::Off);
         let t0 = Instant::now();
         for i in 0..100 {
-            assert_eq!(c.tick(t0 + Duration::from_secs(i * 1000), i as i64 * 100, 0), None);
+            assert_eq!(
+                c.tick(t0 + Duration::from_secs(i * 1000), i as i64 * 100, 0),
+                None
+            );
         }
     }
 
     #[test]
     fn revision_mode_keeps_the_last_n() {
         let every = Duration::from_secs(10);
-        let mut c = Compactor::new(AutoCompaction::Revision(100)).with_revision_check_interval(every);
+        let mut c =
+            Compactor::new(AutoCompaction::Revision(100)).with_revision_check_interval(every);
         let t0 = Instant::now();
         assert_eq!(c.tick(t0, 50, 0), None);
         // Not due yet.
@@ -144,7 +152,10 @@ mod tests {
                 // Whatever it compacts to was current at least `retention` ago.
                 assert!(rev <= (s as i64 + 1) - 100, "at {s}s compacted to {rev}");
                 // ... and not much older than that (one sample interval).
-                assert!(rev >= (s as i64 + 1) - 100 - 10, "at {s}s compacted to {rev}");
+                assert!(
+                    rev >= (s as i64 + 1) - 100 - 10,
+                    "at {s}s compacted to {rev}"
+                );
             }
         }
         assert!(compactions.len() >= 10, "{compactions:?}");

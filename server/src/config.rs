@@ -85,7 +85,11 @@ impl Default for Config {
 
 /// Command-line flags. Every one is optional so the config file can supply it.
 #[derive(Debug, Parser, Default)]
-#[command(name = "metcd", version, about = "An etcd-compatible, Raft-replicated key-value server")]
+#[command(
+    name = "metcd",
+    version,
+    about = "An etcd-compatible, Raft-replicated key-value server"
+)]
 pub struct Flags {
     /// TOML config file (keys named as these flags, e.g. `snapshot-count = 10000`).
     #[arg(long)]
@@ -239,8 +243,9 @@ impl Config {
         }
         match self.auto_compaction_mode.as_str() {
             "periodic" => {
-                let period = parse_retention_duration(retention)
-                    .ok_or_else(|| invalid("expected hours (e.g. 1) or a duration (e.g. 30m, 10s, 1h)"))?;
+                let period = parse_retention_duration(retention).ok_or_else(|| {
+                    invalid("expected hours (e.g. 1) or a duration (e.g. 30m, 10s, 1h)")
+                })?;
                 if period.is_zero() {
                     return Ok(AutoCompaction::Off);
                 }
@@ -307,7 +312,11 @@ impl Config {
             ));
         }
         if self.max_pending_proposals == 0 {
-            return Err(invalid("max-pending-proposals", "0".into(), "must be at least 1"));
+            return Err(invalid(
+                "max-pending-proposals",
+                "0".into(),
+                "must be at least 1",
+            ));
         }
         self.http_listen_addrs()?;
         self.auto_compaction()?;
@@ -379,8 +388,13 @@ mod tests {
     fn flags_override_file_and_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
-        std::fs::write(&file, "snapshot-count = 500\nname = \"from-file\"\nwal-batch-window-us = 50\n").unwrap();
-        let flags = Flags::parse_from(["metcd", "--config", file.to_str().unwrap(), "--name", "n1"]);
+        std::fs::write(
+            &file,
+            "snapshot-count = 500\nname = \"from-file\"\nwal-batch-window-us = 50\n",
+        )
+        .unwrap();
+        let flags =
+            Flags::parse_from(["metcd", "--config", file.to_str().unwrap(), "--name", "n1"]);
         let cfg = Config::from_flags(flags).unwrap();
         assert_eq!(cfg.name, "n1");
         assert_eq!(cfg.snapshot_count, 500);
@@ -403,12 +417,21 @@ mod tests {
         let mut cfg = Config::default();
         assert_eq!(cfg.auto_compaction().unwrap(), AutoCompaction::Off);
         cfg.auto_compaction_retention = "1".into();
-        assert_eq!(cfg.auto_compaction().unwrap(), AutoCompaction::Periodic(Duration::from_secs(3600)));
+        assert_eq!(
+            cfg.auto_compaction().unwrap(),
+            AutoCompaction::Periodic(Duration::from_secs(3600))
+        );
         cfg.auto_compaction_retention = "30m".into();
-        assert_eq!(cfg.auto_compaction().unwrap(), AutoCompaction::Periodic(Duration::from_secs(1800)));
+        assert_eq!(
+            cfg.auto_compaction().unwrap(),
+            AutoCompaction::Periodic(Duration::from_secs(1800))
+        );
         cfg.auto_compaction_mode = "revision".into();
         cfg.auto_compaction_retention = "1000".into();
-        assert_eq!(cfg.auto_compaction().unwrap(), AutoCompaction::Revision(1000));
+        assert_eq!(
+            cfg.auto_compaction().unwrap(),
+            AutoCompaction::Revision(1000)
+        );
         cfg.auto_compaction_retention = "ten".into();
         assert!(cfg.auto_compaction().is_err());
     }

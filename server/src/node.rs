@@ -31,7 +31,7 @@ use raft::{RawNode, Storage};
 use crate::compactor::Compactor;
 use crate::config::Config;
 use crate::error::{Result, ServerError};
-use crate::mvcc::{self, MvccError, MvccStore};
+use crate::mvcc::{self, MvccStore};
 use crate::notify::Notify;
 use crate::raftlog;
 
@@ -81,7 +81,12 @@ pub fn lock_data_dir(root: &Path) -> Result<DirLock> {
         .open(&path)
         .map_err(|e| engine::Error::io("open", &path, e))?;
     // SAFETY: flock on a valid, owned file descriptor; no memory is shared.
-    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX | libc::LOCK_NB) };
+    let rc = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
     if rc != 0 {
         return Err(ServerError::Startup(format!(
             "data dir {} is locked by another metcd process; stop it or pick another --data-dir",
@@ -142,8 +147,10 @@ impl Node {
                 path.display()
             ));
         }
-        let mut initial_conf = ConfState::default();
-        initial_conf.voters = vec![MEMBER_ID];
+        let initial_conf = ConfState {
+            voters: vec![MEMBER_ID],
+            ..Default::default()
+        };
         let restored = raftlog::restore(&recovered, engine_applied, &initial_conf)?;
         let mvcc = MvccStore::open(engine.clone())?;
         let wal = Wal::open(
@@ -214,7 +221,10 @@ impl Node {
             }
         })
         .detach();
-        let compactor = Compactor::new(cfg.auto_compaction().map_err(|e| ServerError::Startup(e.to_string()))?);
+        let compactor = Compactor::new(
+            cfg.auto_compaction()
+                .map_err(|e| ServerError::Startup(e.to_string()))?,
+        );
         glommio::spawn_local(auto_compact(node.clone(), compactor)).detach();
         Ok(node)
     }
@@ -256,7 +266,11 @@ impl Node {
             return Err(ServerError::RequestTooLarge);
         }
         let (tx, rx) = oneshot::channel();
-        self.queue.borrow_mut().push(Proposal { id, data, reply: tx });
+        self.queue.borrow_mut().push(Proposal {
+            id,
+            data,
+            reply: tx,
+        });
         self.queue_ready.notify();
         rx.await.map_err(|_| ServerError::Stopped)?
     }
@@ -272,9 +286,13 @@ impl Node {
         let mut next_tick = Instant::now() + self.tick_interval;
         let mut entry_buf = Vec::with_capacity(4096);
         loop {
-            if self.queue.borrow().is_empty() && !raw.has_ready() && self.snapshot_done.borrow().is_none() {
+            if self.queue.borrow().is_empty()
+                && !raw.has_ready()
+                && self.snapshot_done.borrow().is_none()
+            {
                 let wait = next_tick.saturating_duration_since(Instant::now());
-                futures_lite::future::or(self.queue_ready.notified(), glommio::timer::sleep(wait)).await;
+                futures_lite::future::or(self.queue_ready.notified(), glommio::timer::sleep(wait))
+                    .await;
             }
             if Instant::now() >= next_tick {
                 raw.tick();
@@ -288,7 +306,8 @@ impl Node {
             }
             self.propose_queued(&mut raw);
             self.finish_snapshot(&mut raw, &mut wal).await?;
-            self.handle_ready(&mut raw, &mut wal, &mut entry_buf).await?;
+            self.handle_ready(&mut raw, &mut wal, &mut entry_buf)
+                .await?;
             self.refresh_status(&raw, &wal);
             self.maybe_snapshot();
             // Let connections run between group commits.
@@ -322,7 +341,12 @@ impl Node {
         }
     }
 
-    async fn handle_ready(&self, raw: &mut RawNode<MemStorage>, wal: &mut Wal, buf: &mut Vec<u8>) -> Result<()> {
+    async fn handle_ready(
+        &self,
+        raw: &mut RawNode<MemStorage>,
+        wal: &mut Wal,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
         if !raw.has_ready() {
             return Ok(());
         }
@@ -379,7 +403,7 @@ impl Node {
                 }));
             }
             let id = data.get_u64_le();
-            let req = mvcc::codec::decode(&data).map_err(|_| {
+            let req = mvcc::codec::decode_shared(&data).map_err(|_| {
                 ServerError::Decode(raftlog::DecodeError {
                     what: "request",
                     index: entry.index,
@@ -387,7 +411,7 @@ impl Node {
             })?;
             let result = match mvcc.apply(entry.index, &req) {
                 Ok(outcome) => Ok(outcome.response),
-                Err(e) if is_fatal(&e) => return Err(e.into()),
+                Err(e) if e.is_fatal() => return Err(e.into()),
                 Err(e) => Err(ServerError::Mvcc(e)),
             };
             if let Some(reply) = pending.remove(&id) {
@@ -416,13 +440,19 @@ impl Node {
     /// writing), so the loop keeps committing.
     fn maybe_snapshot(self: &Rc<Self>) {
         let applied = self.engine.applied_index();
-        if self.snapshot_in_flight.get() || applied < self.last_snapshot_index.get() + self.snapshot_count {
+        if self.snapshot_in_flight.get()
+            || applied < self.last_snapshot_index.get() + self.snapshot_count
+        {
             return;
         }
         self.snapshot_in_flight.set(true);
         let node = self.clone();
         glommio::spawn_local(async move {
-            let result = node.engine.checkpoint(&node.dirs.snap).await.map_err(ServerError::from);
+            let result = node
+                .engine
+                .checkpoint(&node.dirs.snap)
+                .await
+                .map_err(ServerError::from);
             *node.snapshot_done.borrow_mut() = Some(result);
             node.queue_ready.notify();
         })
@@ -457,10 +487,6 @@ impl Node {
     }
 }
 
-fn is_fatal(e: &MvccError) -> bool {
-    matches!(e, MvccError::Engine(_) | MvccError::Corrupt(_))
-}
-
 /// Proposes compactions when the auto-compaction policy says so; they go
 /// through the log like any client's, so every member compacts at the same
 /// revision.
@@ -474,14 +500,20 @@ async fn auto_compact(node: Rc<Node>, mut compactor: Compactor) {
             return;
         }
         let status = node.status();
-        if let Some(revision) = compactor.tick(Instant::now(), status.revision, status.compact_revision) {
+        if let Some(revision) =
+            compactor.tick(Instant::now(), status.revision, status.compact_revision)
+        {
             let req = mvcc::Request::Compaction(mvcc::CompactionRequest {
                 revision,
                 physical: false,
             });
             match node.write(req).await {
-                Ok(_) => log(format_args!("auto-compaction: compacted to revision {revision}")),
-                Err(e) => log(format_args!("auto-compaction to revision {revision} failed: {e}")),
+                Ok(_) => log(format_args!(
+                    "auto-compaction: compacted to revision {revision}"
+                )),
+                Err(e) => log(format_args!(
+                    "auto-compaction to revision {revision} failed: {e}"
+                )),
             }
         }
     }

@@ -32,7 +32,10 @@ pub fn encode_entry(e: &Entry, out: &mut Vec<u8>) {
 }
 
 pub fn decode_entry(index: u64, mut b: Bytes) -> Result<Entry, DecodeError> {
-    let err = DecodeError { what: "entry", index };
+    let err = DecodeError {
+        what: "entry",
+        index,
+    };
     if b.remaining() < 13 {
         return Err(err);
     }
@@ -48,13 +51,14 @@ pub fn decode_entry(index: u64, mut b: Bytes) -> Result<Entry, DecodeError> {
         return Err(err);
     }
     let context = b.split_to(context_len);
-    let mut e = Entry::default();
-    e.index = index;
-    e.term = term;
-    e.entry_type = entry_type;
-    e.context = context;
-    e.data = b;
-    Ok(e)
+    Ok(Entry {
+        index,
+        term,
+        entry_type,
+        context,
+        data: b,
+        ..Default::default()
+    })
 }
 
 pub fn encode_hard_state(hs: &HardState) -> [u8; 24] {
@@ -68,13 +72,20 @@ pub fn encode_hard_state(hs: &HardState) -> [u8; 24] {
 
 pub fn decode_hard_state(mut b: &[u8]) -> Result<HardState, DecodeError> {
     if b.len() != 24 {
-        return Err(DecodeError { what: "hard state", index: 0 });
+        return Err(DecodeError {
+            what: "hard state",
+            index: 0,
+        });
     }
-    let mut hs = HardState::default();
-    hs.term = b.get_u64_le();
-    hs.vote = b.get_u64_le();
-    hs.commit = b.get_u64_le();
-    Ok(hs)
+    let term = b.get_u64_le();
+    let vote = b.get_u64_le();
+    let commit = b.get_u64_le();
+    Ok(HardState {
+        term,
+        vote,
+        commit,
+        ..Default::default()
+    })
 }
 
 pub fn encode_snapshot_meta(term: u64, cs: &ConfState) -> Vec<u8> {
@@ -88,7 +99,10 @@ pub fn encode_snapshot_meta(term: u64, cs: &ConfState) -> Vec<u8> {
 }
 
 pub fn decode_snapshot_meta(index: u64, mut b: &[u8]) -> Result<(u64, ConfState), DecodeError> {
-    let err = || DecodeError { what: "snapshot marker", index };
+    let err = || DecodeError {
+        what: "snapshot marker",
+        index,
+    };
     let read_ids = |b: &mut &[u8]| -> Result<Vec<u64>, DecodeError> {
         if b.remaining() < 4 {
             return Err(err());
@@ -105,9 +119,11 @@ pub fn decode_snapshot_meta(index: u64, mut b: &[u8]) -> Result<(u64, ConfState)
     let term = b.get_u64_le();
     let voters = read_ids(&mut b)?;
     let learners = read_ids(&mut b)?;
-    let mut cs = ConfState::default();
-    cs.voters = voters;
-    cs.learners = learners;
+    let cs = ConfState {
+        voters,
+        learners,
+        ..Default::default()
+    };
     Ok((term, cs))
 }
 
@@ -152,9 +168,11 @@ pub fn restore(
         }
     }
     let mut snapshot = Snapshot::default();
-    let mut meta = SnapshotMetadata::default();
-    meta.index = snap_index;
-    meta.term = snap_term;
+    let mut meta = SnapshotMetadata {
+        index: snap_index,
+        term: snap_term,
+        ..Default::default()
+    };
     meta.set_conf_state(conf);
     snapshot.set_metadata(meta);
     let mut hs = match &recovered.state {
@@ -171,18 +189,31 @@ pub fn restore(
         } else {
             core.set_conf_state(snapshot.get_metadata().get_conf_state().clone());
         }
-        let live: Vec<Entry> = entries.into_iter().filter(|e| e.index > snap_index).collect();
+        let live: Vec<Entry> = entries
+            .into_iter()
+            .filter(|e| e.index > snap_index)
+            .collect();
         if let Some(first) = live.first() {
             if first.index != snap_index + 1 {
-                return Err(DecodeError { what: "entry (gap after snapshot)", index: first.index });
+                return Err(DecodeError {
+                    what: "entry (gap after snapshot)",
+                    index: first.index,
+                });
             }
         }
-        core.append(&live).map_err(|_| DecodeError { what: "entry", index: snap_index })?;
+        core.append(&live).map_err(|_| DecodeError {
+            what: "entry",
+            index: snap_index,
+        })?;
     }
     let last_index = raft::Storage::last_index(&storage).unwrap_or(snap_index);
     // Entries the engine already applied were committed; the persisted
     // commit may lag (it is written with the next group commit).
-    hs.commit = hs.commit.max(engine_applied).max(snap_index).min(last_index);
+    hs.commit = hs
+        .commit
+        .max(engine_applied)
+        .max(snap_index)
+        .min(last_index);
     hs.term = hs.term.max(snap_term);
     storage.wl().set_hardstate(hs);
     Ok(RestoredLog {
@@ -199,11 +230,13 @@ mod tests {
 
     #[test]
     fn entry_roundtrip() {
-        let mut e = Entry::default();
-        e.term = 7;
-        e.entry_type = EntryType::EntryConfChange;
-        e.context = Bytes::from_static(b"ctx");
-        e.data = Bytes::from_static(b"payload");
+        let e = Entry {
+            term: 7,
+            entry_type: EntryType::EntryConfChange,
+            context: Bytes::from_static(b"ctx"),
+            data: Bytes::from_static(b"payload"),
+            ..Default::default()
+        };
         let mut buf = Vec::new();
         encode_entry(&e, &mut buf);
         let mut d = decode_entry(42, Bytes::from(buf)).unwrap();
@@ -215,9 +248,11 @@ mod tests {
 
     #[test]
     fn snapshot_meta_roundtrip() {
-        let mut cs = ConfState::default();
-        cs.voters = vec![1, 2, 3];
-        cs.learners = vec![9];
+        let cs = ConfState {
+            voters: vec![1, 2, 3],
+            learners: vec![9],
+            ..Default::default()
+        };
         let b = encode_snapshot_meta(5, &cs);
         assert_eq!(decode_snapshot_meta(10, &b).unwrap(), (5, cs));
         assert!(decode_snapshot_meta(10, &b[..b.len() - 1]).is_err());

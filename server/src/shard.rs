@@ -12,7 +12,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use futures_channel::oneshot;
-use glommio::channels::shared_channel::{self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender};
+use glommio::channels::shared_channel::{
+    self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
+};
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::api::http::{self, HttpLimits};
@@ -104,7 +106,11 @@ fn stopped() -> Reply {
 }
 
 /// The owner's end of one remote shard's link.
-async fn serve_remote(node: Rc<Node>, requests: ConnectedReceiver<(u64, Command)>, replies: ConnectedSender<(u64, Reply)>) {
+async fn serve_remote(
+    node: Rc<Node>,
+    requests: ConnectedReceiver<(u64, Command)>,
+    replies: ConnectedSender<(u64, Reply)>,
+) {
     let replies = Rc::new(replies);
     while let Some((id, cmd)) = requests.recv().await {
         let node = node.clone();
@@ -117,9 +123,11 @@ async fn serve_remote(node: Rc<Node>, requests: ConnectedReceiver<(u64, Command)
     }
 }
 
+type Channel<T> = (SharedSender<(u64, T)>, SharedReceiver<(u64, T)>);
+
 struct Link {
-    requests: (SharedSender<(u64, Command)>, SharedReceiver<(u64, Command)>),
-    replies: (SharedSender<(u64, Reply)>, SharedReceiver<(u64, Reply)>),
+    requests: Channel<Command>,
+    replies: Channel<Reply>,
 }
 
 /// Number of executors: `--shards`, or every online core.
@@ -209,7 +217,11 @@ pub fn run(cfg: Config) -> Result<()> {
     }
     eprintln!(
         "metcd: {shards} shard(s); serving the HTTP API on {}",
-        addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")
+        addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     for h in handles {
         h.join()
@@ -223,7 +235,11 @@ async fn serve_all(addrs: &[std::net::SocketAddr], backend: Backend, limits: Htt
     for addr in addrs {
         match http::bind(*addr) {
             Ok(listener) => {
-                tasks.push(glommio::spawn_local(http::serve(listener, backend.clone(), limits)));
+                tasks.push(glommio::spawn_local(http::serve(
+                    listener,
+                    backend.clone(),
+                    limits,
+                )));
             }
             Err(e) => {
                 eprintln!("metcd: cannot listen on {addr}: {e}");

@@ -14,11 +14,31 @@ use crate::common::{b, file_names, on_executor, scan, scan_all, snap_path, Pairs
 /// Few keys, so writes collide; includes the empty key, a key that is a
 /// prefix of others and bytes at both ends of the range.
 const KEYS: &[&[u8]] = &[
-    b"", b"\x00", b"a", b"a\x00", b"aa", b"ab", b"b", b"ba", b"\xff", b"\xff\xff",
+    b"",
+    b"\x00",
+    b"a",
+    b"a\x00",
+    b"aa",
+    b"ab",
+    b"b",
+    b"ba",
+    b"\xff",
+    b"\xff\xff",
 ];
 /// Bound probes: the keys plus some that are never written.
 const PROBES: &[&[u8]] = &[
-    b"", b"\x00", b"a", b"a\x00", b"aa", b"ab", b"b", b"ba", b"\xff", b"\xff\xff", b"0", b"az",
+    b"",
+    b"\x00",
+    b"a",
+    b"a\x00",
+    b"aa",
+    b"ab",
+    b"b",
+    b"ba",
+    b"\xff",
+    b"\xff\xff",
+    b"0",
+    b"az",
     b"c",
 ];
 
@@ -73,13 +93,13 @@ fn bound_spec() -> impl Strategy<Value = BoundSpec> {
 }
 
 fn scan_spec() -> impl Strategy<Value = ScanSpec> {
-    (bound_spec(), bound_spec(), prop::option::of(1usize..5)).prop_map(|(start, end, stop_after)| {
-        ScanSpec {
+    (bound_spec(), bound_spec(), prop::option::of(1usize..5)).prop_map(
+        |(start, end, stop_after)| ScanSpec {
             start,
             end,
             stop_after,
-        }
-    })
+        },
+    )
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -130,12 +150,20 @@ impl Model {
     }
 
     fn pairs(&self) -> Pairs {
-        self.map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.map
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 }
 
 fn check_snapshot(snap: &MemorySnapshot, model: &Model, what: &str) -> Result<(), TestCaseError> {
-    prop_assert_eq!(snap.applied_index(), model.applied, "{} applied index", what);
+    prop_assert_eq!(
+        snap.applied_index(),
+        model.applied,
+        "{} applied index",
+        what
+    );
     for key in PROBES {
         let got = snap.get(key).unwrap().map(|v| v.to_vec());
         prop_assert_eq!(got, model.map.get(*key).cloned(), "{} get {:?}", what, key);
@@ -222,10 +250,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 let index = engine.checkpoint(dir.path()).await.unwrap();
                 prop_assert_eq!(index, model.applied);
                 // Only the newest snapshot file is kept, under its index.
-                prop_assert_eq!(
-                    file_names(dir.path()),
-                    vec![format!("{index:016x}.snap")]
-                );
+                prop_assert_eq!(file_names(dir.path()), vec![format!("{index:016x}.snap")]);
                 prop_assert!(snap_path(dir.path(), index).exists());
                 durable = Some(model.clone());
             }

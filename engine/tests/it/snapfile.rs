@@ -164,21 +164,35 @@ fn structural_errors_are_caught_even_with_a_valid_checksum() {
     let path = dir.path().join("crafted.snap");
     let cases: Vec<(&str, Vec<u8>, u64)> = vec![
         ("future version", encode(1, 2, &[(b"a", b"1")]), 8),
-        ("keys out of order", encode(1, 1, &[(b"b", b"1"), (b"a", b"2")]), 30),
-        ("duplicate keys", encode(1, 1, &[(b"a", b"1"), (b"a", b"2")]), 30),
-        ("count too high", {
-            let mut bytes = encode(1, 1, &[(b"a", b"1")]);
-            let n = bytes.len();
-            bytes[n - 12..n - 4].copy_from_slice(&2u64.to_le_bytes());
-            let crc = crc32c::crc32c(&bytes[..n - 4]);
-            bytes[n - 4..].copy_from_slice(&crc.to_le_bytes());
-            bytes
-        }, 30),
+        (
+            "keys out of order",
+            encode(1, 1, &[(b"b", b"1"), (b"a", b"2")]),
+            30,
+        ),
+        (
+            "duplicate keys",
+            encode(1, 1, &[(b"a", b"1"), (b"a", b"2")]),
+            30,
+        ),
+        (
+            "count too high",
+            {
+                let mut bytes = encode(1, 1, &[(b"a", b"1")]);
+                let n = bytes.len();
+                bytes[n - 12..n - 4].copy_from_slice(&2u64.to_le_bytes());
+                let crc = crc32c::crc32c(&bytes[..n - 4]);
+                bytes[n - 4..].copy_from_slice(&crc.to_le_bytes());
+                bytes
+            },
+            30,
+        ),
     ];
     for (name, bytes, offset) in cases {
         std::fs::write(&path, &bytes).unwrap();
         match snapfile::read(&path) {
-            Err(Error::Corrupt { path: p, offset: o, .. }) => {
+            Err(Error::Corrupt {
+                path: p, offset: o, ..
+            }) => {
                 assert_eq!(p, path, "{name}");
                 assert_eq!(o, offset, "{name}");
             }
@@ -313,7 +327,10 @@ fn open_refuses_a_snapshot_whose_name_disagrees_with_its_header() {
     std::fs::rename(snap_path(dir.path(), 42), snap_path(dir.path(), 43)).unwrap();
     match MemoryEngine::open(dir.path()) {
         Err(Error::Corrupt { path, .. }) => assert_eq!(path, snap_path(dir.path(), 43)),
-        other => panic!("expected Corrupt, got {:?}", other.map(|e| e.applied_index())),
+        other => panic!(
+            "expected Corrupt, got {:?}",
+            other.map(|e| e.applied_index())
+        ),
     }
 }
 

@@ -73,7 +73,12 @@ fn assert_entries(recovered: &wal::Recovered, first: u64, last: u64) {
 }
 
 fn last_segment(dir: &Path) -> PathBuf {
-    wal::list_segments(dir).unwrap().last().unwrap().path.clone()
+    wal::list_segments(dir)
+        .unwrap()
+        .last()
+        .unwrap()
+        .path
+        .clone()
 }
 
 /// Offsets of every frame in a segment (frames start 8-aligned).
@@ -118,7 +123,11 @@ fn torn_tail_is_truncated_and_earlier_frames_kept() {
     let last_frame = *offsets.last().unwrap();
     // Tear the last frame: keep its header and half of its payload, and
     // leave garbage where the rest would be.
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&seg).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
     f.seek(SeekFrom::Start(last_frame + 24)).unwrap();
     f.write_all(&[0xAB; 40]).unwrap();
     drop(f);
@@ -169,7 +178,11 @@ fn flipped_bit_in_a_middle_frame_is_refused_with_file_and_offset() {
     let seg = last_segment(dir.path());
     let offsets = frame_offsets(&seg);
     let victim = offsets[4];
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&seg).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
     let mut byte = [0u8; 1];
     f.seek(SeekFrom::Start(victim + 20)).unwrap();
     f.read_exact(&mut byte).unwrap();
@@ -234,7 +247,9 @@ fn released_segments_are_not_needed_after_a_snapshot() {
     let path = dir.path().to_path_buf();
     let (released, segments_before) = run_async(move || async move {
         let recovered = wal::recover(&path).unwrap();
-        let mut w = Wal::open(&path, small_segments(), &recovered).await.unwrap();
+        let mut w = Wal::open(&path, small_segments(), &recovered)
+            .await
+            .unwrap();
         for index in 1..=1500u64 {
             w.append_entry(index, &entry(index));
             if index % 10 == 0 {
@@ -250,10 +265,16 @@ fn released_segments_are_not_needed_after_a_snapshot() {
         (released, before)
     });
     assert!(segments_before > 3);
-    assert!(released > 0 && released < segments_before, "released {released} of {segments_before}");
+    assert!(
+        released > 0 && released < segments_before,
+        "released {released} of {segments_before}"
+    );
     let recovered = wal::recover(dir.path()).unwrap();
     assert_eq!(recovered.segments.len(), segments_before - released);
-    assert_eq!(recovered.snapshot, Some((1250, Bytes::from_static(b"snap-meta-1250"))));
+    assert_eq!(
+        recovered.snapshot,
+        Some((1250, Bytes::from_static(b"snap-meta-1250")))
+    );
     assert_entries(&recovered, 1251, 1500);
     assert_eq!(recovered.state.as_deref(), Some(&b"state-1500"[..]));
     // Nothing past the snapshot was released: the oldest kept segment starts
@@ -267,7 +288,9 @@ fn later_entries_replace_a_conflicting_suffix() {
     let path = dir.path().to_path_buf();
     run_async(move || async move {
         let recovered = wal::recover(&path).unwrap();
-        let mut w = Wal::open(&path, WalOptions::default(), &recovered).await.unwrap();
+        let mut w = Wal::open(&path, WalOptions::default(), &recovered)
+            .await
+            .unwrap();
         for index in 1..=10u64 {
             w.append_entry(index, b"old");
         }
@@ -278,7 +301,11 @@ fn later_entries_replace_a_conflicting_suffix() {
         w.close().await.unwrap();
     });
     let recovered = wal::recover(dir.path()).unwrap();
-    let got: Vec<(u64, &[u8])> = recovered.entries.iter().map(|(i, d)| (*i, &d[..])).collect();
+    let got: Vec<(u64, &[u8])> = recovered
+        .entries
+        .iter()
+        .map(|(i, d)| (*i, &d[..]))
+        .collect();
     let mut expected: Vec<(u64, &[u8])> = (1..=5).map(|i| (i, &b"old"[..])).collect();
     expected.push((6, b"new"));
     expected.push((7, b"new"));

@@ -40,11 +40,17 @@ pub fn to_wire(e: &ServerError) -> WireError {
         },
         ServerError::RequestTooLarge => (InvalidArgument, 413, e.to_string()),
         ServerError::TooManyRequests => (ResourceExhausted, 429, e.to_string()),
-        ServerError::Stopped | ServerError::NoLeader | ServerError::Timeout => (Unavailable, 503, e.to_string()),
+        ServerError::Stopped | ServerError::NoLeader | ServerError::Timeout => {
+            (Unavailable, 503, e.to_string())
+        }
         ServerError::BadRequest(_) => (InvalidArgument, 400, e.to_string()),
         _ => (Unknown, 500, e.to_string()),
     };
-    WireError { grpc, http, message }
+    WireError {
+        grpc,
+        http,
+        message,
+    }
 }
 
 #[cfg(test)]
@@ -54,11 +60,20 @@ mod tests {
     #[test]
     fn etcd_messages_are_exact() {
         let w = to_wire(&ServerError::Mvcc(MvccError::Compacted));
-        assert_eq!(w.message, "etcdserver: mvcc: required revision has been compacted");
+        assert_eq!(
+            w.message,
+            "etcdserver: mvcc: required revision has been compacted"
+        );
         assert_eq!(w.grpc, GrpcCode::OutOfRange);
         let w = to_wire(&ServerError::Mvcc(MvccError::FutureRevision));
-        assert_eq!(w.message, "etcdserver: mvcc: required revision is a future revision");
-        assert_eq!(to_wire(&ServerError::RequestTooLarge).message, "etcdserver: request is too large");
+        assert_eq!(
+            w.message,
+            "etcdserver: mvcc: required revision is a future revision"
+        );
+        assert_eq!(
+            to_wire(&ServerError::RequestTooLarge).message,
+            "etcdserver: request is too large"
+        );
         assert_eq!(to_wire(&ServerError::RequestTooLarge).http, 413);
         assert_eq!(
             to_wire(&ServerError::Mvcc(MvccError::TooManyOps)).message,

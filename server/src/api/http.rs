@@ -99,16 +99,27 @@ async fn handle(backend: &Backend, limits: HttpLimits, req: Request<Incoming>) -
     }
 }
 
-async fn route(backend: &Backend, limits: HttpLimits, req: Request<Incoming>) -> Result<HttpResponse, ServerError> {
+async fn route(
+    backend: &Backend,
+    limits: HttpLimits,
+    req: Request<Incoming>,
+) -> Result<HttpResponse, ServerError> {
     let path = req.uri().path().to_owned();
     let query = Query::parse(req.uri().query().unwrap_or(""))?;
     match path.as_str() {
         "/health" => return health(backend).await,
         "/version" => return Ok(json_response(StatusCode::OK, &version_json(), None)),
-        "/metrics" => return Ok(text_response(StatusCode::NOT_FOUND, "metrics are not served yet\n")),
+        "/metrics" => {
+            return Ok(text_response(
+                StatusCode::NOT_FOUND,
+                "metrics are not served yet\n",
+            ))
+        }
         "/-/compact" if req.method() == Method::POST => return compact(backend, &query).await,
         p if p.starts_with("/-/") => {
-            return Err(ServerError::BadRequest(format!("unknown admin endpoint {p}")));
+            return Err(ServerError::BadRequest(format!(
+                "unknown admin endpoint {p}"
+            )));
         }
         _ => {}
     }
@@ -126,8 +137,10 @@ async fn route(backend: &Backend, limits: HttpLimits, req: Request<Incoming>) ->
                 &json!({"error": format!("method {} is not allowed on keys", req.method()), "code": 3}),
                 None,
             );
-            resp.headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("GET, HEAD, PUT, POST, DELETE"));
+            resp.headers_mut().insert(
+                ALLOW,
+                HeaderValue::from_static("GET, HEAD, PUT, POST, DELETE"),
+            );
             Ok(resp)
         }
     }
@@ -147,7 +160,9 @@ async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Server
     match Limited::new(req.into_body(), limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ServerError::RequestTooLarge),
-        Err(e) => Err(ServerError::BadRequest(format!("reading request body: {e}"))),
+        Err(e) => Err(ServerError::BadRequest(format!(
+            "reading request body: {e}"
+        ))),
     }
 }
 
@@ -155,8 +170,16 @@ async fn health(backend: &Backend) -> Result<HttpResponse, ServerError> {
     let Reply::Status { healthy, .. } = backend.call(Command::Status).await else {
         return Err(ServerError::Stopped);
     };
-    let status = if healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    Ok(json_response(status, &json!({"health": healthy.to_string()}), None))
+    let status = if healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    Ok(json_response(
+        status,
+        &json!({"health": healthy.to_string()}),
+        None,
+    ))
 }
 
 fn version_json() -> Value {
@@ -177,7 +200,11 @@ async fn compact(backend: &Backend, query: &Query) -> Result<HttpResponse, Serve
     });
     let resp = write(backend, req).await?;
     let rev = response_revision(&resp);
-    Ok(json_response(StatusCode::OK, &json!({"header": {"revision": rev.to_string()}}), Some(rev)))
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"header": {"revision": rev.to_string()}}),
+        Some(rev),
+    ))
 }
 
 async fn write(backend: &Backend, req: mvcc::Request) -> Result<mvcc::Response, ServerError> {
@@ -231,7 +258,8 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 
 async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpResponse, ServerError> {
     let end = range_end(&key, query)?;
-    let is_range = end.is_some() || query.has("limit") || query.flag("count_only") || query.flag("keys_only");
+    let is_range =
+        end.is_some() || query.has("limit") || query.flag("count_only") || query.flag("keys_only");
     let req = mvcc::RangeRequest {
         key,
         range_end: end.unwrap_or_default(),
@@ -243,7 +271,11 @@ async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpRespons
             None | Some("none") => mvcc::SortOrder::None,
             Some("ascend") => mvcc::SortOrder::Ascend,
             Some("descend") => mvcc::SortOrder::Descend,
-            Some(other) => return Err(ServerError::BadRequest(format!("invalid sort_order {other:?}"))),
+            Some(other) => {
+                return Err(ServerError::BadRequest(format!(
+                    "invalid sort_order {other:?}"
+                )))
+            }
         },
         sort_target: match query.str("sort_target")?.as_deref() {
             None | Some("key") => mvcc::SortTarget::Key,
@@ -251,7 +283,11 @@ async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpRespons
             Some("create") => mvcc::SortTarget::Create,
             Some("mod") => mvcc::SortTarget::Mod,
             Some("value") => mvcc::SortTarget::Value,
-            Some(other) => return Err(ServerError::BadRequest(format!("invalid sort_target {other:?}"))),
+            Some(other) => {
+                return Err(ServerError::BadRequest(format!(
+                    "invalid sort_target {other:?}"
+                )))
+            }
         },
         serializable: query.flag("serializable"),
         ..Default::default()
@@ -276,7 +312,10 @@ async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpRespons
             let mut out = Response::new(Full::new(kv.value.clone()));
             set_revision(&mut out, rev);
             let h = out.headers_mut();
-            h.insert("x-metcd-create-revision", HeaderValue::from(kv.create_revision));
+            h.insert(
+                "x-metcd-create-revision",
+                HeaderValue::from(kv.create_revision),
+            );
             h.insert("x-metcd-mod-revision", HeaderValue::from(kv.mod_revision));
             h.insert("x-metcd-version", HeaderValue::from(kv.version));
             Ok(out)
@@ -300,7 +339,8 @@ async fn delete(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpResp
     let mvcc::Response::DeleteRange(d) = &resp else {
         return Err(ServerError::Stopped);
     };
-    let mut body = json!({"header": {"revision": rev.to_string()}, "deleted": d.deleted.to_string()});
+    let mut body =
+        json!({"header": {"revision": rev.to_string()}, "deleted": d.deleted.to_string()});
     if !d.prev_kvs.is_empty() {
         body["prev_kvs"] = Value::Array(d.prev_kvs.iter().map(kv_json).collect());
     }
@@ -334,7 +374,11 @@ fn base64_encode(data: &[u8]) -> String {
     const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -348,7 +392,8 @@ fn base64_encode(data: &[u8]) -> String {
 }
 
 fn set_revision(resp: &mut HttpResponse, rev: i64) {
-    resp.headers_mut().insert(REVISION_HEADER, HeaderValue::from(rev));
+    resp.headers_mut()
+        .insert(REVISION_HEADER, HeaderValue::from(rev));
 }
 
 fn json_response(status: StatusCode, body: &Value, rev: Option<i64>) -> HttpResponse {
@@ -373,7 +418,11 @@ fn text_response(status: StatusCode, body: &'static str) -> HttpResponse {
 fn error_response(e: &ServerError) -> HttpResponse {
     let wire = to_wire(e);
     let status = StatusCode::from_u16(wire.http).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    json_response(status, &json!({"error": wire.message, "code": wire.grpc as i32}), None)
+    json_response(
+        status,
+        &json!({"error": wire.message, "code": wire.grpc as i32}),
+        None,
+    )
 }
 
 /// Strict percent-decoding: every `%` must be followed by two hex digits,
@@ -388,7 +437,11 @@ pub fn percent_decode_strict(s: &str) -> Result<Vec<u8>, ServerError> {
                 .get(i + 1..i + 3)
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| ServerError::BadRequest(format!("invalid percent-encoding at byte {i} of {s:?}")))?;
+                .ok_or_else(|| {
+                    ServerError::BadRequest(format!(
+                        "invalid percent-encoding at byte {i} of {s:?}"
+                    ))
+                })?;
             out.push(hex);
             i += 3;
         } else {
@@ -419,7 +472,10 @@ impl Query {
     }
 
     fn get(&self, name: &str) -> Option<&[u8]> {
-        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_slice())
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
     }
 
     fn has(&self, name: &str) -> bool {
@@ -434,7 +490,8 @@ impl Query {
     fn str(&self, name: &str) -> Result<Option<String>, ServerError> {
         self.get(name)
             .map(|v| {
-                String::from_utf8(v.to_vec()).map_err(|_| ServerError::BadRequest(format!("invalid {name}")))
+                String::from_utf8(v.to_vec())
+                    .map_err(|_| ServerError::BadRequest(format!("invalid {name}")))
             })
             .transpose()
     }
@@ -442,8 +499,9 @@ impl Query {
     fn int(&self, name: &str) -> Result<Option<i64>, ServerError> {
         self.str(name)?
             .map(|v| {
-                v.parse::<i64>()
-                    .map_err(|_| ServerError::BadRequest(format!("invalid {name}={v:?}: expected an integer")))
+                v.parse::<i64>().map_err(|_| {
+                    ServerError::BadRequest(format!("invalid {name}={v:?}: expected an integer"))
+                })
             })
             .transpose()
     }
@@ -460,7 +518,10 @@ mod tests {
         assert!(percent_decode_strict("/a%zz").is_err());
         assert!(percent_decode_strict("/a%2").is_err());
         assert!(percent_decode_strict("/a%ff").is_err());
-        assert_eq!(percent_decode_strict("/%E4%BD%A0").unwrap(), "/你".as_bytes());
+        assert_eq!(
+            percent_decode_strict("/%E4%BD%A0").unwrap(),
+            "/你".as_bytes()
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@
 use bytes::Bytes;
 
 use super::types::{
-    Compare, CompareResult, CompareTarget, CompactionRequest, DeleteRangeRequest, KeyValue,
+    CompactionRequest, Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyValue,
     PutRequest, RangeRequest, Request, RequestOp, SortOrder, SortTarget, TargetUnion, TxnRequest,
 };
 
@@ -419,8 +419,8 @@ impl<'a> Reader<'a> {
 
     fn range(&mut self) -> Result<RangeRequest, DecodeError> {
         let flags = self.flags(RANGE_SERIALIZABLE | RANGE_KEYS_ONLY | RANGE_COUNT_ONLY)?;
-        let sort_order = SortOrder::from_i32(i32::from(self.u8()?))
-            .ok_or(DecodeError::Invalid("sort order"))?;
+        let sort_order =
+            SortOrder::from_i32(i32::from(self.u8()?)).ok_or(DecodeError::Invalid("sort order"))?;
         let sort_target = SortTarget::from_i32(i32::from(self.u8()?))
             .ok_or(DecodeError::Invalid("sort target"))?;
         Ok(RangeRequest {
@@ -583,9 +583,11 @@ mod tests {
         assert!(Reader::borrowed(&[0x80, 0x00]).uvarint().is_err());
         // 11 continuation bytes overflow.
         assert!(Reader::borrowed(&[0xff; 11]).uvarint().is_err());
-        assert!(Reader::borrowed(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02])
-            .uvarint()
-            .is_err());
+        assert!(
+            Reader::borrowed(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02])
+                .uvarint()
+                .is_err()
+        );
     }
 
     #[test]

@@ -85,7 +85,12 @@ impl KeyIndex {
 
     /// Calls `f` for every key of `range` visible at `at`, in ascending key
     /// order, until `f` returns false.
-    pub(crate) fn visit(&self, range: KeyRange<'_>, at: i64, mut f: impl FnMut(&Bytes, Rev) -> bool) {
+    pub(crate) fn visit(
+        &self,
+        range: KeyRange<'_>,
+        at: i64,
+        mut f: impl FnMut(&Bytes, Rev) -> bool,
+    ) {
         let bounds: (Bound<&[u8]>, Bound<&[u8]>) = match range {
             KeyRange::Empty => return,
             KeyRange::Single(key) => {

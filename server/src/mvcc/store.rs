@@ -40,7 +40,7 @@ use super::codec::{self, MAX_TXN_DEPTH};
 use super::error::MvccError;
 use super::key_index::{KeyIndex, KeyRange, Rev};
 use super::types::{
-    ApplyOutcome, Compare, CompareResult, CompareTarget, CompactionRequest, CompactionResponse,
+    ApplyOutcome, CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
     DeleteRangeRequest, DeleteRangeResponse, Event, EventKind, KeyValue, PutRequest, PutResponse,
     RangeRequest, RangeResponse, Request, RequestOp, Response, ResponseHeader, ResponseOp,
     SortOrder, SortTarget, TargetUnion, TxnRequest, TxnResponse,
@@ -208,7 +208,11 @@ impl<E: Engine> MvccStore<E> {
         let view = self.view(&snap);
         let cur = self.current_rev;
         let succeeded = view.compares(&req.compare, cur)?;
-        let ops = if succeeded { &req.success } else { &req.failure };
+        let ops = if succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
         for op in ops {
             if let RequestOp::Range(r) = op {
                 check_range_rev(r, cur, self.compact_rev)?;
@@ -555,7 +559,13 @@ impl<S: EngineSnapshot> View<'_, S> {
     /// etcd's `compareToPath`: the branch taken by `t` and, in pre-order, by
     /// every nested txn on the taken branches, all evaluated at `at` (the
     /// state before the txn: nested compares do not see earlier writes).
-    fn path(&self, t: &TxnRequest, at: i64, depth: usize, out: &mut Vec<bool>) -> Result<(), MvccError> {
+    fn path(
+        &self,
+        t: &TxnRequest,
+        at: i64,
+        depth: usize,
+        out: &mut Vec<bool>,
+    ) -> Result<(), MvccError> {
         // Decoded requests are never this deep; this bounds recursion for
         // requests built in-process.
         if depth > MAX_TXN_DEPTH {
@@ -641,7 +651,9 @@ fn walk_path(
     pos: &mut usize,
     f: &mut impl FnMut(&RequestOp) -> Result<(), MvccError>,
 ) -> Result<(), MvccError> {
-    let succeeded = *path.get(*pos).ok_or_else(|| corrupt("txn path too short"))?;
+    let succeeded = *path
+        .get(*pos)
+        .ok_or_else(|| corrupt("txn path too short"))?;
     *pos += 1;
     for op in if succeeded { &t.success } else { &t.failure } {
         match op {
@@ -681,7 +693,12 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
         self.begin_rev + i64::from(!self.changes.is_empty())
     }
 
-    fn stage(&mut self, kv: KeyValue, tombstone: bool, event_prev: Option<KeyValue>) -> Result<(), MvccError> {
+    fn stage(
+        &mut self,
+        kv: KeyValue,
+        tombstone: bool,
+        event_prev: Option<KeyValue>,
+    ) -> Result<(), MvccError> {
         let sub = u32::try_from(self.changes.len())
             .map_err(|_| corrupt("more than 2^32 changes in one revision"))?;
         self.index.push(
@@ -707,7 +724,11 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
         let (value, lease) = match &prev {
             None if p.ignore_value || p.ignore_lease => return Err(MvccError::KeyNotFound),
             Some(kv) => (
-                if p.ignore_value { kv.value.clone() } else { p.value.clone() },
+                if p.ignore_value {
+                    kv.value.clone()
+                } else {
+                    p.value.clone()
+                },
                 if p.ignore_lease { kv.lease } else { p.lease },
             ),
             None => (p.value.clone(), p.lease),
@@ -740,11 +761,14 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
     fn delete_range(&mut self, d: &DeleteRangeRequest) -> Result<DeleteRangeResponse, MvccError> {
         let rev = self.begin_rev + 1;
         let mut victims = Vec::new();
-        self.index
-            .visit(KeyRange::new(&d.key, &d.range_end), self.read_rev(), |k, r| {
+        self.index.visit(
+            KeyRange::new(&d.key, &d.range_end),
+            self.read_rev(),
+            |k, r| {
                 victims.push((k.clone(), r));
                 true
-            });
+            },
+        );
         let mut prev_kvs = Vec::new();
         let mut event_prevs = Vec::with_capacity(victims.len());
         {
@@ -809,8 +833,15 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
         Ok(resp)
     }
 
-    fn exec(&mut self, t: &TxnRequest, path: &[bool], pos: &mut usize) -> Result<TxnResponse, MvccError> {
-        let succeeded = *path.get(*pos).ok_or_else(|| corrupt("txn path too short"))?;
+    fn exec(
+        &mut self,
+        t: &TxnRequest,
+        path: &[bool],
+        pos: &mut usize,
+    ) -> Result<TxnResponse, MvccError> {
+        let succeeded = *path
+            .get(*pos)
+            .ok_or_else(|| corrupt("txn path too short"))?;
         *pos += 1;
         let ops = if succeeded { &t.success } else { &t.failure };
         let mut responses = Vec::with_capacity(ops.len());

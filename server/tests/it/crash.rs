@@ -73,7 +73,14 @@ fn acknowledged_writes_survive_kill9() {
     let data = dir.path().join("member");
     let mut server = Server::start(
         &data,
-        &["--shards", "2", "--snapshot-count", "500", "--wal-segment-bytes", "65536"],
+        &[
+            "--shards",
+            "2",
+            "--snapshot-count",
+            "500",
+            "--wal-segment-bytes",
+            "65536",
+        ],
     );
     // key -> (value, revision) of the newest acknowledged write.
     let mut expected: BTreeMap<String, Acked> = BTreeMap::new();
@@ -92,7 +99,11 @@ fn acknowledged_writes_survive_kill9() {
         for w in writers {
             round_acked.extend(w.join().unwrap());
         }
-        assert!(round_acked.len() >= kill_at.min(100), "round {round}: only {} writes", round_acked.len());
+        assert!(
+            round_acked.len() >= kill_at.min(100),
+            "round {round}: only {} writes",
+            round_acked.len()
+        );
         // Shared keys: the highest acknowledged revision is the one that must win.
         round_acked.sort_by_key(|(_, a)| a.revision);
         for (k, a) in round_acked {
@@ -108,7 +119,10 @@ fn acknowledged_writes_survive_kill9() {
     assert_eq!(r.status, 204);
     assert!(r.header_i64("x-metcd-revision").unwrap() > max_rev);
     let log = server.log_text();
-    assert!(log.contains("snapshot at applied index"), "no snapshot happened:\n{log}");
+    assert!(
+        log.contains("snapshot at applied index"),
+        "no snapshot happened:\n{log}"
+    );
 }
 
 fn verify(server: &Server, expected: &BTreeMap<String, Acked>) {
@@ -117,14 +131,21 @@ fn verify(server: &Server, expected: &BTreeMap<String, Acked>) {
     for (key, want) in expected {
         let r = conn.request("GET", key, b"").unwrap();
         if r.status != 200 {
-            failures.lock().unwrap().push(format!("{key}: status {} ({})", r.status, r.text()));
-            continue;
-        }
-        if r.body != want.value.as_bytes() && !(key.starts_with("/crash/shared/") && r.header_i64("x-metcd-mod-revision").unwrap_or(0) > want.revision) {
             failures
                 .lock()
                 .unwrap()
-                .push(format!("{key}: value {:?}, want {:?}", r.text(), want.value));
+                .push(format!("{key}: status {} ({})", r.status, r.text()));
+            continue;
+        }
+        if r.body != want.value.as_bytes()
+            && !(key.starts_with("/crash/shared/")
+                && r.header_i64("x-metcd-mod-revision").unwrap_or(0) > want.revision)
+        {
+            failures.lock().unwrap().push(format!(
+                "{key}: value {:?}, want {:?}",
+                r.text(),
+                want.value
+            ));
         }
         let mod_rev = r.header_i64("x-metcd-mod-revision").unwrap();
         // A shared key may since hold a write that was applied but whose
@@ -134,10 +155,10 @@ fn verify(server: &Server, expected: &BTreeMap<String, Acked>) {
             continue;
         }
         if mod_rev != want.revision {
-            failures
-                .lock()
-                .unwrap()
-                .push(format!("{key}: mod_revision {mod_rev}, acknowledged at {}", want.revision));
+            failures.lock().unwrap().push(format!(
+                "{key}: mod_revision {mod_rev}, acknowledged at {}",
+                want.revision
+            ));
         }
     }
     let failures = failures.into_inner().unwrap();

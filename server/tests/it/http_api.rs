@@ -5,7 +5,10 @@ use crate::support::{HttpConn, Server};
 
 fn server() -> (tempfile::TempDir, Server) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(&dir.path().join("m"), &["--shards", "2", "--max-request-bytes", "4096"]);
+    let s = Server::start(
+        &dir.path().join("m"),
+        &["--shards", "2", "--max-request-bytes", "4096"],
+    );
     (dir, s)
 }
 
@@ -41,7 +44,9 @@ fn put_get_delete_like_the_seed() {
     assert_eq!(get.header_i64("x-metcd-create-revision"), Some(rev1));
 
     // Read at the old revision.
-    let old = c.request("GET", &format!("/hello?rev={rev1}"), b"").unwrap();
+    let old = c
+        .request("GET", &format!("/hello?rev={rev1}"), b"")
+        .unwrap();
     assert_eq!((old.status, old.text().as_str()), (200, "world"));
 
     let del = c.request("DELETE", "/hello", b"").unwrap();
@@ -62,20 +67,35 @@ fn prefix_range_with_limit_returns_json() {
     let (_d, s) = server();
     let mut c = s.conn();
     for i in 0..5 {
-        assert_eq!(c.request("PUT", &format!("/dir/k{i}"), format!("v{i}").as_bytes()).unwrap().status, 204);
+        assert_eq!(
+            c.request("PUT", &format!("/dir/k{i}"), format!("v{i}").as_bytes())
+                .unwrap()
+                .status,
+            204
+        );
     }
     c.request("PUT", "/dis", b"outside").unwrap();
     let r = c.request("GET", "/dir/?prefix&limit=3", b"").unwrap();
     assert_eq!(r.status, 200);
-    assert_eq!(r.headers.get("content-type").map(String::as_str), Some("application/json"));
+    assert_eq!(
+        r.headers.get("content-type").map(String::as_str),
+        Some("application/json")
+    );
     let j = r.json();
-    let keys: Vec<&str> = j["kvs"].as_array().unwrap().iter().map(|kv| kv["key"].as_str().unwrap()).collect();
+    let keys: Vec<&str> = j["kvs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|kv| kv["key"].as_str().unwrap())
+        .collect();
     assert_eq!(keys, ["/dir/k0", "/dir/k1", "/dir/k2"]);
     assert_eq!(j["kvs"][1]["value"], "v1");
     assert_eq!(j["count"], "5");
     assert_eq!(j["more"], true);
 
-    let r = c.request("GET", "/dir/?prefix&sort_order=descend&limit=2", b"").unwrap();
+    let r = c
+        .request("GET", "/dir/?prefix&sort_order=descend&limit=2", b"")
+        .unwrap();
     let j = r.json();
     assert_eq!(j["kvs"][0]["key"], "/dir/k4");
     assert_eq!(j["kvs"][1]["key"], "/dir/k3");
@@ -100,22 +120,43 @@ fn prefix_range_with_limit_returns_json() {
 fn compaction_over_http_and_the_compacted_error() {
     let (_d, s) = server();
     let mut c = s.conn();
-    let r1 = c.request("PUT", "/c", b"1").unwrap().header_i64("x-metcd-revision").unwrap();
-    let r2 = c.request("PUT", "/c", b"2").unwrap().header_i64("x-metcd-revision").unwrap();
+    let r1 = c
+        .request("PUT", "/c", b"1")
+        .unwrap()
+        .header_i64("x-metcd-revision")
+        .unwrap();
+    let r2 = c
+        .request("PUT", "/c", b"2")
+        .unwrap()
+        .header_i64("x-metcd-revision")
+        .unwrap();
     c.request("PUT", "/c", b"3").unwrap();
-    let r = c.request("POST", &format!("/-/compact?revision={r2}"), b"").unwrap();
+    let r = c
+        .request("POST", &format!("/-/compact?revision={r2}"), b"")
+        .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     let old = c.request("GET", &format!("/c?rev={r1}"), b"").unwrap();
     assert_eq!(old.status, 400);
-    assert_eq!(old.json()["error"], "etcdserver: mvcc: required revision has been compacted");
+    assert_eq!(
+        old.json()["error"],
+        "etcdserver: mvcc: required revision has been compacted"
+    );
     let at = c.request("GET", &format!("/c?rev={r2}"), b"").unwrap();
     assert_eq!((at.status, at.text().as_str()), (200, "2"));
     let future = c.request("GET", "/c?rev=999999", b"").unwrap();
-    assert_eq!(future.json()["error"], "etcdserver: mvcc: required revision is a future revision");
+    assert_eq!(
+        future.json()["error"],
+        "etcdserver: mvcc: required revision is a future revision"
+    );
     // Compacting again at the same revision is an error, as in etcd.
-    let again = c.request("POST", &format!("/-/compact?revision={r2}"), b"").unwrap();
+    let again = c
+        .request("POST", &format!("/-/compact?revision={r2}"), b"")
+        .unwrap();
     assert_eq!(again.status, 400);
-    assert_eq!(again.json()["error"], "etcdserver: mvcc: required revision has been compacted");
+    assert_eq!(
+        again.json()["error"],
+        "etcdserver: mvcc: required revision has been compacted"
+    );
 }
 
 #[test]
@@ -150,10 +191,21 @@ fn bad_keys_and_methods_get_clear_errors() {
     let mut c = s.conn();
     let r = c.request("GET", "/bad%zzkey", b"").unwrap();
     assert_eq!(r.status, 400);
-    assert!(r.json()["error"].as_str().unwrap().contains("percent-encoding"), "{}", r.text());
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("percent-encoding"),
+        "{}",
+        r.text()
+    );
     let r = c.request("PUT", "/bad%ff", b"v").unwrap();
     assert_eq!(r.status, 400);
-    assert!(r.json()["error"].as_str().unwrap().contains("UTF-8"), "{}", r.text());
+    assert!(
+        r.json()["error"].as_str().unwrap().contains("UTF-8"),
+        "{}",
+        r.text()
+    );
     let r = c.request("PATCH", "/k", b"v").unwrap();
     assert_eq!(r.status, 405);
     assert!(r.headers.get("allow").unwrap().contains("PUT"));
@@ -181,7 +233,11 @@ fn malformed_http_does_not_hurt_the_server() {
         c.send_raw(garbage).unwrap();
         // Either a 4xx answer or a closed connection; never a 2xx, never a crash.
         if let Ok(r) = c.read_response(false) {
-            assert!((400..500).contains(&r.status), "{garbage:?} -> {}", r.status);
+            assert!(
+                (400..500).contains(&r.status),
+                "{garbage:?} -> {}",
+                r.status
+            );
         }
     }
     assert_still_serving(&s);

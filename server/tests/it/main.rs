@@ -2,4 +2,5 @@
 
 mod crash;
 mod http_api;
+mod mvcc_model;
 mod support;

@@ -70,7 +70,10 @@ impl Server {
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut() {
                 if let Some(status) = child.try_wait().unwrap() {
-                    panic!("metcd exited with {status} during start-up:\n{}", self.log_text());
+                    panic!(
+                        "metcd exited with {status} during start-up:\n{}",
+                        self.log_text()
+                    );
                 }
             }
             if let Ok(mut c) = HttpConn::connect(&self.addr()) {
@@ -126,7 +129,8 @@ impl HttpResponse {
     }
 
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
 }
 
@@ -141,10 +145,18 @@ impl HttpConn {
         let stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(Duration::from_secs(20)))?;
-        Ok(HttpConn { stream, buf: Vec::new() })
+        Ok(HttpConn {
+            stream,
+            buf: Vec::new(),
+        })
     }
 
-    pub fn request(&mut self, method: &str, path: &str, body: &[u8]) -> std::io::Result<HttpResponse> {
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> std::io::Result<HttpResponse> {
         let head = format!(
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n",
             body.len()
@@ -184,20 +196,30 @@ impl HttpConn {
         let len: usize = if head_only || status == 204 || status == 304 {
             0
         } else {
-            headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0)
+            headers
+                .get("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
         };
         while self.buf.len() < len {
             self.fill()?;
         }
         let body = self.buf.drain(..len).collect();
-        Ok(HttpResponse { status, headers, body })
+        Ok(HttpResponse {
+            status,
+            headers,
+            body,
+        })
     }
 
     fn fill(&mut self) -> std::io::Result<()> {
         let mut chunk = [0u8; 16384];
         let n = self.stream.read(&mut chunk)?;
         if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
         }
         self.buf.extend_from_slice(&chunk[..n]);
         Ok(())

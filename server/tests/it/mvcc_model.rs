@@ -1,0 +1,1979 @@
+//! MVCC against a model, plus pinned etcd rules and codec properties.
+//!
+//! The model keeps the whole key -> KeyValue map for every revision and
+//! implements etcd's rules in the most direct way (copying maps, filtering
+//! by predicate); the store must agree with it on every response, error,
+//! event, revision and read (at the current revision, past, compacted and
+//! future ones), after reopening from the engine, and byte for byte with a
+//! twin store on a different engine. Compaction must also physically leave
+//! exactly the reachable revisions.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use engine::{BatchOp, Engine, EngineSnapshot, MemoryEngine, Scan, WriteBatch};
+use proptest::collection::vec;
+use proptest::prelude::*;
+use server::mvcc::{
+    self, validate_txn, ApplyOutcome, CompactionRequest, CompactionResponse, Compare,
+    CompareResult, CompareTarget, DeleteRangeRequest, DeleteRangeResponse, Event, EventKind,
+    KeyValue, MvccError, MvccStore, PutRequest, PutResponse, RangeRequest, RangeResponse, Request,
+    RequestOp, Response, ResponseHeader, ResponseOp, SortOrder, SortTarget, TargetUnion,
+    TxnRequest, TxnResponse,
+};
+
+// ---------------------------------------------------------------- engines
+
+/// A trivially correct engine: a copy-on-write BTreeMap.
+#[derive(Clone, Default)]
+struct MapEngine {
+    inner: Arc<Mutex<MapState>>,
+}
+
+#[derive(Default)]
+struct MapState {
+    data: Arc<BTreeMap<Bytes, Bytes>>,
+    applied: u64,
+}
+
+struct MapSnap {
+    data: Arc<BTreeMap<Bytes, Bytes>>,
+    applied: u64,
+}
+
+impl EngineSnapshot for MapSnap {
+    fn applied_index(&self) -> u64 {
+        self.applied
+    }
+
+    fn get(&self, key: &[u8]) -> engine::Result<Option<Bytes>> {
+        Ok(self.data.get(key).cloned())
+    }
+
+    fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, mut visit: F) -> engine::Result<()>
+    where
+        F: FnMut(&Bytes, &Bytes) -> Scan,
+    {
+        for (k, v) in self.data.range::<[u8], _>((start, end)) {
+            if visit(k, v) == Scan::Stop {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Engine for MapEngine {
+    type Snapshot = MapSnap;
+
+    fn write(&self, batch: WriteBatch) -> engine::Result<()> {
+        let mut g = self.inner.lock().unwrap();
+        let applied = batch.applied_index();
+        let data = Arc::make_mut(&mut g.data);
+        for op in batch.into_ops() {
+            match op {
+                BatchOp::Put { key, value } => {
+                    data.insert(key, value);
+                }
+                BatchOp::Delete { key } => {
+                    data.remove(&key);
+                }
+            }
+        }
+        if let Some(i) = applied {
+            g.applied = i;
+        }
+        Ok(())
+    }
+
+    fn snapshot(&self) -> MapSnap {
+        let g = self.inner.lock().unwrap();
+        MapSnap {
+            data: g.data.clone(),
+            applied: g.applied,
+        }
+    }
+
+    fn applied_index(&self) -> u64 {
+        self.inner.lock().unwrap().applied
+    }
+
+    fn durable_applied_index(&self) -> u64 {
+        self.applied_index()
+    }
+}
+
+#[derive(Default)]
+struct ProbeStats {
+    writes: u64,
+    last_applied: Option<u64>,
+    fail_next: bool,
+}
+
+/// Wraps an engine to count batches, record their applied index, and
+/// inject a write failure.
+#[derive(Clone)]
+struct Probe<E> {
+    inner: E,
+    stats: Arc<Mutex<ProbeStats>>,
+}
+
+impl<E> Probe<E> {
+    fn new(inner: E) -> Self {
+        Probe {
+            inner,
+            stats: Arc::default(),
+        }
+    }
+    fn writes(&self) -> u64 {
+        self.stats.lock().unwrap().writes
+    }
+    fn last_applied(&self) -> Option<u64> {
+        self.stats.lock().unwrap().last_applied
+    }
+    fn fail_next_write(&self) {
+        self.stats.lock().unwrap().fail_next = true;
+    }
+}
+
+impl<E: Engine> Engine for Probe<E> {
+    type Snapshot = E::Snapshot;
+
+    fn write(&self, batch: WriteBatch) -> engine::Result<()> {
+        {
+            let mut s = self.stats.lock().unwrap();
+            if s.fail_next {
+                s.fail_next = false;
+                return Err(engine::Error::Invalid("injected write failure".into()));
+            }
+            s.writes += 1;
+            s.last_applied = batch.applied_index();
+        }
+        self.inner.write(batch)
+    }
+
+    fn snapshot(&self) -> E::Snapshot {
+        self.inner.snapshot()
+    }
+
+    fn applied_index(&self) -> u64 {
+        self.inner.applied_index()
+    }
+
+    fn durable_applied_index(&self) -> u64 {
+        self.inner.durable_applied_index()
+    }
+}
+
+fn dump<E: Engine>(e: &E) -> Vec<(Bytes, Bytes)> {
+    let mut out = Vec::new();
+    e.snapshot()
+        .scan(Bound::Unbounded, Bound::Unbounded, |k, v| {
+            out.push((k.clone(), v.clone()));
+            Scan::Continue
+        })
+        .unwrap();
+    out
+}
+
+/// The `(main, sub)` of every key revision physically in the engine.
+fn stored_revisions<E: Engine>(e: &E) -> BTreeSet<(i64, u64)> {
+    let mut out = BTreeSet::new();
+    e.snapshot()
+        .scan(Bound::Included(b"k"), Bound::Excluded(b"l"), |k, _| {
+            assert_eq!(k.len(), 17, "revision key length");
+            let main = u64::from_be_bytes(k[1..9].try_into().unwrap());
+            let sub = u64::from_be_bytes(k[9..17].try_into().unwrap());
+            out.insert((main as i64, sub));
+            Scan::Continue
+        })
+        .unwrap();
+    out
+}
+
+// ------------------------------------------------------------------ model
+
+type State = BTreeMap<Bytes, KeyValue>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fail {
+    Compacted,
+    Future,
+    KeyNotFound,
+}
+
+fn fail_of(e: &MvccError) -> Option<Fail> {
+    match e {
+        MvccError::Compacted => Some(Fail::Compacted),
+        MvccError::FutureRevision => Some(Fail::Future),
+        MvccError::KeyNotFound => Some(Fail::KeyNotFound),
+        _ => None,
+    }
+}
+
+fn in_range(k: &[u8], key: &[u8], end: &[u8]) -> bool {
+    if end.is_empty() {
+        k == key
+    } else if end == b"\0" {
+        k >= key
+    } else {
+        k >= key && k < end
+    }
+}
+
+/// etcd's read revision rule.
+fn check_rev(rev: i64, cur: i64, compact: i64) -> Result<i64, Fail> {
+    if rev > cur {
+        return Err(Fail::Future);
+    }
+    let rev = if rev <= 0 { cur } else { rev };
+    if rev < compact {
+        return Err(Fail::Compacted);
+    }
+    Ok(rev)
+}
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum SortKey<'a> {
+    Int(i64),
+    Bytes(&'a [u8]),
+}
+
+fn sort_key(t: SortTarget, kv: &KeyValue) -> SortKey<'_> {
+    match t {
+        SortTarget::Key => SortKey::Bytes(&kv.key),
+        SortTarget::Value => SortKey::Bytes(&kv.value),
+        SortTarget::Version => SortKey::Int(kv.version),
+        SortTarget::Create => SortKey::Int(kv.create_revision),
+        SortTarget::Mod => SortKey::Int(kv.mod_revision),
+    }
+}
+
+/// etcd's Range pipeline over a plain map.
+fn model_range(state: &State, req: &RangeRequest, header_rev: i64) -> RangeResponse {
+    let mut kvs: Vec<KeyValue> = state
+        .values()
+        .filter(|kv| in_range(&kv.key, &req.key, &req.range_end))
+        .cloned()
+        .collect();
+    let count = kvs.len() as i64;
+    let header = ResponseHeader {
+        revision: header_rev,
+    };
+    if req.count_only {
+        return RangeResponse {
+            header,
+            kvs: Vec::new(),
+            more: false,
+            count,
+        };
+    }
+    let fetch_all = req.sort_order != SortOrder::None
+        || req.min_mod_revision != 0
+        || req.max_mod_revision != 0
+        || req.min_create_revision != 0
+        || req.max_create_revision != 0;
+    if !fetch_all && req.limit > 0 {
+        kvs.truncate(req.limit as usize + 1);
+    }
+    kvs.retain(|kv| {
+        (req.max_mod_revision == 0 || kv.mod_revision <= req.max_mod_revision)
+            && (req.min_mod_revision == 0 || kv.mod_revision >= req.min_mod_revision)
+            && (req.max_create_revision == 0 || kv.create_revision <= req.max_create_revision)
+            && (req.min_create_revision == 0 || kv.create_revision >= req.min_create_revision)
+    });
+    let order = match (req.sort_order, req.sort_target) {
+        (SortOrder::None, t) if t != SortTarget::Key => SortOrder::Ascend,
+        (o, _) => o,
+    };
+    let t = req.sort_target;
+    match order {
+        SortOrder::Ascend => kvs.sort_by(|a, b| sort_key(t, a).cmp(&sort_key(t, b))),
+        SortOrder::Descend => kvs.sort_by(|a, b| sort_key(t, b).cmp(&sort_key(t, a))),
+        SortOrder::None => {}
+    }
+    let mut more = false;
+    if req.limit > 0 && kvs.len() as i64 > req.limit {
+        kvs.truncate(req.limit as usize);
+        more = true;
+    }
+    if req.keys_only {
+        kvs.iter_mut().for_each(|kv| kv.value = Bytes::new());
+    }
+    RangeResponse {
+        header,
+        kvs,
+        more,
+        count,
+    }
+}
+
+fn model_compare_one(c: &Compare, kv: &KeyValue) -> bool {
+    let ord = match (c.target, &c.target_union) {
+        (CompareTarget::Value, TargetUnion::Value(v)) => kv.value.cmp(v),
+        (CompareTarget::Value, _) => kv.value.cmp(&Bytes::new()),
+        (CompareTarget::Version, TargetUnion::Version(v)) => kv.version.cmp(v),
+        (CompareTarget::Version, _) => kv.version.cmp(&0),
+        (CompareTarget::Create, TargetUnion::CreateRevision(v)) => kv.create_revision.cmp(v),
+        (CompareTarget::Create, _) => kv.create_revision.cmp(&0),
+        (CompareTarget::Mod, TargetUnion::ModRevision(v)) => kv.mod_revision.cmp(v),
+        (CompareTarget::Mod, _) => kv.mod_revision.cmp(&0),
+        (CompareTarget::Lease, TargetUnion::Lease(v)) => kv.lease.cmp(v),
+        (CompareTarget::Lease, _) => kv.lease.cmp(&0),
+    };
+    match c.result {
+        CompareResult::Equal => ord.is_eq(),
+        CompareResult::NotEqual => ord.is_ne(),
+        CompareResult::Greater => ord.is_gt(),
+        CompareResult::Less => ord.is_lt(),
+    }
+}
+
+fn model_compare(state: &State, c: &Compare) -> bool {
+    let kvs: Vec<&KeyValue> = state
+        .values()
+        .filter(|kv| in_range(&kv.key, &c.key, &c.range_end))
+        .collect();
+    if kvs.is_empty() {
+        return c.target != CompareTarget::Value && model_compare_one(c, &KeyValue::default());
+    }
+    kvs.iter().all(|kv| model_compare_one(c, kv))
+}
+
+fn model_path(state: &State, t: &TxnRequest, out: &mut Vec<bool>) {
+    let ok = t.compare.iter().all(|c| model_compare(state, c));
+    out.push(ok);
+    for op in if ok { &t.success } else { &t.failure } {
+        if let RequestOp::Txn(n) = op {
+            model_path(state, n, out);
+        }
+    }
+}
+
+fn model_walk(
+    t: &TxnRequest,
+    path: &[bool],
+    pos: &mut usize,
+    f: &mut impl FnMut(&RequestOp) -> Result<(), Fail>,
+) -> Result<(), Fail> {
+    let ok = path[*pos];
+    *pos += 1;
+    for op in if ok { &t.success } else { &t.failure } {
+        match op {
+            RequestOp::Txn(n) => model_walk(n, path, pos, f)?,
+            op => f(op)?,
+        }
+    }
+    Ok(())
+}
+
+struct Model {
+    /// `states[r]`: the key space at revision `r`.
+    states: Vec<State>,
+    compact: i64,
+    /// Every key revision ever written: (main, sub, key, tombstone).
+    log: Vec<(i64, u64, Bytes, bool)>,
+}
+
+/// One change: (kv, tombstone, the watcher's prev_kv).
+type MChange = (KeyValue, bool, Option<KeyValue>);
+
+struct MTx<'a> {
+    states: &'a [State],
+    compact: i64,
+    begin: i64,
+    work: State,
+    changes: Vec<MChange>,
+}
+
+impl MTx<'_> {
+    fn base(&self) -> &State {
+        &self.states[self.begin as usize]
+    }
+
+    fn read_rev(&self) -> i64 {
+        self.begin + i64::from(!self.changes.is_empty())
+    }
+
+    fn range(&self, r: &RangeRequest) -> RangeResponse {
+        let cur = self.read_rev();
+        let rev = check_rev(r.revision, cur, self.compact).expect("pre-checked");
+        let state = if rev == cur {
+            &self.work
+        } else {
+            &self.states[rev as usize]
+        };
+        model_range(state, r, cur)
+    }
+
+    fn put(&mut self, p: &PutRequest) -> Result<PutResponse, Fail> {
+        let rev = self.begin + 1;
+        let prev = self.work.get(&p.key).cloned();
+        if (p.ignore_value || p.ignore_lease) && prev.is_none() {
+            return Err(Fail::KeyNotFound);
+        }
+        let kv = KeyValue {
+            key: p.key.clone(),
+            create_revision: prev.as_ref().map_or(rev, |k| k.create_revision),
+            mod_revision: rev,
+            version: prev.as_ref().map_or(1, |k| k.version + 1),
+            value: match &prev {
+                Some(k) if p.ignore_value => k.value.clone(),
+                _ => p.value.clone(),
+            },
+            lease: match &prev {
+                Some(k) if p.ignore_lease => k.lease,
+                _ => p.lease,
+            },
+        };
+        let ev_prev = if kv.create_revision == rev {
+            None
+        } else {
+            self.base().get(&p.key).cloned()
+        };
+        self.work.insert(p.key.clone(), kv.clone());
+        self.changes.push((kv, false, ev_prev));
+        Ok(PutResponse {
+            header: ResponseHeader { revision: rev },
+            prev_kv: if p.prev_kv { prev } else { None },
+        })
+    }
+
+    fn delete(&mut self, d: &DeleteRangeRequest) -> DeleteRangeResponse {
+        let rev = self.begin + 1;
+        let keys: Vec<Bytes> = self
+            .work
+            .keys()
+            .filter(|k| in_range(k, &d.key, &d.range_end))
+            .cloned()
+            .collect();
+        let prev_kvs = if d.prev_kv {
+            keys.iter().map(|k| self.work[k].clone()).collect()
+        } else {
+            Vec::new()
+        };
+        for k in &keys {
+            self.work.remove(k);
+            let ev_prev = self.base().get(k).cloned();
+            let kv = KeyValue {
+                key: k.clone(),
+                mod_revision: rev,
+                ..KeyValue::default()
+            };
+            self.changes.push((kv, true, ev_prev));
+        }
+        DeleteRangeResponse {
+            header: ResponseHeader {
+                revision: if self.changes.is_empty() {
+                    self.begin
+                } else {
+                    rev
+                },
+            },
+            deleted: keys.len() as i64,
+            prev_kvs,
+        }
+    }
+
+    fn txn(&mut self, t: &TxnRequest) -> Result<TxnResponse, Fail> {
+        let mut path = Vec::new();
+        model_path(self.base(), t, &mut path);
+        let readonly = t
+            .success
+            .iter()
+            .chain(&t.failure)
+            .all(|op| matches!(op, RequestOp::Range(_)));
+        let base = self.base().clone();
+        if !readonly {
+            model_walk(t, &path, &mut 0, &mut |op| match op {
+                RequestOp::Put(p)
+                    if (p.ignore_value || p.ignore_lease) && !base.contains_key(&p.key) =>
+                {
+                    Err(Fail::KeyNotFound)
+                }
+                _ => Ok(()),
+            })?;
+        }
+        let (begin, compact) = (self.begin, self.compact);
+        model_walk(t, &path, &mut 0, &mut |op| match op {
+            RequestOp::Range(r) if r.revision != 0 && r.revision > begin => Err(Fail::Future),
+            RequestOp::Range(r) if r.revision != 0 && r.revision < compact => Err(Fail::Compacted),
+            _ => Ok(()),
+        })?;
+        let mut resp = self.exec(t, &path, &mut 0)?;
+        resp.header.revision = self.read_rev();
+        Ok(resp)
+    }
+
+    fn exec(
+        &mut self,
+        t: &TxnRequest,
+        path: &[bool],
+        pos: &mut usize,
+    ) -> Result<TxnResponse, Fail> {
+        let ok = path[*pos];
+        *pos += 1;
+        let mut responses = Vec::new();
+        for op in if ok { &t.success } else { &t.failure } {
+            responses.push(match op {
+                RequestOp::Range(r) => ResponseOp::Range(self.range(r)),
+                RequestOp::Put(p) => ResponseOp::Put(self.put(p)?),
+                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete(d)),
+                RequestOp::Txn(n) => ResponseOp::Txn(self.exec(n, path, pos)?),
+            });
+        }
+        Ok(TxnResponse {
+            header: ResponseHeader { revision: 0 },
+            succeeded: ok,
+            responses,
+        })
+    }
+}
+
+impl Model {
+    fn new() -> Self {
+        Model {
+            states: vec![State::new()],
+            compact: 0,
+            log: Vec::new(),
+        }
+    }
+
+    fn cur(&self) -> i64 {
+        self.states.len() as i64 - 1
+    }
+
+    fn read(&self, req: &RangeRequest) -> Result<RangeResponse, Fail> {
+        let rev = check_rev(req.revision, self.cur(), self.compact)?;
+        Ok(model_range(&self.states[rev as usize], req, self.cur()))
+    }
+
+    fn tx(&self) -> MTx<'_> {
+        MTx {
+            states: &self.states,
+            compact: self.compact,
+            begin: self.cur(),
+            work: self.states[self.cur() as usize].clone(),
+            changes: Vec::new(),
+        }
+    }
+
+    fn read_txn(&self, t: &TxnRequest) -> Result<TxnResponse, Fail> {
+        let mut tx = self.tx();
+        let r = tx.txn(t);
+        assert!(tx.changes.is_empty());
+        r
+    }
+
+    fn apply(&mut self, req: &Request) -> Result<(Response, Vec<Event>), Fail> {
+        let cur = self.cur();
+        if let Request::Compaction(c) = req {
+            if c.revision <= self.compact {
+                return Err(Fail::Compacted);
+            }
+            if c.revision > cur {
+                return Err(Fail::Future);
+            }
+            self.compact = c.revision;
+            let header = ResponseHeader { revision: cur };
+            return Ok((
+                Response::Compaction(CompactionResponse { header }),
+                Vec::new(),
+            ));
+        }
+        let mut tx = self.tx();
+        let resp = match req {
+            Request::Put(p) => Response::Put(tx.put(p)?),
+            Request::DeleteRange(d) => Response::DeleteRange(tx.delete(d)),
+            Request::Txn(t) => Response::Txn(tx.txn(t)?),
+            Request::Compaction(_) => unreachable!(),
+        };
+        let (work, changes) = (tx.work, tx.changes);
+        if !changes.is_empty() {
+            for (sub, (kv, tomb, _)) in changes.iter().enumerate() {
+                self.log.push((cur + 1, sub as u64, kv.key.clone(), *tomb));
+            }
+            self.states.push(work);
+        }
+        let events = changes
+            .into_iter()
+            .map(|(kv, tomb, prev_kv)| Event {
+                kind: if tomb {
+                    EventKind::Delete
+                } else {
+                    EventKind::Put
+                },
+                kv,
+                prev_kv,
+            })
+            .collect();
+        Ok((resp, events))
+    }
+
+    /// What compaction must leave in the engine: every revision above the
+    /// compact revision, plus each key's newest revision at or below it
+    /// unless that one is a tombstone.
+    fn reachable(&self) -> BTreeSet<(i64, u64)> {
+        let mut out = BTreeSet::new();
+        let mut last_below: BTreeMap<&Bytes, (i64, u64, bool)> = BTreeMap::new();
+        for (main, sub, key, tomb) in &self.log {
+            if *main > self.compact {
+                out.insert((*main, *sub));
+            } else {
+                last_below.insert(key, (*main, *sub, *tomb));
+            }
+        }
+        out.extend(
+            last_below
+                .values()
+                .filter(|(_, _, tomb)| !tomb)
+                .map(|(m, s, _)| (*m, *s)),
+        );
+        out
+    }
+}
+
+// ------------------------------------------------------------- strategies
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+fn key() -> impl Strategy<Value = Bytes> + Clone {
+    prop::sample::select(vec!["a", "b", "c", "d", "e", "ab", "\0"]).prop_map(b)
+}
+
+fn range_end() -> impl Strategy<Value = Bytes> + Clone {
+    prop_oneof![3 => Just(Bytes::new()), 1 => Just(b("\0")), 2 => key()]
+}
+
+fn value() -> impl Strategy<Value = Bytes> + Clone {
+    prop::sample::select(vec!["", "x", "y", "zz"]).prop_map(b)
+}
+
+fn put_req() -> impl Strategy<Value = PutRequest> + Clone {
+    (
+        key(),
+        value(),
+        0i64..3,
+        any::<bool>(),
+        prop::bool::weighted(0.15),
+        prop::bool::weighted(0.15),
+    )
+        .prop_map(
+            |(key, value, lease, prev_kv, ignore_value, ignore_lease)| PutRequest {
+                key,
+                value,
+                lease,
+                prev_kv,
+                ignore_value,
+                ignore_lease,
+            },
+        )
+}
+
+fn del_req() -> impl Strategy<Value = DeleteRangeRequest> + Clone {
+    (key(), range_end(), any::<bool>()).prop_map(|(key, range_end, prev_kv)| DeleteRangeRequest {
+        key,
+        range_end,
+        prev_kv,
+    })
+}
+
+fn filter() -> impl Strategy<Value = i64> + Clone {
+    prop_oneof![4 => Just(0i64), 1 => 1i64..12]
+}
+
+/// A range; `revision` is drawn from `revs` (absolute).
+fn range_req(revs: Vec<i64>) -> impl Strategy<Value = RangeRequest> + Clone {
+    (
+        (key(), range_end(), -1i64..4, prop::sample::select(revs)),
+        (
+            prop::sample::select(vec![SortOrder::None, SortOrder::Ascend, SortOrder::Descend]),
+            prop::sample::select(vec![
+                SortTarget::Key,
+                SortTarget::Version,
+                SortTarget::Create,
+                SortTarget::Mod,
+                SortTarget::Value,
+            ]),
+        ),
+        (
+            any::<bool>(),
+            prop::bool::weighted(0.2),
+            prop::bool::weighted(0.2),
+        ),
+        (filter(), filter(), filter(), filter()),
+    )
+        .prop_map(
+            |(
+                (key, range_end, limit, revision),
+                (sort_order, sort_target),
+                (serializable, keys_only, count_only),
+                (min_mod_revision, max_mod_revision, min_create_revision, max_create_revision),
+            )| RangeRequest {
+                key,
+                range_end,
+                limit,
+                revision,
+                sort_order,
+                sort_target,
+                serializable,
+                keys_only,
+                count_only,
+                min_mod_revision,
+                max_mod_revision,
+                min_create_revision,
+                max_create_revision,
+            },
+        )
+}
+
+fn txn_range() -> impl Strategy<Value = RangeRequest> + Clone {
+    range_req(vec![0, 0, 0, 0, 0, 0, 1, 2, 3, -1, 1000])
+}
+
+fn compare() -> impl Strategy<Value = Compare> + Clone {
+    (
+        key(),
+        prop_oneof![4 => Just(Bytes::new()), 1 => range_end()],
+        prop::sample::select(vec![
+            CompareTarget::Version,
+            CompareTarget::Create,
+            CompareTarget::Mod,
+            CompareTarget::Value,
+            CompareTarget::Lease,
+        ]),
+        prop::sample::select(vec![
+            CompareResult::Equal,
+            CompareResult::NotEqual,
+            CompareResult::Greater,
+            CompareResult::Less,
+        ]),
+        -1i64..12,
+        value(),
+        prop::bool::weighted(0.85),
+        0u8..5,
+    )
+        .prop_map(|(key, range_end, target, result, n, v, matched, other)| {
+            let pick = if matched { target as u8 } else { other };
+            let target_union = match pick {
+                0 => TargetUnion::Version(n),
+                1 => TargetUnion::CreateRevision(n),
+                2 => TargetUnion::ModRevision(n),
+                3 => TargetUnion::Value(v),
+                _ => TargetUnion::Lease(n % 3),
+            };
+            Compare {
+                result,
+                target,
+                key,
+                range_end,
+                target_union,
+            }
+        })
+}
+
+fn leaf_op() -> BoxedStrategy<RequestOp> {
+    prop_oneof![
+        2 => txn_range().prop_map(RequestOp::Range),
+        3 => put_req().prop_map(RequestOp::Put),
+        2 => del_req().prop_map(RequestOp::DeleteRange),
+    ]
+    .boxed()
+}
+
+fn txn_of(op: BoxedStrategy<RequestOp>) -> impl Strategy<Value = TxnRequest> {
+    (vec(compare(), 0..3), vec(op.clone(), 0..4), vec(op, 0..4)).prop_map(
+        |(compare, success, failure)| TxnRequest {
+            compare,
+            success,
+            failure,
+        },
+    )
+}
+
+fn txn_req() -> impl Strategy<Value = TxnRequest> {
+    txn_of(leaf_op()).prop_recursive(3, 24, 4, |inner| {
+        txn_of(prop_oneof![3 => leaf_op(), 1 => inner.prop_map(RequestOp::Txn)].boxed())
+    })
+}
+
+fn readonly_txn_req() -> impl Strategy<Value = TxnRequest> {
+    txn_of(txn_range().prop_map(RequestOp::Range).boxed())
+}
+
+/// A read revision chosen relative to the state when the step runs.
+#[derive(Debug, Clone, Copy)]
+enum RevSel {
+    Current,
+    Past(u16),
+    Future(u8),
+    Negative,
+}
+
+impl RevSel {
+    fn resolve(self, cur: i64) -> i64 {
+        match self {
+            RevSel::Current => 0,
+            RevSel::Past(x) if cur > 0 => 1 + i64::from(x) % cur,
+            RevSel::Past(_) => 0,
+            RevSel::Future(x) => cur + 1 + i64::from(x % 3),
+            RevSel::Negative => -1,
+        }
+    }
+}
+
+fn rev_sel() -> impl Strategy<Value = RevSel> {
+    prop_oneof![
+        2 => Just(RevSel::Current),
+        4 => any::<u16>().prop_map(RevSel::Past),
+        1 => any::<u8>().prop_map(RevSel::Future),
+        1 => Just(RevSel::Negative),
+    ]
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Write(Request),
+    /// Compaction at a revision chosen when the step runs: `mode` 0 = the
+    /// compact revision (Compacted), 1 = current + 1 (Future), 2 = 0,
+    /// otherwise a valid one derived from `sel`.
+    Compact {
+        sel: u16,
+        mode: u8,
+    },
+    ReadTxn(TxnRequest),
+    Noop,
+    Reopen,
+}
+
+fn step() -> impl Strategy<Value = (Step, Vec<(RangeRequest, RevSel)>)> {
+    let step = prop_oneof![
+        5 => put_req().prop_map(|p| Step::Write(Request::Put(p))),
+        2 => del_req().prop_map(|d| Step::Write(Request::DeleteRange(d))),
+        4 => txn_req().prop_map(|t| Step::Write(Request::Txn(t))),
+        2 => (any::<u16>(), 0u8..8).prop_map(|(sel, mode)| Step::Compact { sel, mode }),
+        1 => readonly_txn_req().prop_map(Step::ReadTxn),
+        1 => Just(Step::Noop),
+        1 => Just(Step::Reopen),
+    ];
+    (step, vec((range_req(vec![0]), rev_sel()), 0..3))
+}
+
+// ----------------------------------------------------------------- runner
+
+fn check_same_read(
+    got: Result<RangeResponse, MvccError>,
+    want: Result<RangeResponse, Fail>,
+    ctx: &dyn std::fmt::Debug,
+) -> Result<(), TestCaseError> {
+    match (got, want) {
+        (Ok(g), Ok(w)) => prop_assert_eq!(g, w, "read {:?}", ctx),
+        (Err(g), Err(w)) => prop_assert_eq!(fail_of(&g), Some(w), "read {:?}", ctx),
+        (g, w) => prop_assert!(false, "read {:?}: got {:?}, want {:?}", ctx, g, w),
+    }
+    Ok(())
+}
+
+/// Reads of the whole key space at every revision from -1 to current + 2.
+fn full_check<E: Engine>(store: &MvccStore<E>, model: &Model) -> Result<(), TestCaseError> {
+    prop_assert_eq!(store.current_revision(), model.cur());
+    prop_assert_eq!(store.compact_revision(), model.compact);
+    let canned = [
+        RangeRequest {
+            key: Bytes::new(),
+            range_end: b("\0"),
+            ..RangeRequest::default()
+        },
+        RangeRequest {
+            key: b("b"),
+            range_end: b("\0"),
+            limit: 2,
+            ..RangeRequest::default()
+        },
+        RangeRequest {
+            key: b("\0"),
+            range_end: b("\0"),
+            count_only: true,
+            ..RangeRequest::default()
+        },
+        RangeRequest {
+            key: b("a"),
+            range_end: b("d"),
+            sort_order: SortOrder::Descend,
+            sort_target: SortTarget::Mod,
+            limit: 2,
+            ..RangeRequest::default()
+        },
+    ];
+    for rev in -1..=model.cur() + 2 {
+        for c in &canned {
+            let req = RangeRequest {
+                revision: rev,
+                ..c.clone()
+            };
+            check_same_read(store.range(&req), model.read(&req), &req)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_outcome(
+    got: &Result<ApplyOutcome, MvccError>,
+    want: &Result<(Response, Vec<Event>), Fail>,
+    req: &Request,
+) -> Result<(), TestCaseError> {
+    match (got, want) {
+        (Ok(g), Ok((resp, events))) => {
+            prop_assert_eq!(&g.response, resp, "response to {:?}", req);
+            prop_assert_eq!(&g.events, events, "events of {:?}", req);
+        }
+        (Err(g), Err(w)) => prop_assert_eq!(fail_of(g), Some(*w), "error for {:?}", req),
+        (g, w) => prop_assert!(false, "{:?}: got {:?}, want {:?}", req, g, w),
+    }
+    Ok(())
+}
+
+fn run_model(steps: &[(Step, Vec<(RangeRequest, RevSel)>)]) -> Result<(), TestCaseError> {
+    let main = Probe::new(MemoryEngine::new());
+    let twin = Probe::new(MapEngine::default());
+    let mut store = MvccStore::open(main.clone()).unwrap();
+    let mut twin_store = MvccStore::open(twin.clone()).unwrap();
+    let mut model = Model::new();
+    let mut index = 0u64;
+
+    for (step, reads) in steps {
+        let req = match step {
+            Step::Write(req) => Some(req.clone()),
+            Step::Compact { sel, mode } => {
+                let (c, cur) = (model.compact, model.cur());
+                let revision = match mode {
+                    0 => c,
+                    1 => cur + 1,
+                    2 => 0,
+                    _ if cur > c => c + 1 + i64::from(*sel) % (cur - c),
+                    _ => cur,
+                };
+                Some(Request::Compaction(CompactionRequest {
+                    revision,
+                    physical: sel % 2 == 0,
+                }))
+            }
+            Step::ReadTxn(t) => {
+                let got = store.read_txn(t);
+                match (got, model.read_txn(t)) {
+                    (Ok(g), Ok(w)) => prop_assert_eq!(g, w, "read txn {:?}", t),
+                    (Err(g), Err(w)) => prop_assert_eq!(fail_of(&g), Some(w), "read txn {:?}", t),
+                    (g, w) => prop_assert!(false, "read txn {:?}: got {:?}, want {:?}", t, g, w),
+                }
+                None
+            }
+            Step::Noop => {
+                index += 1;
+                store.apply_noop(index).unwrap();
+                twin_store.apply_noop(index).unwrap();
+                None
+            }
+            Step::Reopen => {
+                drop(store);
+                store = MvccStore::open(main.clone()).unwrap();
+                full_check(&store, &model)?;
+                None
+            }
+        };
+        if let Some(req) = req {
+            index += 1;
+            let writes = main.writes();
+            let got = store.apply(index, &req);
+            let want = model.apply(&req);
+            check_outcome(&got, &want, &req)?;
+            // Exactly one batch, carrying the index, success or user error.
+            prop_assert_eq!(main.writes(), writes + 1);
+            prop_assert_eq!(main.last_applied(), Some(index));
+            let twin_got = twin_store.apply(index, &req);
+            check_outcome(&twin_got, &want, &req)?;
+        }
+        prop_assert_eq!(store.applied_index(), index);
+        prop_assert_eq!(store.current_revision(), model.cur());
+        prop_assert_eq!(store.compact_revision(), model.compact);
+        for (r, sel) in reads {
+            let req = RangeRequest {
+                revision: sel.resolve(model.cur()),
+                ..r.clone()
+            };
+            check_same_read(store.range(&req), model.read(&req), &req)?;
+        }
+        prop_assert_eq!(stored_revisions(&main), model.reachable());
+    }
+    full_check(&store, &model)?;
+    // Determinism: the same requests wrote the same bytes on both engines.
+    prop_assert_eq!(dump(&main), dump(&twin));
+    let reopened = MvccStore::open(twin.clone()).unwrap();
+    full_check(&reopened, &model)?;
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn store_matches_model(steps in vec(step(), 1..50)) {
+        run_model(&steps)?;
+    }
+}
+
+// -------------------------------------------------------- codec properties
+
+fn any_bytes() -> impl Strategy<Value = Bytes> + Clone {
+    prop_oneof![
+        vec(any::<u8>(), 0..6).prop_map(Bytes::from),
+        vec(any::<u8>(), 0..300).prop_map(Bytes::from),
+    ]
+}
+
+fn any_range() -> impl Strategy<Value = RangeRequest> {
+    (
+        (any_bytes(), any_bytes(), any::<i64>(), any::<i64>()),
+        (
+            0i32..3,
+            0i32..5,
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        ),
+        (any::<i64>(), any::<i64>(), any::<i64>(), any::<i64>()),
+    )
+        .prop_map(
+            |(
+                (key, range_end, limit, revision),
+                (o, t, serializable, keys_only, count_only),
+                (a, bb, c, d),
+            )| RangeRequest {
+                key,
+                range_end,
+                limit,
+                revision,
+                sort_order: SortOrder::from_i32(o).unwrap(),
+                sort_target: SortTarget::from_i32(t).unwrap(),
+                serializable,
+                keys_only,
+                count_only,
+                min_mod_revision: a,
+                max_mod_revision: bb,
+                min_create_revision: c,
+                max_create_revision: d,
+            },
+        )
+}
+
+fn any_put() -> impl Strategy<Value = PutRequest> {
+    (
+        any_bytes(),
+        any_bytes(),
+        any::<i64>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(key, value, lease, prev_kv, ignore_value, ignore_lease)| PutRequest {
+                key,
+                value,
+                lease,
+                prev_kv,
+                ignore_value,
+                ignore_lease,
+            },
+        )
+}
+
+fn any_delete() -> impl Strategy<Value = DeleteRangeRequest> {
+    (any_bytes(), any_bytes(), any::<bool>()).prop_map(|(key, range_end, prev_kv)| {
+        DeleteRangeRequest {
+            key,
+            range_end,
+            prev_kv,
+        }
+    })
+}
+
+fn any_compare() -> impl Strategy<Value = Compare> {
+    (
+        0i32..4,
+        0i32..5,
+        any_bytes(),
+        any_bytes(),
+        prop_oneof![
+            any::<i64>().prop_map(TargetUnion::Version),
+            any::<i64>().prop_map(TargetUnion::CreateRevision),
+            any::<i64>().prop_map(TargetUnion::ModRevision),
+            any_bytes().prop_map(TargetUnion::Value),
+            any::<i64>().prop_map(TargetUnion::Lease),
+        ],
+    )
+        .prop_map(|(r, t, key, range_end, target_union)| Compare {
+            result: CompareResult::from_i32(r).unwrap(),
+            target: CompareTarget::from_i32(t).unwrap(),
+            key,
+            range_end,
+            target_union,
+        })
+}
+
+fn any_txn() -> impl Strategy<Value = TxnRequest> {
+    let leaf = prop_oneof![
+        any_range().prop_map(RequestOp::Range),
+        any_put().prop_map(RequestOp::Put),
+        any_delete().prop_map(RequestOp::DeleteRange),
+    ]
+    .boxed();
+    let txn = |op: BoxedStrategy<RequestOp>| {
+        (
+            vec(any_compare(), 0..3),
+            vec(op.clone(), 0..4),
+            vec(op, 0..4),
+        )
+            .prop_map(|(compare, success, failure)| TxnRequest {
+                compare,
+                success,
+                failure,
+            })
+    };
+    txn(leaf.clone()).prop_recursive(4, 32, 4, move |inner| {
+        txn(prop_oneof![2 => leaf.clone(), 1 => inner.prop_map(RequestOp::Txn)].boxed())
+    })
+}
+
+fn any_request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        any_put().prop_map(Request::Put),
+        any_delete().prop_map(Request::DeleteRange),
+        any_txn().prop_map(Request::Txn),
+        (any::<i64>(), any::<bool>()).prop_map(|(revision, physical)| Request::Compaction(
+            CompactionRequest { revision, physical }
+        )),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn codec_roundtrips(req in any_request()) {
+        let mut buf = Vec::new();
+        mvcc::encode(&req, &mut buf);
+        let back = mvcc::decode(&buf).unwrap();
+        prop_assert_eq!(&back, &req);
+        prop_assert_eq!(mvcc::decode_shared(&Bytes::from(buf.clone())).unwrap(), req);
+        // Deterministic: re-encoding gives the same bytes.
+        let mut again = Vec::new();
+        mvcc::encode(&back, &mut again);
+        prop_assert_eq!(again, buf);
+    }
+
+    #[test]
+    fn codec_decode_never_panics(data in vec(any::<u8>(), 0..512)) {
+        let _ = mvcc::decode(&data);
+    }
+
+    #[test]
+    fn codec_decode_of_mangled_encodings_never_panics(
+        req in any_request(),
+        cut in any::<prop::sample::Index>(),
+        flips in vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+    ) {
+        let mut buf = Vec::new();
+        mvcc::encode(&req, &mut buf);
+        let _ = mvcc::decode(&buf[..cut.index(buf.len() + 1)]);
+        for (at, byte) in flips {
+            let i = at.index(buf.len());
+            buf[i] ^= byte;
+        }
+        if let Ok(r) = mvcc::decode(&buf) {
+            // Whatever decodes re-encodes to the same bytes (one encoding
+            // per request).
+            let mut again = Vec::new();
+            mvcc::encode(&r, &mut again);
+            prop_assert_eq!(again, buf);
+        }
+    }
+
+    #[test]
+    fn apply_never_panics_on_arbitrary_requests(reqs in vec(any_request(), 1..8)) {
+        let e = MapEngine::default();
+        let mut s = MvccStore::open(e.clone()).unwrap();
+        for (i, r) in reqs.iter().enumerate() {
+            let before = dump(&e);
+            match s.apply(i as u64 + 1, r) {
+                Ok(_) => {}
+                Err(err) => {
+                    prop_assert!(!err.is_fatal(), "{err}");
+                    // A user error changes no data.
+                    let after: Vec<_> = dump(&e);
+                    prop_assert_eq!(before, after);
+                }
+            }
+            prop_assert_eq!(s.applied_index(), i as u64 + 1);
+        }
+    }
+}
+
+#[test]
+fn codec_rejects_bad_headers_and_trailing_bytes() {
+    assert_eq!(mvcc::decode(&[]).unwrap_err(), mvcc::DecodeError::Empty);
+    assert_eq!(
+        mvcc::decode(&[9, 1]).unwrap_err(),
+        mvcc::DecodeError::Version(9)
+    );
+    let mut buf = Vec::new();
+    mvcc::encode(
+        &Request::Put(PutRequest {
+            key: b("k"),
+            ..PutRequest::default()
+        }),
+        &mut buf,
+    );
+    assert_eq!(buf[0], mvcc::codec::FORMAT_VERSION);
+    buf.push(0);
+    assert_eq!(
+        mvcc::decode(&buf).unwrap_err(),
+        mvcc::DecodeError::Trailing(1)
+    );
+    // A length claiming more than the input is refused without allocating.
+    assert_eq!(
+        mvcc::decode(&[1, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f]).unwrap_err(),
+        mvcc::DecodeError::Truncated
+    );
+    // So is an op count far beyond the input.
+    assert!(
+        mvcc::decode(&[1, 3, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]).is_err()
+    );
+}
+
+// ------------------------------------------------------ pinned etcd rules
+
+struct T {
+    s: MvccStore<Probe<MapEngine>>,
+    e: Probe<MapEngine>,
+    idx: u64,
+}
+
+impl T {
+    fn new() -> T {
+        let e = Probe::new(MapEngine::default());
+        T {
+            s: MvccStore::open(e.clone()).unwrap(),
+            e,
+            idx: 0,
+        }
+    }
+
+    fn apply(&mut self, req: Request) -> Result<ApplyOutcome, MvccError> {
+        self.idx += 1;
+        self.s.apply(self.idx, &req)
+    }
+
+    fn put(&mut self, k: &str, v: &str) -> ApplyOutcome {
+        self.apply(Request::Put(PutRequest {
+            key: b(k),
+            value: b(v),
+            ..PutRequest::default()
+        }))
+        .unwrap()
+    }
+
+    fn txn(&mut self, t: TxnRequest) -> Result<TxnResponse, MvccError> {
+        self.apply(Request::Txn(t)).map(|o| match o.response {
+            Response::Txn(t) => t,
+            r => panic!("{r:?}"),
+        })
+    }
+
+    fn delete(&mut self, k: &str, end: &str) -> DeleteRangeResponse {
+        match self
+            .apply(Request::DeleteRange(DeleteRangeRequest {
+                key: b(k),
+                range_end: b(end),
+                prev_kv: true,
+            }))
+            .unwrap()
+            .response
+        {
+            Response::DeleteRange(d) => d,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn get(&self, k: &str) -> Option<KeyValue> {
+        self.range(k, "", |_| {}).kvs.pop()
+    }
+
+    fn range(&self, k: &str, end: &str, f: impl FnOnce(&mut RangeRequest)) -> RangeResponse {
+        let mut r = RangeRequest {
+            key: b(k),
+            range_end: b(end),
+            ..RangeRequest::default()
+        };
+        f(&mut r);
+        self.s.range(&r).unwrap()
+    }
+
+    fn keys(&self, k: &str, end: &str) -> Vec<Bytes> {
+        self.range(k, end, |_| {})
+            .kvs
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect()
+    }
+}
+
+fn range_op(k: &str, end: &str) -> RequestOp {
+    RequestOp::Range(RangeRequest {
+        key: b(k),
+        range_end: b(end),
+        ..RangeRequest::default()
+    })
+}
+
+fn put_op(k: &str, v: &str) -> RequestOp {
+    RequestOp::Put(PutRequest {
+        key: b(k),
+        value: b(v),
+        ..PutRequest::default()
+    })
+}
+
+fn del_op(k: &str, end: &str) -> RequestOp {
+    RequestOp::DeleteRange(DeleteRangeRequest {
+        key: b(k),
+        range_end: b(end),
+        prev_kv: false,
+    })
+}
+
+fn cmp(k: &str, target: CompareTarget, result: CompareResult, u: TargetUnion) -> Compare {
+    Compare {
+        result,
+        target,
+        key: b(k),
+        range_end: Bytes::new(),
+        target_union: u,
+    }
+}
+
+#[test]
+fn range_end_rules() {
+    let mut t = T::new();
+    for k in ["a", "b", "c"] {
+        t.put(k, "v");
+    }
+    assert_eq!(t.keys("b", "\0"), vec![b("b"), b("c")]);
+    assert_eq!(t.keys("\0", "\0"), vec![b("a"), b("b"), b("c")]);
+    assert_eq!(t.keys("a", "c"), vec![b("a"), b("b")]);
+    assert_eq!(t.keys("b", ""), vec![b("b")]);
+    // range_end <= key: empty, count 0.
+    let r = t.range("c", "a", |_| {});
+    assert!(r.kvs.is_empty());
+    assert_eq!(r.count, 0);
+    assert_eq!(t.range("b", "b", |_| {}).count, 0);
+    // Deleting an empty range deletes nothing and does not bump.
+    let d = t.delete("c", "a");
+    assert_eq!((d.deleted, d.header.revision), (0, 3));
+    assert_eq!(t.s.current_revision(), 3);
+}
+
+#[test]
+fn delete_of_nothing_does_not_bump() {
+    let mut t = T::new();
+    t.put("a", "1");
+    let d = t.delete("zz", "");
+    assert_eq!((d.deleted, d.header.revision), (0, 1));
+    let d = t.delete("a", "");
+    assert_eq!((d.deleted, d.header.revision), (1, 2));
+    assert_eq!(d.prev_kvs[0].value, b("1"));
+    assert_eq!(t.s.current_revision(), 2);
+}
+
+#[test]
+fn versions_and_generations() {
+    let mut t = T::new();
+    t.put("k", "1"); // rev 1
+    t.put("k", "2"); // rev 2
+    let kv = t.get("k").unwrap();
+    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (1, 2, 2));
+    t.delete("k", ""); // rev 3
+    assert!(t.get("k").is_none());
+    let o = t.put("k", "3"); // rev 4: new generation
+    let kv = t.get("k").unwrap();
+    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (4, 4, 1));
+    // A create event has no prev_kv.
+    assert_eq!(o.events[0].prev_kv, None);
+    // Old revisions stay readable.
+    let old = t.range("k", "", |r| r.revision = 2).kvs;
+    assert_eq!(old[0].value, b("2"));
+    assert!(t.range("k", "", |r| r.revision = 3).kvs.is_empty());
+}
+
+#[test]
+fn ignore_value_and_lease() {
+    let mut t = T::new();
+    let before = t.e.writes();
+    let err = t
+        .apply(Request::Put(PutRequest {
+            key: b("k"),
+            ignore_value: true,
+            ..PutRequest::default()
+        }))
+        .unwrap_err();
+    assert!(matches!(err, MvccError::KeyNotFound));
+    assert_eq!(err.to_string(), "etcdserver: key not found");
+    // The failed request still advanced the applied index, nothing else.
+    assert_eq!(t.e.writes(), before + 1);
+    assert_eq!(t.s.applied_index(), 1);
+    assert_eq!(t.s.current_revision(), 0);
+    assert!(matches!(
+        t.apply(Request::Put(PutRequest {
+            key: b("k"),
+            ignore_lease: true,
+            ..PutRequest::default()
+        })),
+        Err(MvccError::KeyNotFound)
+    ));
+
+    t.apply(Request::Put(PutRequest {
+        key: b("k"),
+        value: b("v"),
+        lease: 7,
+        ..PutRequest::default()
+    }))
+    .unwrap();
+    t.apply(Request::Put(PutRequest {
+        key: b("k"),
+        value: b("new"),
+        ignore_lease: true,
+        prev_kv: true,
+        ..PutRequest::default()
+    }))
+    .unwrap();
+    let kv = t.get("k").unwrap();
+    assert_eq!((kv.value.clone(), kv.lease), (b("new"), 7));
+    t.apply(Request::Put(PutRequest {
+        key: b("k"),
+        lease: 9,
+        ignore_value: true,
+        ..PutRequest::default()
+    }))
+    .unwrap();
+    let kv = t.get("k").unwrap();
+    assert_eq!((kv.value, kv.lease, kv.version), (b("new"), 9, 3));
+
+    // In a txn, ignore_value on a missing key fails the whole txn.
+    let err = t
+        .txn(TxnRequest {
+            success: vec![
+                put_op("other", "x"),
+                RequestOp::Put(PutRequest {
+                    key: b("missing"),
+                    ignore_value: true,
+                    ..PutRequest::default()
+                }),
+            ],
+            ..TxnRequest::default()
+        })
+        .unwrap_err();
+    assert!(matches!(err, MvccError::KeyNotFound));
+    assert!(t.get("other").is_none());
+    assert_eq!(t.s.current_revision(), 3);
+}
+
+#[test]
+fn read_only_txn_does_not_bump() {
+    let mut t = T::new();
+    t.put("a", "1");
+    let req = TxnRequest {
+        compare: vec![cmp(
+            "a",
+            CompareTarget::Value,
+            CompareResult::Equal,
+            TargetUnion::Value(b("1")),
+        )],
+        success: vec![range_op("a", "")],
+        failure: vec![],
+    };
+    let r = t.txn(req.clone()).unwrap();
+    assert!(r.succeeded);
+    assert_eq!(r.header.revision, 1);
+    assert_eq!(t.s.current_revision(), 1);
+    assert_eq!(t.s.read_txn(&req).unwrap(), r);
+    // A txn whose taken branch writes nothing does not bump either, and
+    // read_txn refuses a txn with writes.
+    let req = TxnRequest {
+        success: vec![range_op("a", "")],
+        failure: vec![put_op("b", "x")],
+        ..TxnRequest::default()
+    };
+    assert_eq!(t.txn(req.clone()).unwrap().header.revision, 1);
+    assert!(matches!(t.s.read_txn(&req), Err(MvccError::NotReadOnly)));
+}
+
+#[test]
+fn txn_reads_see_earlier_writes_and_compares_see_the_start() {
+    let mut t = T::new();
+    t.put("a", "1"); // rev 1
+    let r = t
+        .txn(TxnRequest {
+            compare: vec![],
+            success: vec![
+                range_op("a", ""),
+                put_op("a", "2"),
+                range_op("a", ""),
+                // Nested compares see the state before the txn: a == "1".
+                RequestOp::Txn(TxnRequest {
+                    compare: vec![cmp(
+                        "a",
+                        CompareTarget::Value,
+                        CompareResult::Equal,
+                        TargetUnion::Value(b("1")),
+                    )],
+                    success: vec![put_op("b", "nested")],
+                    failure: vec![],
+                }),
+                del_op("zz", ""),
+            ],
+            failure: vec![],
+        })
+        .unwrap();
+    assert_eq!(r.header.revision, 2);
+    let ResponseOp::Range(before) = &r.responses[0] else {
+        panic!()
+    };
+    let ResponseOp::Range(after) = &r.responses[2] else {
+        panic!()
+    };
+    assert_eq!(
+        (before.header.revision, before.kvs[0].value.clone()),
+        (1, b("1"))
+    );
+    assert_eq!(
+        (after.header.revision, after.kvs[0].value.clone()),
+        (2, b("2"))
+    );
+    let ResponseOp::Txn(nested) = &r.responses[3] else {
+        panic!()
+    };
+    assert!(nested.succeeded);
+    // etcd leaves a nested txn's header empty.
+    assert_eq!(nested.header.revision, 0);
+    // Deleting nothing after a write reports the txn's revision.
+    let ResponseOp::DeleteRange(d) = &r.responses[4] else {
+        panic!()
+    };
+    assert_eq!((d.deleted, d.header.revision), (0, 2));
+    assert_eq!(t.get("b").unwrap().mod_revision, 2);
+    // The txn's second write is sub revision 1 of revision 2.
+    assert_eq!(
+        stored_revisions(&t.e)
+            .into_iter()
+            .filter(|r| r.0 == 2)
+            .collect::<Vec<_>>(),
+        vec![(2, 0), (2, 1)]
+    );
+}
+
+#[test]
+fn compare_on_missing_key() {
+    let mut t = T::new();
+    let ok = |t: &mut T, c: Compare| {
+        t.txn(TxnRequest {
+            compare: vec![c],
+            ..TxnRequest::default()
+        })
+        .unwrap()
+        .succeeded
+    };
+    use CompareResult::*;
+    use CompareTarget as Tg;
+    assert!(ok(
+        &mut t,
+        cmp("nope", Tg::Version, Equal, TargetUnion::Version(0))
+    ));
+    assert!(ok(
+        &mut t,
+        cmp("nope", Tg::Create, Less, TargetUnion::CreateRevision(1))
+    ));
+    assert!(!ok(
+        &mut t,
+        cmp("nope", Tg::Mod, Greater, TargetUnion::ModRevision(0))
+    ));
+    assert!(ok(
+        &mut t,
+        cmp("nope", Tg::Lease, Equal, TargetUnion::Lease(0))
+    ));
+    // A value compare on no key always fails, even against the empty value.
+    assert!(!ok(
+        &mut t,
+        cmp("nope", Tg::Value, Equal, TargetUnion::Value(Bytes::new()))
+    ));
+    assert!(!ok(
+        &mut t,
+        cmp("nope", Tg::Value, NotEqual, TargetUnion::Value(b("x")))
+    ));
+    // A union of the wrong kind compares against zero.
+    t.put("k", "v");
+    assert!(ok(
+        &mut t,
+        cmp("k", Tg::Version, Greater, TargetUnion::Lease(5))
+    ));
+    // A range compare must hold for every key in it.
+    t.put("l", "w");
+    let mut c = cmp("k", Tg::Value, Equal, TargetUnion::Value(b("v")));
+    c.range_end = b("\0");
+    assert!(!ok(&mut t, c.clone()));
+    c.result = Greater;
+    c.target_union = TargetUnion::Value(b("a"));
+    assert!(ok(&mut t, c));
+}
+
+#[test]
+fn duplicate_keys_and_too_many_ops() {
+    let txn = |success: Vec<RequestOp>| TxnRequest {
+        success,
+        ..TxnRequest::default()
+    };
+    let nested = |success: Vec<RequestOp>, failure: Vec<RequestOp>| {
+        RequestOp::Txn(TxnRequest {
+            success,
+            failure,
+            ..TxnRequest::default()
+        })
+    };
+    let dup = |t: TxnRequest| matches!(validate_txn(&t, 128), Err(MvccError::DuplicateKey));
+
+    assert!(dup(txn(vec![put_op("a", "1"), put_op("a", "2")])));
+    assert!(dup(txn(vec![del_op("a", "c"), put_op("b", "1")])));
+    assert!(dup(txn(vec![put_op("b", "1"), del_op("a", "c")])));
+    assert!(dup(txn(vec![del_op("b", ""), put_op("b", "1")])));
+    assert!(dup(txn(vec![
+        put_op("a", "1"),
+        nested(vec![put_op("a", "2")], vec![])
+    ])));
+    assert!(dup(txn(vec![
+        del_op("a", "z"),
+        nested(vec![put_op("b", "2")], vec![])
+    ])));
+    assert!(dup(txn(vec![
+        nested(vec![del_op("a", "z")], vec![]),
+        put_op("b", "1")
+    ])));
+    // Sibling order matters in etcd: a later sibling's delete is not seen
+    // by an earlier sibling's puts, but the reverse is.
+    assert!(dup(txn(vec![
+        nested(vec![del_op("a", "z")], vec![]),
+        nested(vec![put_op("b", "1")], vec![])
+    ])));
+    assert!(validate_txn(
+        &txn(vec![
+            nested(vec![put_op("b", "1")], vec![]),
+            nested(vec![del_op("a", "z")], vec![])
+        ]),
+        128
+    )
+    .is_ok());
+    // Both branches of one nested txn may put the same key.
+    assert!(validate_txn(
+        &txn(vec![nested(vec![put_op("a", "1")], vec![put_op("a", "2")])]),
+        128
+    )
+    .is_ok());
+    // But not a key also put by an earlier sibling in only one branch.
+    assert!(dup(txn(vec![
+        nested(vec![put_op("a", "1")], vec![]),
+        nested(vec![], vec![put_op("a", "2")])
+    ])));
+    // Deleting twice, or putting outside the deleted range, is fine.
+    assert!(validate_txn(
+        &txn(vec![del_op("a", "c"), del_op("a", "c"), put_op("c", "1")]),
+        128
+    )
+    .is_ok());
+    // etcd quirk: "\0" (to the end) is compared literally, so no conflict.
+    assert!(validate_txn(&txn(vec![del_op("a", "\0"), put_op("b", "1")]), 128).is_ok());
+    // The two top-level branches are independent.
+    let t = TxnRequest {
+        success: vec![put_op("a", "1")],
+        failure: vec![put_op("a", "2")],
+        ..TxnRequest::default()
+    };
+    assert!(validate_txn(&t, 128).is_ok());
+
+    // Too many ops: the longest list counts, nested txns get the rest.
+    assert!(validate_txn(&txn(vec![range_op("a", ""); 3]), 3).is_ok());
+    assert!(matches!(
+        validate_txn(&txn(vec![range_op("a", ""); 4]), 3),
+        Err(MvccError::TooManyOps)
+    ));
+    assert!(matches!(
+        validate_txn(
+            &txn(vec![
+                range_op("a", ""),
+                nested(vec![range_op("a", ""); 2], vec![])
+            ]),
+            3
+        ),
+        Err(MvccError::TooManyOps)
+    ));
+    assert!(validate_txn(
+        &txn(vec![
+            range_op("a", ""),
+            nested(vec![range_op("a", "")], vec![])
+        ]),
+        3
+    )
+    .is_ok());
+    assert_eq!(
+        MvccError::TooManyOps.to_string(),
+        "etcdserver: too many operations in txn request"
+    );
+    assert_eq!(
+        MvccError::DuplicateKey.to_string(),
+        "etcdserver: duplicate key given in txn request"
+    );
+    assert!(matches!(
+        validate_txn(&txn(vec![put_op("", "1")]), 128),
+        Err(MvccError::EmptyKey)
+    ));
+    assert!(matches!(
+        validate_txn(
+            &txn(vec![RequestOp::Put(PutRequest {
+                key: b("a"),
+                value: b("v"),
+                ignore_value: true,
+                ..PutRequest::default()
+            })]),
+            128
+        ),
+        Err(MvccError::ValueProvided)
+    ));
+}
+
+#[test]
+fn duplicate_key_quirk_is_applied_consistently() {
+    // validate_txn lets "delete to the end, then put" through (like etcd);
+    // applying it deletes and re-creates the key in one revision.
+    let mut t = T::new();
+    t.put("b", "old");
+    let req = TxnRequest {
+        success: vec![del_op("a", "\0"), put_op("b", "new")],
+        ..TxnRequest::default()
+    };
+    validate_txn(&req, 128).unwrap();
+    t.idx += 1;
+    let o = t.s.apply(t.idx, &Request::Txn(req)).unwrap();
+    assert_eq!(o.events.len(), 2);
+    assert_eq!(o.events[0].kind, EventKind::Delete);
+    assert_eq!(
+        o.events[0].kv,
+        KeyValue {
+            key: b("b"),
+            mod_revision: 2,
+            ..KeyValue::default()
+        }
+    );
+    assert_eq!(o.events[0].prev_kv.as_ref().unwrap().value, b("old"));
+    assert_eq!(o.events[1].kind, EventKind::Put);
+    assert_eq!(o.events[1].prev_kv, None);
+    let kv = t.get("b").unwrap();
+    assert_eq!((kv.create_revision, kv.version, kv.value), (2, 1, b("new")));
+}
+
+#[test]
+fn compaction_rules() {
+    let mut t = T::new();
+    t.put("a", "1"); // 1
+    t.put("a", "2"); // 2
+    t.put("b", "1"); // 3
+    t.delete("b", ""); // 4
+    t.put("c", "1"); // 5
+    let compact = |t: &mut T, revision| {
+        t.apply(Request::Compaction(CompactionRequest {
+            revision,
+            physical: true,
+        }))
+    };
+    assert!(matches!(compact(&mut t, 6), Err(MvccError::FutureRevision)));
+    assert!(matches!(compact(&mut t, 0), Err(MvccError::Compacted)));
+    let o = compact(&mut t, 4).unwrap();
+    assert_eq!(o.response.header().revision, 5);
+    assert_eq!(t.s.compact_revision(), 4);
+    assert!(matches!(compact(&mut t, 4), Err(MvccError::Compacted)));
+    let err =
+        t.s.range(&RangeRequest {
+            key: b("a"),
+            revision: 3,
+            ..RangeRequest::default()
+        })
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "mvcc: required revision has been compacted"
+    );
+    assert_eq!(
+        err.client_message(),
+        Some("etcdserver: mvcc: required revision has been compacted")
+    );
+    assert_eq!(t.range("\0", "\0", |r| r.revision = 4).kvs.len(), 1);
+    assert_eq!(t.keys("\0", "\0"), vec![b("a"), b("c")]);
+    // Only a@2 and c@5 remain physically: a@1 is shadowed, b's generation
+    // ended in a tombstone at 4 <= 4.
+    assert_eq!(stored_revisions(&t.e), BTreeSet::from([(2, 0), (5, 0)]));
+    // Reopening restores both revisions.
+    let s = MvccStore::open(t.e.clone()).unwrap();
+    assert_eq!((s.current_revision(), s.compact_revision()), (5, 4));
+    // Compacting everything away keeps the revision.
+    t.delete("\0", "\0"); // 6
+    compact(&mut t, 6).unwrap();
+    assert!(stored_revisions(&t.e).is_empty());
+    let s = MvccStore::open(t.e.clone()).unwrap();
+    assert_eq!((s.current_revision(), s.compact_revision()), (6, 6));
+    let err = s
+        .range(&RangeRequest {
+            key: b("a"),
+            revision: 7,
+            ..RangeRequest::default()
+        })
+        .unwrap_err();
+    assert!(matches!(err, MvccError::FutureRevision));
+}
+
+#[test]
+fn txn_range_revision_prechecks() {
+    let mut t = T::new();
+    t.put("a", "1");
+    t.put("a", "2");
+    t.apply(Request::Compaction(CompactionRequest {
+        revision: 2,
+        physical: false,
+    }))
+    .unwrap();
+    let with_rev = |revision| TxnRequest {
+        success: vec![
+            put_op("x", "1"),
+            RequestOp::Range(RangeRequest {
+                key: b("a"),
+                revision,
+                ..RangeRequest::default()
+            }),
+        ],
+        ..TxnRequest::default()
+    };
+    assert!(matches!(t.txn(with_rev(3)), Err(MvccError::FutureRevision)));
+    assert!(matches!(t.txn(with_rev(1)), Err(MvccError::Compacted)));
+    // etcd: a negative revision in a txn is below the compact revision.
+    assert!(matches!(t.txn(with_rev(-1)), Err(MvccError::Compacted)));
+    assert!(t.get("x").is_none());
+    assert_eq!(t.txn(with_rev(2)).unwrap().header.revision, 3);
+}
+
+#[test]
+fn range_limit_count_more_and_sort() {
+    let mut t = T::new();
+    t.put("a", "3"); // 1
+    t.put("b", "1"); // 2
+    t.put("c", "2"); // 3
+    t.put("a", "4"); // 4
+    let r = t.range("\0", "\0", |r| r.limit = 2);
+    assert_eq!((r.kvs.len(), r.count, r.more), (2, 3, true));
+    let r = t.range("\0", "\0", |r| r.limit = 3);
+    assert_eq!((r.kvs.len(), r.count, r.more), (3, 3, false));
+    let r = t.range("\0", "\0", |r| r.count_only = true);
+    assert_eq!(
+        (r.kvs.len(), r.count, r.more, r.header.revision),
+        (0, 3, false, 4)
+    );
+    // Descending by mod revision sorts everything before the limit.
+    let r = t.range("\0", "\0", |r| {
+        r.limit = 1;
+        r.sort_order = SortOrder::Descend;
+        r.sort_target = SortTarget::Mod;
+    });
+    assert_eq!((r.kvs[0].key.clone(), r.more), (b("a"), true));
+    // etcd quirk: a non-key target with order NONE sorts only the first
+    // limit + 1 keys (a, b) ascending by value: b ("1") before a ("4").
+    let r = t.range("\0", "\0", |r| {
+        r.limit = 1;
+        r.sort_target = SortTarget::Value;
+    });
+    assert_eq!((r.kvs[0].key.clone(), r.more), (b("b"), true));
+    // Filters apply after fetching; count ignores them; more is after them.
+    let r = t.range("\0", "\0", |r| {
+        r.min_mod_revision = 3;
+        r.limit = 1;
+    });
+    assert_eq!((r.kvs[0].key.clone(), r.count, r.more), (b("a"), 3, true));
+    let r = t.range("\0", "\0", |r| {
+        r.keys_only = true;
+        r.max_create_revision = 1;
+    });
+    assert_eq!(r.kvs.len(), 1);
+    assert!(r.kvs[0].value.is_empty());
+}
+
+#[test]
+fn failed_engine_write_changes_nothing() {
+    let mut t = T::new();
+    t.put("a", "1");
+    t.e.fail_next_write();
+    let err = t
+        .apply(Request::Txn(TxnRequest {
+            success: vec![put_op("a", "2"), del_op("a", "")],
+            ..TxnRequest::default()
+        }))
+        .unwrap_err();
+    assert!(err.is_fatal());
+    assert_eq!(t.s.current_revision(), 1);
+    assert_eq!(t.get("a").unwrap().value, b("1"));
+    t.e.fail_next_write();
+    assert!(t
+        .apply(Request::Compaction(CompactionRequest {
+            revision: 1,
+            physical: true
+        }))
+        .unwrap_err()
+        .is_fatal());
+    assert_eq!(t.s.compact_revision(), 0);
+    // The store keeps working afterwards (for tests; a member would stop).
+    t.put("a", "3");
+    assert_eq!(t.get("a").unwrap().version, 2);
+}
+
+#[test]
+fn memory_engine_roundtrip_through_open() {
+    let e = MemoryEngine::new();
+    let mut s = MvccStore::open(e.clone()).unwrap();
+    for (i, k) in ["x", "y", "x"].iter().enumerate() {
+        s.apply(
+            i as u64 + 1,
+            &Request::Put(PutRequest {
+                key: b(k),
+                value: b("v"),
+                ..PutRequest::default()
+            }),
+        )
+        .unwrap();
+    }
+    s.apply_noop(4).unwrap();
+    let s2 = MvccStore::open(e.clone()).unwrap();
+    assert_eq!((s2.current_revision(), s2.applied_index()), (3, 4));
+    let all = RangeRequest {
+        key: b("\0"),
+        range_end: b("\0"),
+        ..RangeRequest::default()
+    };
+    assert_eq!(s2.range(&all).unwrap(), s.range(&all).unwrap());
+    assert_eq!(s2.range(&all).unwrap().kvs[0].version, 2);
+}
