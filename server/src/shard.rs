@@ -145,11 +145,8 @@ pub fn run(cfg: Config) -> Result<()> {
     let addrs = cfg
         .http_listen_addrs()
         .map_err(|e| ServerError::Startup(e.to_string()))?;
-    // SO_REUSEPORT would let us share a port with another metcd by accident:
-    // probe first without it, so a busy port is a clear error.
     for addr in &addrs {
-        std::net::TcpListener::bind(addr)
-            .map_err(|e| ServerError::Startup(format!("cannot listen on {addr}: {e}")))?;
+        probe_port(*addr)?;
     }
     let _lock = crate::node::lock_data_dir(&cfg.data_dir())?;
     let cpus = glommio::CpuSet::online().map(|s| s.len()).unwrap_or(1);
@@ -228,6 +225,31 @@ pub fn run(cfg: Config) -> Result<()> {
             .map_err(|e| ServerError::Startup(format!("shard exited: {e}")))?;
     }
     Ok(())
+}
+
+/// SO_REUSEPORT would let us share a port with another process by accident,
+/// and the kernel would hand it some of our connections: probe first without
+/// it, so a busy port is a clear error. A member killed a moment ago can
+/// still hold its listener for a little while (io_uring tears rings down
+/// asynchronously), so a busy port is retried for a few seconds first.
+fn probe_port(addr: std::net::SocketAddr) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(_) => return Ok(()),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                return Err(ServerError::Startup(format!(
+                    "cannot listen on {addr}: {e}"
+                )))
+            }
+        }
+    }
 }
 
 async fn serve_all(addrs: &[std::net::SocketAddr], backend: Backend, limits: HttpLimits) {

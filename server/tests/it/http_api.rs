@@ -270,3 +270,50 @@ fn data_dir_is_locked_against_a_second_process() {
     assert!(err.contains("locked by another metcd"), "{err}");
     assert_still_serving(&s);
 }
+
+#[test]
+fn periodic_auto_compaction_compacts_old_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("m"),
+        &[
+            "--auto-compaction-mode",
+            "periodic",
+            "--auto-compaction-retention",
+            "1s",
+        ],
+    );
+    let mut c = s.conn();
+    let first = c
+        .request("PUT", "/ac", b"1")
+        .unwrap()
+        .header_i64("x-metcd-revision")
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let mut i = 0;
+    loop {
+        i += 1;
+        c.request("PUT", "/ac", format!("{i}").as_bytes()).unwrap();
+        let r = c.request("GET", &format!("/ac?rev={first}"), b"").unwrap();
+        if r.status == 400 {
+            assert_eq!(
+                r.json()["error"],
+                "etcdserver: mvcc: required revision has been compacted"
+            );
+            break;
+        }
+        assert_eq!(r.status, 200);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "history was never compacted:\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(s
+        .log_text()
+        .contains("auto-compaction: compacted to revision"));
+    // The newest value is untouched.
+    let r = c.request("GET", "/ac", b"").unwrap();
+    assert_eq!(r.text(), format!("{i}"));
+}

@@ -3,4 +3,5 @@
 mod crash;
 mod http_api;
 mod mvcc_model;
+mod recovery;
 mod support;

@@ -1,0 +1,180 @@
+//! Durable writes through the WAL + Raft + apply path on one core, without
+//! any network: N concurrent proposer tasks on the owner core's executor
+//! call `Node::write` (what every API ends up calling) with 256-byte
+//! values. Each acknowledged write has been fdatasync'd and applied.
+//!
+//! `cargo bench -p server --bench durable_path -- [--dir DIR] [--clients 1,10,100,1000]
+//!  [--total N] [--seconds S] [--cpu C]`
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use server::config::Config;
+use server::mvcc::{PutRequest, Request};
+use server::node::Node;
+
+struct Args {
+    dir: std::path::PathBuf,
+    clients: Vec<usize>,
+    total: u64,
+    seconds: f64,
+    cpu: usize,
+    value_size: usize,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        dir: std::env::temp_dir(),
+        clients: vec![1, 10, 100, 1000],
+        total: 200_000,
+        seconds: 5.0,
+        cpu: 0,
+        value_size: 256,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let v = argv.get(i + 1).cloned().unwrap_or_default();
+        match argv[i].as_str() {
+            "--dir" => a.dir = v.into(),
+            "--clients" => a.clients = v.split(',').filter_map(|c| c.parse().ok()).collect(),
+            "--total" => a.total = v.parse().unwrap_or(a.total),
+            "--seconds" => a.seconds = v.parse().unwrap_or(a.seconds),
+            "--cpu" => a.cpu = v.parse().unwrap_or(a.cpu),
+            "--value-size" => a.value_size = v.parse().unwrap_or(a.value_size),
+            _ => {
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    a
+}
+
+fn main() {
+    let args = parse_args();
+    let data = args
+        .dir
+        .join(format!("metcd-durable-bench-{}", std::process::id()));
+    let mut cfg = Config::default();
+    cfg.data_dir = Some(data.clone());
+    cfg.shards = 1;
+    let (clients, total, seconds, value_size) = (
+        args.clients.clone(),
+        args.total,
+        args.seconds,
+        args.value_size,
+    );
+    println!(
+        "# durable path, one core (cpu {}), {value_size}-byte values, data in {}",
+        args.cpu,
+        data.display()
+    );
+    let result = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(args.cpu))
+        .io_memory(cfg.io_memory_bytes)
+        .spawn(move || async move {
+            let node = match Node::start(&cfg).await {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("start: {e}");
+                    return;
+                }
+            };
+            for n in clients {
+                run_level(
+                    &node,
+                    n,
+                    total,
+                    Duration::from_secs_f64(seconds),
+                    value_size,
+                )
+                .await;
+            }
+        })
+        .and_then(|h| h.join());
+    if let Err(e) = result {
+        eprintln!("executor: {e}");
+    }
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+async fn run_level(
+    node: &Rc<Node>,
+    clients: usize,
+    total: u64,
+    limit: Duration,
+    value_size: usize,
+) {
+    let hist = Rc::new(RefCell::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
+    ));
+    let issued = Rc::new(RefCell::new(0u64));
+    let errors = Rc::new(RefCell::new(0u64));
+    let value = Bytes::from(vec![b'v'; value_size]);
+    let syncs_before = node.status().wal_syncs;
+    let start = Instant::now();
+    let deadline = start + limit;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (node, hist, issued, errors, value) = (
+            node.clone(),
+            hist.clone(),
+            issued.clone(),
+            errors.clone(),
+            value.clone(),
+        );
+        tasks.push(glommio::spawn_local(async move {
+            let mut i = 0u64;
+            loop {
+                {
+                    let mut n = issued.borrow_mut();
+                    if *n >= total || Instant::now() >= deadline {
+                        break;
+                    }
+                    *n += 1;
+                }
+                let key = Bytes::from(format!("/bench/{c:05}/{i:08}"));
+                i += 1;
+                let t0 = Instant::now();
+                let r = node
+                    .write(Request::Put(PutRequest {
+                        key,
+                        value: value.clone(),
+                        ..Default::default()
+                    }))
+                    .await;
+                match r {
+                    Ok(_) => {
+                        let _ = hist
+                            .borrow_mut()
+                            .record((t0.elapsed().as_micros() as u64).max(1));
+                    }
+                    Err(_) => *errors.borrow_mut() += 1,
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await;
+    }
+    let elapsed = start.elapsed();
+    let h = hist.borrow();
+    let syncs = node.status().wal_syncs - syncs_before;
+    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+    println!(
+        "writers={clients:<5} {:>8} writes {:>4} err {:>9.0} writes/s  {:>7} fsyncs ({:>6.1} writes/fsync)  p50 {:>7.3} ms  p99 {:>7.3} ms  p99.9 {:>7.3} ms  max {:>7.3} ms",
+        h.len(),
+        errors.borrow(),
+        h.len() as f64 / elapsed.as_secs_f64(),
+        syncs,
+        h.len() as f64 / syncs.max(1) as f64,
+        q(0.5),
+        q(0.99),
+        q(0.999),
+        h.max() as f64 / 1000.0
+    );
+}
