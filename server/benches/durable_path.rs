@@ -60,9 +60,11 @@ fn main() {
     let data = args
         .dir
         .join(format!("metcd-durable-bench-{}", std::process::id()));
-    let mut cfg = Config::default();
-    cfg.data_dir = Some(data.clone());
-    cfg.shards = 1;
+    let cfg = Config {
+        data_dir: Some(data.clone()),
+        shards: 1,
+        ..Default::default()
+    };
     let (clients, total, seconds, value_size) = (
         args.clients.clone(),
         args.total,
