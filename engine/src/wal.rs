@@ -14,7 +14,8 @@
 //! frames back to back, each starting at a multiple of 8 bytes:
 //!
 //! ```text
-//! frame   = payload_len: u32 | crc32c(payload): u32 | payload | zero pad to 8
+//! frame   = payload_len: u32 | crc: u32 | payload | zero pad to 8
+//! crc     = crc32c(seq as u64 LE ++ payload)   (seq: this segment's number)
 //! payload = record*
 //! record  = kind: u8 | index: u64 | len: u32 | data[len]
 //! ```
@@ -29,8 +30,9 @@
 //!
 //! # Recovery rules
 //!
-//! Scanning stops at the first frame that is all zero or invalid (bad length
-//! or checksum). If any valid frame can still be found after that point, the
+//! Scanning stops at the first frame that is all zero or invalid (bad length,
+//! implausible first record, or checksum). Entry indices must not jump
+//! forward (a gap means lost entries). If any valid frame can still be found after that point, the
 //! damage is in the middle of acknowledged data and recovery refuses to go
 //! on, naming the file and offset. Otherwise, in the last segment, it is a
 //! torn tail: the file is truncated there. A damaged frame in an older
@@ -178,8 +180,10 @@ pub fn list_segments(dir: &Path) -> Result<Vec<SegmentInfo>> {
     Ok(segments)
 }
 
-fn crc(payload: &[u8]) -> u32 {
-    crc32c::crc32c(payload)
+/// The frame checksum covers the segment's sequence number too, so a frame
+/// copied from another segment (or embedded in a value) never validates.
+fn crc(seq: u64, payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&seq.to_le_bytes()), payload)
 }
 
 fn padded(len: usize) -> usize {
@@ -223,7 +227,7 @@ enum FrameAt {
     Invalid(&'static str),
 }
 
-fn frame_at(buf: &Bytes, pos: usize) -> FrameAt {
+fn frame_at(buf: &Bytes, pos: usize, seq: u64) -> FrameAt {
     if pos + FRAME_HEADER > buf.len() {
         return if buf[pos..].iter().all(|b| *b == 0) {
             FrameAt::Zero
@@ -241,7 +245,16 @@ fn frame_at(buf: &Bytes, pos: usize) -> FrameAt {
         return FrameAt::Invalid("frame length runs past the end of the file");
     }
     let payload = buf.slice(pos + FRAME_HEADER..pos + FRAME_HEADER + len);
-    if crc(&payload) != sum {
+    // Cheap plausibility before a checksum over up to the whole file: a
+    // payload starts with a known record kind whose length fits.
+    if len < RECORD_HEADER
+        || !(KIND_HEADER..=KIND_SNAPSHOT).contains(&payload[0])
+        || u32::from_le_bytes([payload[9], payload[10], payload[11], payload[12]]) as usize
+            > len - RECORD_HEADER
+    {
+        return FrameAt::Invalid("frame payload does not start with a record");
+    }
+    if crc(seq, &payload) != sum {
         return FrameAt::Invalid("frame checksum mismatch");
     }
     match decode_payload(&payload) {
@@ -251,12 +264,12 @@ fn frame_at(buf: &Bytes, pos: usize) -> FrameAt {
 }
 
 /// True if a valid frame starts anywhere at or after `from`.
-fn valid_frame_after(buf: &Bytes, from: usize) -> Option<usize> {
+fn valid_frame_after(buf: &Bytes, from: usize, seq: u64) -> Option<usize> {
     let mut pos = padded(from);
     while pos + FRAME_HEADER <= buf.len() {
         // A zero length word can never start a frame; skip cheaply.
         if buf[pos..pos + 4] != [0, 0, 0, 0] {
-            if let FrameAt::Valid(..) = frame_at(buf, pos) {
+            if let FrameAt::Valid(..) = frame_at(buf, pos, seq) {
                 return Some(pos);
             }
         }
@@ -293,24 +306,26 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
             if pos >= buf.len() {
                 break pos;
             }
-            match frame_at(&buf, pos) {
+            match frame_at(&buf, pos, segment.seq) {
                 FrameAt::Valid(records, next) => {
                     apply_records(&mut out, segment, pos, records, &mut saw_header)?;
                     pos = next;
                 }
-                FrameAt::Zero | FrameAt::Invalid(_) => {
-                    if let Some(found) = valid_frame_after(&buf, pos + FRAME_ALIGN) {
-                        let reason = match frame_at(&buf, pos) {
-                            FrameAt::Invalid(why) => why,
-                            _ => "zeroed frame",
-                        };
+                end @ (FrameAt::Zero | FrameAt::Invalid(_)) => {
+                    let why = match end {
+                        FrameAt::Invalid(why) => why,
+                        _ => "non-zero bytes after a zero frame header",
+                    };
+                    if let Some(found) = valid_frame_after(&buf, pos + FRAME_ALIGN, segment.seq) {
                         return Err(corrupt(
                             &segment.path,
                             pos,
-                            format!("{reason}, yet a valid frame follows at offset {found}"),
+                            format!("{why}, yet a valid frame follows at offset {found}"),
                         ));
                     }
-                    if let FrameAt::Invalid(why) = frame_at(&buf, pos) {
+                    let damaged =
+                        matches!(end, FrameAt::Invalid(_)) || buf[pos..].iter().any(|b| *b != 0);
+                    if damaged {
                         if !is_last {
                             return Err(corrupt(&segment.path, pos, why));
                         }
@@ -378,6 +393,15 @@ fn apply_records(
                 // A Raft log replaces a conflicting suffix: index i overrides
                 // i and everything after it.
                 if let Some((last, _)) = out.entries.last() {
+                    if index > *last + 1 {
+                        return Err(corrupt(
+                            &segment.path,
+                            frame_pos,
+                            format!(
+                                "entry index jumps from {last} to {index}: entries are missing"
+                            ),
+                        ));
+                    }
                     if index <= *last {
                         let keep = out.entries.partition_point(|(i, _)| *i < index);
                         out.entries.truncate(keep);
@@ -558,11 +582,14 @@ impl Wal {
             return Ok(());
         }
         if self.pending.len() > MAX_FRAME_BYTES {
-            let n = self.pending.len();
-            self.pending.clear();
-            return Err(Error::Invalid(format!(
-                "wal frame of {n} bytes exceeds the limit of {MAX_FRAME_BYTES}"
-            )));
+            // The queued records already advanced `last_index` and friends:
+            // dropping them would leave a hole, so this WAL is done.
+            let why = format!(
+                "wal frame of {} bytes exceeds the limit of {MAX_FRAME_BYTES}",
+                self.pending.len()
+            );
+            self.poisoned = Some(why.clone());
+            return Err(Error::Invalid(why));
         }
         if let Err(e) = self.write_frame().await {
             self.poisoned = Some(e.to_string());
@@ -589,7 +616,7 @@ impl Wal {
             bytes[..in_block].copy_from_slice(&self.tail);
             let mut header = &mut bytes[in_block..in_block + FRAME_HEADER];
             header.put_u32_le(self.pending.len() as u32);
-            header.put_u32_le(crc(&self.pending));
+            header.put_u32_le(crc(self.segment.seq, &self.pending));
             let start = in_block + FRAME_HEADER;
             bytes[start..start + self.pending.len()].copy_from_slice(&self.pending);
             // Pool buffers are not zeroed; padding must be, so recovery sees

@@ -41,6 +41,13 @@ pub const MEMBER_ID: u64 = 1;
 
 type WriteReply = oneshot::Sender<Result<mvcc::Response>>;
 
+/// Most proposal bytes in one group commit: far below the WAL's frame
+/// limit even with the largest allowed request on top.
+const MAX_BATCH_BYTES: usize = 64 << 20;
+const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
+/// How long start-up may take to re-apply the recovered log.
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
+
 struct Proposal {
     id: u64,
     data: Vec<u8>,
@@ -65,6 +72,26 @@ impl DataDirs {
     }
 }
 
+/// Creates `dir` (and parents) and fsyncs each new directory's parent, so
+/// the directory entries themselves survive a crash.
+fn create_dir_durable(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir_durable(parent)?;
+    }
+    std::fs::create_dir(dir).map_err(|e| engine::Error::io("create_dir", dir, e))?;
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::File::open(parent)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| engine::Error::io("fsync_dir", parent, e))?;
+    Ok(())
+}
+
 /// Holds an exclusive `flock` on the data dir for the process lifetime, so
 /// two members never share one directory.
 pub struct DirLock {
@@ -72,7 +99,7 @@ pub struct DirLock {
 }
 
 pub fn lock_data_dir(root: &Path) -> Result<DirLock> {
-    std::fs::create_dir_all(root).map_err(|e| engine::Error::io("create_dir", root, e))?;
+    create_dir_durable(root)?;
     let path = root.join("LOCK");
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -120,6 +147,7 @@ pub struct Node {
     status: Cell<NodeStatus>,
     snapshot_done: RefCell<Option<Result<u64>>>,
     snapshot_in_flight: Cell<bool>,
+    snapshot_retry_at: Cell<Option<Instant>>,
     last_snapshot_index: Cell<u64>,
     max_request_bytes: usize,
     max_pending: usize,
@@ -138,6 +166,9 @@ impl Node {
     /// the auto-compactor on the current executor.
     pub async fn start(cfg: &Config) -> Result<Rc<Node>> {
         let dirs = DataDirs::new(&cfg.data_dir());
+        for dir in [&dirs.root, &dirs.wal, &dirs.snap] {
+            create_dir_durable(dir)?;
+        }
         let engine = MemoryEngine::open(&dirs.snap)?;
         let engine_applied = engine.applied_index();
         let recovered = wal::recover(&dirs.wal)?;
@@ -151,7 +182,24 @@ impl Node {
             voters: vec![MEMBER_ID],
             ..Default::default()
         };
+        let marker = recovered.snapshot.as_ref().map_or(0, |(i, _)| *i);
+        if engine_applied < marker {
+            return Err(ServerError::Startup(format!(
+                "the WAL was released up to index {marker} but the newest snapshot in {} is at {engine_applied}: \
+                 the snapshot directory is older than the WAL (restored from an old backup?); restore both together",
+                dirs.snap.display()
+            )));
+        }
+        if engine_applied > recovered.last_index() {
+            return Err(ServerError::Startup(format!(
+                "the snapshot in {} is at index {engine_applied} but the WAL ends at {}: WAL data is missing; \
+                 restore this member from a backup or re-add it to its cluster",
+                dirs.snap.display(),
+                recovered.last_index()
+            )));
+        }
         let restored = raftlog::restore(&recovered, engine_applied, &initial_conf)?;
+        let catch_up_to = restored.last_index;
         let mvcc = MvccStore::open(engine.clone())?;
         let wal = Wal::open(
             &dirs.wal,
@@ -206,6 +254,7 @@ impl Node {
             status: Cell::new(NodeStatus::default()),
             snapshot_done: RefCell::new(None),
             snapshot_in_flight: Cell::new(false),
+            snapshot_retry_at: Cell::new(None),
             max_request_bytes: cfg.max_request_bytes,
             max_pending: cfg.max_pending_proposals,
             max_batch: cfg.wal_max_batch,
@@ -226,6 +275,7 @@ impl Node {
                 .map_err(|e| ServerError::Startup(e.to_string()))?,
         );
         glommio::spawn_local(auto_compact(node.clone(), compactor)).detach();
+        node.wait_applied(catch_up_to).await?;
         Ok(node)
     }
 
@@ -238,6 +288,24 @@ impl Node {
         self.pending.borrow_mut().clear();
         self.queue.borrow_mut().clear();
         std::process::exit(2);
+    }
+
+    /// Waits until everything the WAL held is applied, so the first read
+    /// after a restart already sees every acknowledged write.
+    async fn wait_applied(&self, index: u64) -> Result<()> {
+        let deadline = Instant::now() + CATCH_UP_LIMIT;
+        while self.status.get().applied_index < index {
+            if let Some(why) = self.fatal.borrow().as_ref() {
+                return Err(ServerError::Startup(why.clone()));
+            }
+            if Instant::now() > deadline {
+                return Err(ServerError::Startup(format!(
+                    "re-applying the log did not reach index {index} within {CATCH_UP_LIMIT:?}"
+                )));
+            }
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
     }
 
     pub fn status(&self) -> NodeStatus {
@@ -318,7 +386,19 @@ impl Node {
     fn propose_queued(&self, raw: &mut RawNode<MemStorage>) {
         let batch: Vec<Proposal> = {
             let mut queue = self.queue.borrow_mut();
-            let n = queue.len().min(self.max_batch);
+            // Bound the group commit by count and by bytes, so one Ready
+            // always fits in a WAL frame whatever clients send at once.
+            let mut bytes = 0usize;
+            let n = queue
+                .iter()
+                .take(self.max_batch)
+                .position(|p| {
+                    bytes += p.data.len();
+                    bytes > MAX_BATCH_BYTES
+                })
+                .unwrap_or(queue.len().min(self.max_batch))
+                .max(1)
+                .min(queue.len());
             queue.drain(..n).collect()
         };
         let mut pending = self.pending.borrow_mut();
@@ -396,19 +476,23 @@ impl Node {
                 continue;
             }
             let mut data = entry.data.clone();
-            if data.len() < 8 {
-                return Err(ServerError::Decode(raftlog::DecodeError {
-                    what: "proposal",
-                    index: entry.index,
-                }));
-            }
-            let id = data.get_u64_le();
-            let req = mvcc::codec::decode_shared(&data).map_err(|_| {
-                ServerError::Decode(raftlog::DecodeError {
-                    what: "request",
-                    index: entry.index,
-                })
-            })?;
+            let decoded = if data.len() >= 8 {
+                let id = data.get_u64_le();
+                Some(id).zip(mvcc::codec::decode_shared(&data).ok())
+            } else {
+                None
+            };
+            let Some((id, req)) = decoded else {
+                // Every member sees the same bytes and does the same: skip
+                // it (a request from a newer format, say) rather than stop
+                // the member at every restart.
+                log(format_args!(
+                    "entry {} holds no request this version understands; skipped",
+                    entry.index
+                ));
+                mvcc.apply_noop(entry.index)?;
+                continue;
+            };
             let result = match mvcc.apply(entry.index, &req) {
                 Ok(outcome) => Ok(outcome.response),
                 Err(e) if e.is_fatal() => return Err(e.into()),
@@ -442,9 +526,14 @@ impl Node {
         let applied = self.engine.applied_index();
         if self.snapshot_in_flight.get()
             || applied < self.last_snapshot_index.get() + self.snapshot_count
+            || self
+                .snapshot_retry_at
+                .get()
+                .is_some_and(|t| Instant::now() < t)
         {
             return;
         }
+        self.snapshot_retry_at.set(None);
         self.snapshot_in_flight.set(true);
         let node = self.clone();
         glommio::spawn_local(async move {
@@ -466,7 +555,19 @@ impl Node {
             return Ok(());
         };
         self.snapshot_in_flight.set(false);
-        let index = result?;
+        let index = match result {
+            Ok(index) => index,
+            Err(e) => {
+                // The WAL still holds everything: a failed checkpoint only
+                // delays segment release. Try again later.
+                log(format_args!(
+                    "snapshot failed, retrying in {SNAPSHOT_RETRY:?}: {e}"
+                ));
+                self.snapshot_retry_at
+                    .set(Some(Instant::now() + SNAPSHOT_RETRY));
+                return Ok(());
+            }
+        };
         let store = raw.store().clone();
         let term = store.term(index)?;
         let conf = store.initial_state()?.conf_state;

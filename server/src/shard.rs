@@ -83,8 +83,10 @@ impl Remote {
         self.next_id.set(id);
         let (tx, rx) = oneshot::channel();
         self.waiting.borrow_mut().insert(id, tx);
+        // If the caller goes away (connection closed) before the reply, the
+        // entry must not stay behind.
+        let _forget = Forget { remote: self, id };
         if self.to_owner.send((id, cmd)).await.is_err() {
-            self.waiting.borrow_mut().remove(&id);
             return stopped();
         }
         rx.await.unwrap_or_else(|_| stopped())
@@ -98,6 +100,17 @@ impl Remote {
         }
         // The owner is gone: fail everything still waiting.
         self.waiting.borrow_mut().clear();
+    }
+}
+
+struct Forget<'a> {
+    remote: &'a Remote,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.remote.waiting.borrow_mut().remove(&self.id);
     }
 }
 

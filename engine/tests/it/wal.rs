@@ -319,3 +319,44 @@ fn empty_directory_recovers_to_nothing() {
     assert!(recovered.entries.is_empty());
     assert_eq!(recovered.last_index(), 0);
 }
+
+#[test]
+fn a_gap_in_entry_indices_is_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run_async(move || async move {
+        let recovered = wal::recover(&path).unwrap();
+        let mut w = Wal::open(&path, WalOptions::default(), &recovered)
+            .await
+            .unwrap();
+        for index in [1u64, 2, 3, 5] {
+            w.append_entry(index, b"e");
+            w.sync().await.unwrap();
+        }
+        w.close().await.unwrap();
+    });
+    let err = wal::recover(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("jumps from 3 to 5"), "{err}");
+}
+
+#[test]
+fn garbage_after_the_end_of_an_older_segment_is_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    write_batches(dir.path(), small_segments(), 100, 10);
+    let segments = wal::list_segments(dir.path()).unwrap();
+    let older = &segments[0].path;
+    // Past the last frame, where only zeros belong: not a valid frame, but
+    // not nothing either.
+    let bytes = std::fs::read(older).unwrap();
+    let end = bytes.iter().rposition(|b| *b != 0).unwrap() + 1;
+    let at = end.div_ceil(8) * 8 + 64;
+    assert!(at + 11 < bytes.len(), "the segment should have a zero tail");
+    let mut f = std::fs::OpenOptions::new().write(true).open(older).unwrap();
+    f.seek(SeekFrom::Start(at as u64)).unwrap();
+    f.write_all(b"stray bytes").unwrap();
+    drop(f);
+    assert!(matches!(
+        wal::recover(dir.path()),
+        Err(Error::Corrupt { path, .. }) if &path == older
+    ));
+}

@@ -29,14 +29,12 @@ pub struct WireError {
 pub fn to_wire(e: &ServerError) -> WireError {
     use GrpcCode::*;
     let (grpc, http, message) = match e {
-        ServerError::Mvcc(m) => match m {
-            // etcd's server prefixes the mvcc package's messages.
-            MvccError::Compacted => (OutOfRange, 400, format!("etcdserver: {m}")),
-            MvccError::FutureRevision => (OutOfRange, 400, format!("etcdserver: {m}")),
-            MvccError::KeyNotFound => (InvalidArgument, 400, m.to_string()),
-            MvccError::TooManyOps => (InvalidArgument, 400, m.to_string()),
-            MvccError::DuplicateKey => (InvalidArgument, 400, m.to_string()),
-            _ => (Internal, 500, format!("etcdserver: {m}")),
+        ServerError::Mvcc(m) => match (m, m.client_message()) {
+            (MvccError::Compacted | MvccError::FutureRevision, Some(msg)) => {
+                (OutOfRange, 400, msg.to_string())
+            }
+            (_, Some(msg)) => (InvalidArgument, 400, msg.to_string()),
+            (_, None) => (Internal, 500, format!("etcdserver: {m}")),
         },
         ServerError::RequestTooLarge => (InvalidArgument, 413, e.to_string()),
         ServerError::TooManyRequests => (ResourceExhausted, 429, e.to_string()),
@@ -82,6 +80,11 @@ mod tests {
         assert_eq!(
             to_wire(&ServerError::Mvcc(MvccError::DuplicateKey)).message,
             "etcdserver: duplicate key given in txn request"
+        );
+        let w = to_wire(&ServerError::Mvcc(MvccError::EmptyKey));
+        assert_eq!(
+            (w.message.as_str(), w.grpc),
+            ("etcdserver: key is not provided", GrpcCode::InvalidArgument)
         );
     }
 }

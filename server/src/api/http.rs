@@ -215,12 +215,13 @@ async fn write(backend: &Backend, req: mvcc::Request) -> Result<mvcc::Response, 
 }
 
 async fn put(backend: &Backend, key: Bytes, value: Bytes) -> Result<HttpResponse, ServerError> {
-    let req = mvcc::Request::Put(mvcc::PutRequest {
+    let put = mvcc::PutRequest {
         key,
         value,
         ..Default::default()
-    });
-    let resp = write(backend, req).await?;
+    };
+    mvcc::validate_put(&put)?;
+    let resp = write(backend, mvcc::Request::Put(put)).await?;
     let rev = response_revision(&resp);
     let mut out = Response::new(Full::new(Bytes::new()));
     *out.status_mut() = StatusCode::NO_CONTENT;
@@ -292,6 +293,7 @@ async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpRespons
         serializable: query.flag("serializable"),
         ..Default::default()
     };
+    mvcc::validate_range(&req)?;
     let resp = match backend.call(Command::Range(req)).await {
         Reply::Range(r) => r?,
         _ => return Err(ServerError::Stopped),
@@ -329,12 +331,13 @@ async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpRespons
 }
 
 async fn delete(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpResponse, ServerError> {
-    let req = mvcc::Request::DeleteRange(mvcc::DeleteRangeRequest {
+    let del = mvcc::DeleteRangeRequest {
         range_end: range_end(&key, query)?.unwrap_or_default(),
         key,
         prev_kv: query.flag("prev_kv"),
-    });
-    let resp = write(backend, req).await?;
+    };
+    mvcc::validate_delete_range(&del)?;
+    let resp = write(backend, mvcc::Request::DeleteRange(del)).await?;
     let rev = response_revision(&resp);
     let mvcc::Response::DeleteRange(d) = &resp else {
         return Err(ServerError::Stopped);
@@ -435,6 +438,7 @@ pub fn percent_decode_strict(s: &str) -> Result<Vec<u8>, ServerError> {
         if bytes[i] == b'%' {
             let hex = bytes
                 .get(i + 1..i + 3)
+                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
                 .ok_or_else(|| {
@@ -518,6 +522,7 @@ mod tests {
         assert!(percent_decode_strict("/a%zz").is_err());
         assert!(percent_decode_strict("/a%2").is_err());
         assert!(percent_decode_strict("/a%ff").is_err());
+        assert!(percent_decode_strict("/a%+f").is_err());
         assert_eq!(
             percent_decode_strict("/%E4%BD%A0").unwrap(),
             "/你".as_bytes()
