@@ -4,7 +4,7 @@
 //! values. Each acknowledged write has been fdatasync'd and applied.
 //!
 //! `cargo bench -p server --bench durable_path -- [--dir DIR] [--clients 1,10,100,1000]
-//!  [--total N] [--seconds S] [--cpu C]`
+//!  [--total N] [--seconds S] [--cpu C] [--snapshot-count N]`
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -16,6 +16,10 @@ use server::config::Config;
 use server::mvcc::{PutRequest, Request};
 use server::node::Node;
 
+// The same allocator as the `metcd` binary.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     dir: std::path::PathBuf,
     clients: Vec<usize>,
@@ -23,6 +27,7 @@ struct Args {
     seconds: f64,
     cpu: usize,
     value_size: usize,
+    snapshot_count: u64,
 }
 
 fn parse_args() -> Args {
@@ -33,6 +38,7 @@ fn parse_args() -> Args {
         seconds: 5.0,
         cpu: 0,
         value_size: 256,
+        snapshot_count: Config::default().snapshot_count,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -45,6 +51,7 @@ fn parse_args() -> Args {
             "--seconds" => a.seconds = v.parse().unwrap_or(a.seconds),
             "--cpu" => a.cpu = v.parse().unwrap_or(a.cpu),
             "--value-size" => a.value_size = v.parse().unwrap_or(a.value_size),
+            "--snapshot-count" => a.snapshot_count = v.parse().unwrap_or(a.snapshot_count),
             _ => {
                 i += 1;
                 continue;
@@ -63,6 +70,7 @@ fn main() {
     let cfg = Config {
         data_dir: Some(data.clone()),
         shards: 1,
+        snapshot_count: args.snapshot_count,
         ..Default::default()
     };
     let (clients, total, seconds, value_size) = (
