@@ -727,7 +727,9 @@ impl Wal {
 /// Creates `{seq}.wal.spare`, preallocated and zero-filled when
 /// `opts.preallocate`, and synced so its blocks are written extents.
 async fn prepare_file(dir: PathBuf, seq: u64, opts: WalOptions) -> Result<PreparedFile> {
-    const ZERO_CHUNK: usize = 1 << 20;
+    // Small, one at a time: every WAL fdatasync flushes the device cache and
+    // waits for in-flight zero-fill writes, so keep them short.
+    const ZERO_CHUNK: usize = 128 << 10;
     let path = dir.join(format!("{seq:016x}{SPARE_SUFFIX}"));
     let file = OpenOptions::new()
         .write(true)

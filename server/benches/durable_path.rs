@@ -63,53 +63,49 @@ fn parse_args() -> Args {
 }
 
 fn main() {
+    server::alloc::tune();
     let args = parse_args();
-    let data = args
-        .dir
-        .join(format!("metcd-durable-bench-{}", std::process::id()));
-    let cfg = Config {
-        data_dir: Some(data.clone()),
-        shards: 1,
-        snapshot_count: args.snapshot_count,
-        ..Default::default()
-    };
-    let (clients, total, seconds, value_size) = (
-        args.clients.clone(),
-        args.total,
-        args.seconds,
-        args.value_size,
-    );
     println!(
-        "# durable path, one core (cpu {}), {value_size}-byte values, data in {}",
+        "# durable path, one core (cpu {}), {}-byte values, a fresh store per level, data under {}",
         args.cpu,
-        data.display()
+        args.value_size,
+        args.dir.display()
     );
-    let result = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(args.cpu))
-        .io_memory(cfg.io_memory_bytes)
-        .spawn(move || async move {
-            let node = match Node::start(&cfg).await {
-                Ok(n) => n,
-                Err(e) => {
-                    eprintln!("start: {e}");
-                    return;
+    for &clients in &args.clients {
+        let data = args.dir.join(format!(
+            "metcd-durable-bench-{}-{clients}",
+            std::process::id()
+        ));
+        let cfg = Config {
+            data_dir: Some(data.clone()),
+            shards: 1,
+            snapshot_count: args.snapshot_count,
+            ..Default::default()
+        };
+        let (total, seconds, value_size) = (args.total, args.seconds, args.value_size);
+        let result = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(args.cpu))
+            .io_memory(cfg.io_memory_bytes)
+            .spawn(move || async move {
+                match Node::start(&cfg).await {
+                    Ok(node) => {
+                        run_level(
+                            &node,
+                            clients,
+                            total,
+                            Duration::from_secs_f64(seconds),
+                            value_size,
+                        )
+                        .await
+                    }
+                    Err(e) => eprintln!("start: {e}"),
                 }
-            };
-            for n in clients {
-                run_level(
-                    &node,
-                    n,
-                    total,
-                    Duration::from_secs_f64(seconds),
-                    value_size,
-                )
-                .await;
-            }
-        })
-        .and_then(|h| h.join());
-    if let Err(e) = result {
-        eprintln!("executor: {e}");
+            })
+            .and_then(|h| h.join());
+        if let Err(e) = result {
+            eprintln!("executor: {e}");
+        }
+        let _ = std::fs::remove_dir_all(&data);
     }
-    let _ = std::fs::remove_dir_all(&data);
 }
 
 async fn run_level(

@@ -7,6 +7,7 @@ use server::config::{Config, Flags};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    server::alloc::tune();
     let flags = Flags::parse();
     let cfg = match Config::from_flags(flags) {
         Ok(cfg) => cfg,
