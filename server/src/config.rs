@@ -27,6 +27,12 @@ pub struct Config {
     /// The etcd v3 gRPC API (accepted now, served once the gRPC API lands).
     pub listen_client_urls: String,
     pub advertise_client_urls: Option<String>,
+    /// Peer URLs this member advertises; with the cluster token they
+    /// determine its member ID, as in etcd.
+    pub initial_advertise_peer_urls: String,
+    pub initial_cluster_token: String,
+    /// Most operations in one txn (etcd's `--max-txn-ops`).
+    pub max_txn_ops: usize,
     /// Storage engine: `memory` (btree and lsm are tracked in their issue).
     pub engine: String,
     /// Executor cores; 0 = every core.
@@ -65,6 +71,9 @@ impl Default for Config {
             listen_http_urls: "http://127.0.0.1:3379".into(),
             listen_client_urls: "http://127.0.0.1:2379".into(),
             advertise_client_urls: None,
+            initial_advertise_peer_urls: "http://localhost:2380".into(),
+            initial_cluster_token: "etcd-cluster".into(),
+            max_txn_ops: 128,
             engine: "memory".into(),
             shards: 0,
             snapshot_count: 100_000,
@@ -104,6 +113,12 @@ pub struct Flags {
     pub listen_client_urls: Option<String>,
     #[arg(long)]
     pub advertise_client_urls: Option<String>,
+    #[arg(long)]
+    pub initial_advertise_peer_urls: Option<String>,
+    #[arg(long)]
+    pub initial_cluster_token: Option<String>,
+    #[arg(long)]
+    pub max_txn_ops: Option<usize>,
     #[arg(long)]
     pub engine: Option<String>,
     #[arg(long)]
@@ -190,6 +205,9 @@ impl Config {
             name,
             listen_http_urls,
             listen_client_urls,
+            initial_advertise_peer_urls,
+            initial_cluster_token,
+            max_txn_ops,
             engine,
             shards,
             snapshot_count,
@@ -224,6 +242,22 @@ impl Config {
         self.data_dir
             .clone()
             .unwrap_or_else(|| PathBuf::from(format!("{}.metcd", self.name)))
+    }
+
+    /// The socket addresses of `--listen-client-urls` (etcd's gRPC API).
+    pub fn client_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        parse_urls("listen-client-urls", &self.listen_client_urls)
+    }
+
+    /// This member's etcd member ID.
+    pub fn member_id(&self) -> u64 {
+        let urls: Vec<&str> = self
+            .initial_advertise_peer_urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect();
+        crate::ids::member_id(&urls, &self.initial_cluster_token)
     }
 
     /// The socket addresses of `--listen-http-urls` (comma-separated URLs).
@@ -319,7 +353,11 @@ impl Config {
             ));
         }
         self.http_listen_addrs()?;
+        self.client_listen_addrs()?;
         self.auto_compaction()?;
+        if self.max_txn_ops == 0 {
+            return Err(invalid("max-txn-ops", "0".into(), "must be at least 1"));
+        }
         Ok(())
     }
 }

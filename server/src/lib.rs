@@ -9,6 +9,7 @@ pub mod api;
 pub mod compactor;
 pub mod config;
 pub mod error;
+pub mod ids;
 pub mod mvcc;
 pub mod node;
 pub mod notify;

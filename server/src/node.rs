@@ -350,6 +350,16 @@ impl Node {
         Ok(self.mvcc.borrow().range(req)?)
     }
 
+    /// A txn without writes, from the applied state (etcd serves these
+    /// without a log entry too).
+    pub fn read_txn(&self, req: &mvcc::TxnRequest) -> Result<mvcc::TxnResponse> {
+        Ok(self.mvcc.borrow().read_txn(req)?)
+    }
+
+    pub fn hash_kv(&self, revision: i64) -> Result<mvcc::HashKv> {
+        Ok(self.mvcc.borrow().hash_kv(revision)?)
+    }
+
     async fn run(self: &Rc<Self>, mut raw: RawNode<MemStorage>, mut wal: Wal) -> Result<()> {
         let mut next_tick = Instant::now() + self.tick_interval;
         let mut entry_buf = Vec::with_capacity(4096);

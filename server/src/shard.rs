@@ -17,6 +17,8 @@ use glommio::channels::shared_channel::{
 };
 use glommio::{LocalExecutorBuilder, Placement};
 
+use crate::api::grpc::serve::{serve as grpc_serve, Router};
+use crate::api::grpc::service::{MemberInfo, Services};
 use crate::api::http::{self, HttpLimits};
 use crate::config::Config;
 use crate::error::{Result, ServerError};
@@ -32,13 +34,20 @@ const CHANNEL_CAPACITY: usize = 4096;
 pub enum Command {
     Write(mvcc::Request),
     Range(mvcc::RangeRequest),
+    /// A txn without writes: served from the applied state, no log entry.
+    ReadTxn(mvcc::TxnRequest),
+    HashKv(i64),
     Status,
 }
 
+/// The owner's answer; `term` is the Raft term when it was produced (for
+/// etcd's response headers).
 #[derive(Debug)]
 pub enum Reply {
-    Write(Result<mvcc::Response>),
-    Range(Result<mvcc::RangeResponse>),
+    Write(Result<mvcc::Response>, u64),
+    Range(Result<mvcc::RangeResponse>, u64),
+    ReadTxn(Result<mvcc::TxnResponse>, u64),
+    HashKv(Result<mvcc::HashKv>, u64),
     Status { status: NodeStatus, healthy: bool },
 }
 
@@ -61,8 +70,13 @@ impl Backend {
 
 async fn execute(node: &Node, cmd: Command) -> Reply {
     match cmd {
-        Command::Write(req) => Reply::Write(node.write(req).await),
-        Command::Range(req) => Reply::Range(node.range(&req)),
+        Command::Write(req) => {
+            let result = node.write(req).await;
+            Reply::Write(result, node.status().term)
+        }
+        Command::Range(req) => Reply::Range(node.range(&req), node.status().term),
+        Command::ReadTxn(req) => Reply::ReadTxn(node.read_txn(&req), node.status().term),
+        Command::HashKv(rev) => Reply::HashKv(node.hash_kv(rev), node.status().term),
         Command::Status => Reply::Status {
             status: node.status(),
             healthy: node.is_healthy(),
@@ -115,7 +129,7 @@ impl Drop for Forget<'_> {
 }
 
 fn stopped() -> Reply {
-    Reply::Write(Err(ServerError::Stopped))
+    Reply::Write(Err(ServerError::Stopped), 0)
 }
 
 /// The owner's end of one remote shard's link.
@@ -158,14 +172,25 @@ pub fn run(cfg: Config) -> Result<()> {
     let addrs = cfg
         .http_listen_addrs()
         .map_err(|e| ServerError::Startup(e.to_string()))?;
-    for addr in &addrs {
+    let grpc_addrs = cfg
+        .client_listen_addrs()
+        .map_err(|e| ServerError::Startup(e.to_string()))?;
+    for addr in addrs.iter().chain(&grpc_addrs) {
         probe_port(*addr)?;
     }
+    let listeners = Listeners {
+        http: addrs.clone(),
+        grpc: grpc_addrs.clone(),
+        http_limits: HttpLimits {
+            max_request_bytes: cfg.max_request_bytes,
+        },
+        member: member_info(&cfg),
+        // etcd accepts gRPC messages up to --max-request-bytes plus 512 KiB
+        // of overhead, then checks the request itself against the limit.
+        max_grpc_message_bytes: cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
+    };
     let _lock = crate::node::lock_data_dir(&cfg.data_dir())?;
     let cpus = glommio::CpuSet::online().map(|s| s.len()).unwrap_or(1);
-    let limits = HttpLimits {
-        max_request_bytes: cfg.max_request_bytes,
-    };
     let mut owner_side = Vec::new();
     let mut remote_side = Vec::new();
     for _ in 1..shards {
@@ -185,7 +210,7 @@ pub fn run(cfg: Config) -> Result<()> {
         }
     };
     let owner_cfg = cfg.clone();
-    let owner_addrs = addrs.clone();
+    let owner_listeners = listeners.clone();
     let owner = LocalExecutorBuilder::new(placement(OWNER_SHARD))
         .name("metcd-shard-0")
         .io_memory(cfg.io_memory_bytes)
@@ -202,13 +227,13 @@ pub fn run(cfg: Config) -> Result<()> {
                 let replies = replies.connect().await;
                 glommio::spawn_local(serve_remote(node.clone(), requests, replies)).detach();
             }
-            serve_all(&owner_addrs, Backend::Local(node), limits).await;
+            serve_all(&owner_listeners, Backend::Local(node)).await;
         })
         .map_err(|e| ServerError::Startup(format!("starting shard 0: {e}")))?;
     handles.push(owner);
     for (i, (requests, replies)) in remote_side.into_iter().enumerate() {
         let shard = i + 1;
-        let addrs = addrs.clone();
+        let listeners = listeners.clone();
         let handle = LocalExecutorBuilder::new(placement(shard))
             .name(&format!("metcd-shard-{shard}"))
             .io_memory(cfg.io_memory_bytes)
@@ -220,7 +245,7 @@ pub fn run(cfg: Config) -> Result<()> {
                 });
                 let replies = replies.connect().await;
                 glommio::spawn_local(remote.clone().dispatch_replies(replies)).detach();
-                serve_all(&addrs, Backend::Remote(remote), limits).await;
+                serve_all(&listeners, Backend::Remote(remote)).await;
             })
             .map_err(|e| ServerError::Startup(format!("starting shard {shard}: {e}")))?;
         handles.push(handle);
@@ -265,22 +290,63 @@ fn probe_port(addr: std::net::SocketAddr) -> Result<()> {
     }
 }
 
-async fn serve_all(addrs: &[std::net::SocketAddr], backend: Backend, limits: HttpLimits) {
+/// What every shard listens on.
+#[derive(Clone)]
+struct Listeners {
+    http: Vec<std::net::SocketAddr>,
+    grpc: Vec<std::net::SocketAddr>,
+    http_limits: HttpLimits,
+    member: MemberInfo,
+    max_grpc_message_bytes: usize,
+}
+
+const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+fn member_info(cfg: &Config) -> MemberInfo {
+    let split = |s: &str| -> Vec<String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let member_id = cfg.member_id();
+    MemberInfo {
+        name: cfg.name.clone(),
+        cluster_id: crate::ids::cluster_id(&[member_id]),
+        member_id,
+        peer_urls: split(&cfg.initial_advertise_peer_urls),
+        client_urls: split(
+            cfg.advertise_client_urls
+                .as_deref()
+                .unwrap_or(&cfg.listen_client_urls),
+        ),
+        max_txn_ops: cfg.max_txn_ops,
+    }
+}
+
+async fn serve_all(listeners: &Listeners, backend: Backend) {
     let mut tasks = Vec::new();
-    for addr in addrs {
-        match http::bind(*addr) {
-            Ok(listener) => {
-                tasks.push(glommio::spawn_local(http::serve(
-                    listener,
-                    backend.clone(),
-                    limits,
-                )));
-            }
-            Err(e) => {
-                eprintln!("metcd: cannot listen on {addr}: {e}");
-                std::process::exit(1);
-            }
+    let bind = |addr: &std::net::SocketAddr| match http::bind(*addr) {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("metcd: cannot listen on {addr}: {e}");
+            std::process::exit(1);
         }
+    };
+    for addr in &listeners.http {
+        tasks.push(glommio::spawn_local(http::serve(
+            bind(addr),
+            backend.clone(),
+            listeners.http_limits,
+        )));
+    }
+    let router = Router::new(
+        Services::new(backend, listeners.member.clone()),
+        listeners.max_grpc_message_bytes,
+    );
+    for addr in &listeners.grpc {
+        tasks.push(glommio::spawn_local(grpc_serve(bind(addr), router.clone())));
     }
     for t in tasks {
         t.await;

@@ -209,7 +209,7 @@ async fn compact(backend: &Backend, query: &Query) -> Result<HttpResponse, Serve
 
 async fn write(backend: &Backend, req: mvcc::Request) -> Result<mvcc::Response, ServerError> {
     match backend.call(Command::Write(req)).await {
-        Reply::Write(r) => r,
+        Reply::Write(r, _) => r,
         _ => Err(ServerError::Stopped),
     }
 }
@@ -295,7 +295,7 @@ async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpRespons
     };
     mvcc::validate_range(&req)?;
     let resp = match backend.call(Command::Range(req)).await {
-        Reply::Range(r) => r?,
+        Reply::Range(r, _) => r?,
         _ => return Err(ServerError::Stopped),
     };
     let rev = resp.header.revision;

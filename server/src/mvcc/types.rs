@@ -309,3 +309,14 @@ pub struct ApplyOutcome {
     /// Every change, in order (sub-revision order within the revision).
     pub events: Vec<Event>,
 }
+
+/// The result of [`super::MvccStore::hash_kv`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HashKv {
+    pub hash: u32,
+    /// The revision the hash covers.
+    pub hash_revision: i64,
+    /// The store's current revision.
+    pub revision: i64,
+    pub compact_revision: i64,
+}

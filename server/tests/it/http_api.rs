@@ -263,6 +263,8 @@ fn data_dir_is_locked_against_a_second_process() {
         .arg(&s.data_dir)
         .arg("--listen-http-urls")
         .arg(format!("http://127.0.0.1:{}", crate::support::free_port()))
+        .arg("--listen-client-urls")
+        .arg(format!("http://127.0.0.1:{}", crate::support::free_port()))
         .output()
         .unwrap();
     assert!(!out.status.success());

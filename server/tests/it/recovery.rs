@@ -80,6 +80,8 @@ fn corruption_in_the_middle_refuses_to_start_and_names_file_and_offset() {
         .arg(&data)
         .arg("--listen-http-urls")
         .arg(format!("http://127.0.0.1:{}", crate::support::free_port()))
+        .arg("--listen-client-urls")
+        .arg(format!("http://127.0.0.1:{}", crate::support::free_port()))
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -18,6 +18,8 @@ pub fn free_port() -> u16 {
 /// A running `metcd` process, killed on drop.
 pub struct Server {
     pub port: u16,
+    /// The etcd gRPC port (`--listen-client-urls`).
+    pub client_port: u16,
     pub data_dir: PathBuf,
     pub extra: Vec<String>,
     child: Option<Child>,
@@ -28,6 +30,7 @@ impl Server {
     pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
         let mut s = Server {
             port: free_port(),
+            client_port: free_port(),
             data_dir: data_dir.to_path_buf(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
@@ -48,6 +51,8 @@ impl Server {
             .arg(&self.data_dir)
             .arg("--listen-http-urls")
             .arg(format!("http://127.0.0.1:{}", self.port))
+            .arg("--listen-client-urls")
+            .arg(format!("http://127.0.0.1:{}", self.client_port))
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
@@ -55,6 +60,11 @@ impl Server {
             .unwrap();
         self.child = Some(child);
         self.wait_healthy();
+    }
+
+    /// The etcd gRPC endpoint, as etcdctl wants it.
+    pub fn client_endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
     }
 
     pub fn addr(&self) -> String {

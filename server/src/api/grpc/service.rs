@@ -1,0 +1,450 @@
+//! etcd's v3 services over the shard's [`Backend`]: request validation at
+//! the edge (etcd's own checks and messages), conversion, and etcd's
+//! response headers. Watch, Lease and Auth answer `Unimplemented` until
+//! their issue lands (docs/compatibility.md).
+//!
+//! The generated traits want `Send + Sync` services and `Send` futures;
+//! per-core state is `Rc`, so it sits in a `SendWrapper` and every call's
+//! work runs inside one. glommio never moves a task to another thread.
+
+use std::pin::Pin;
+
+use send_wrapper::SendWrapper;
+use tonic::codegen::tokio_stream::Stream;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use super::convert::{self, HeaderInfo};
+use super::pb::etcdserverpb as pb;
+use crate::api::error::to_wire;
+use crate::error::ServerError;
+use crate::mvcc;
+use crate::shard::{Backend, Command, Reply};
+
+/// Identity and limits every service needs.
+#[derive(Debug, Clone)]
+pub struct MemberInfo {
+    pub name: String,
+    pub cluster_id: u64,
+    pub member_id: u64,
+    pub peer_urls: Vec<String>,
+    pub client_urls: Vec<String>,
+    pub max_txn_ops: usize,
+}
+
+pub fn status_of(e: &ServerError) -> Status {
+    let wire = to_wire(e);
+    Status::new(Code::from_i32(wire.grpc as i32), wire.message)
+}
+
+fn mvcc_status(e: mvcc::MvccError) -> Status {
+    status_of(&ServerError::Mvcc(e))
+}
+
+#[derive(Clone)]
+struct Shared {
+    backend: SendWrapper<Backend>,
+    info: std::sync::Arc<MemberInfo>,
+}
+
+impl Shared {
+    fn header(&self, term: u64) -> HeaderInfo {
+        HeaderInfo {
+            cluster_id: self.info.cluster_id,
+            member_id: self.info.member_id,
+            raft_term: term,
+        }
+    }
+
+    /// Runs one command on the owner (directly or through the shard's
+    /// channel) from inside the per-core world.
+    async fn call(&self, cmd: Command) -> Reply {
+        SendWrapper::new(async move { self.backend.call(cmd).await }).await
+    }
+
+    async fn write(&self, req: mvcc::Request) -> Result<(mvcc::Response, HeaderInfo), Status> {
+        match self.call(Command::Write(req)).await {
+            Reply::Write(Ok(resp), term) => Ok((resp, self.header(term))),
+            Reply::Write(Err(e), _) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+}
+
+/// The services of one shard, ready for [`super::serve::Router`].
+pub struct Services {
+    pub kv: KvService,
+    pub watch: WatchService,
+    pub lease: LeaseService,
+    pub cluster: ClusterService,
+    pub maintenance: MaintenanceService,
+    pub auth: AuthService,
+}
+
+impl Services {
+    pub fn new(backend: Backend, info: MemberInfo) -> Services {
+        let shared = Shared {
+            backend: SendWrapper::new(backend),
+            info: std::sync::Arc::new(info),
+        };
+        Services {
+            kv: KvService(shared.clone()),
+            watch: WatchService,
+            lease: LeaseService,
+            cluster: ClusterService(shared.clone()),
+            maintenance: MaintenanceService(shared),
+            auth: AuthService,
+        }
+    }
+}
+
+pub struct KvService(Shared);
+
+#[tonic::async_trait]
+impl pb::kv_server::Kv for KvService {
+    async fn range(
+        &self,
+        request: Request<pb::RangeRequest>,
+    ) -> Result<Response<pb::RangeResponse>, Status> {
+        let req = convert::range_request(request.into_inner())?;
+        mvcc::validate_range(&req).map_err(mvcc_status)?;
+        match self.0.call(Command::Range(req)).await {
+            Reply::Range(Ok(r), term) => Ok(Response::new(convert::range_response(
+                r,
+                &self.0.header(term),
+            ))),
+            Reply::Range(Err(e), _) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+
+    async fn put(
+        &self,
+        request: Request<pb::PutRequest>,
+    ) -> Result<Response<pb::PutResponse>, Status> {
+        let req = convert::put_request(request.into_inner());
+        mvcc::validate_put(&req).map_err(mvcc_status)?;
+        match self.0.write(mvcc::Request::Put(req)).await? {
+            (mvcc::Response::Put(r), h) => Ok(Response::new(convert::put_response(r, &h))),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<pb::DeleteRangeRequest>,
+    ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        let req = convert::delete_request(request.into_inner());
+        mvcc::validate_delete_range(&req).map_err(mvcc_status)?;
+        match self.0.write(mvcc::Request::DeleteRange(req)).await? {
+            (mvcc::Response::DeleteRange(r), h) => {
+                Ok(Response::new(convert::delete_response(r, &h)))
+            }
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+
+    async fn txn(
+        &self,
+        request: Request<pb::TxnRequest>,
+    ) -> Result<Response<pb::TxnResponse>, Status> {
+        let req = convert::txn_request(request.into_inner())?;
+        mvcc::validate_txn(&req, self.0.info.max_txn_ops).map_err(mvcc_status)?;
+        if mvcc::is_txn_readonly(&req) {
+            return match self.0.call(Command::ReadTxn(req)).await {
+                Reply::ReadTxn(Ok(r), term) => Ok(Response::new(convert::txn_response(
+                    r,
+                    &self.0.header(term),
+                ))),
+                Reply::ReadTxn(Err(e), _) => Err(status_of(&e)),
+                _ => Err(status_of(&ServerError::Stopped)),
+            };
+        }
+        match self.0.write(mvcc::Request::Txn(req)).await? {
+            (mvcc::Response::Txn(r), h) => Ok(Response::new(convert::txn_response(r, &h))),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+
+    async fn compact(
+        &self,
+        request: Request<pb::CompactionRequest>,
+    ) -> Result<Response<pb::CompactionResponse>, Status> {
+        let r = request.into_inner();
+        let req = mvcc::Request::Compaction(mvcc::CompactionRequest {
+            revision: r.revision,
+            physical: r.physical,
+        });
+        match self.0.write(req).await? {
+            (mvcc::Response::Compaction(c), h) => Ok(Response::new(pb::CompactionResponse {
+                header: h.header(c.header.revision),
+            })),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+fn not_yet(what: &str) -> Status {
+    Status::unimplemented(format!("metcd: {what} is not implemented yet"))
+}
+
+pub struct WatchService;
+
+#[tonic::async_trait]
+impl pb::watch_server::Watch for WatchService {
+    type WatchStream = BoxStream<pb::WatchResponse>;
+
+    async fn watch(
+        &self,
+        _: Request<Streaming<pb::WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(not_yet("Watch"))
+    }
+}
+
+pub struct LeaseService;
+
+#[tonic::async_trait]
+impl pb::lease_server::Lease for LeaseService {
+    type LeaseKeepAliveStream = BoxStream<pb::LeaseKeepAliveResponse>;
+
+    async fn lease_grant(
+        &self,
+        _: Request<pb::LeaseGrantRequest>,
+    ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        Err(not_yet("LeaseGrant"))
+    }
+
+    async fn lease_revoke(
+        &self,
+        _: Request<pb::LeaseRevokeRequest>,
+    ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        Err(not_yet("LeaseRevoke"))
+    }
+
+    async fn lease_keep_alive(
+        &self,
+        _: Request<Streaming<pb::LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        Err(not_yet("LeaseKeepAlive"))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        _: Request<pb::LeaseTimeToLiveRequest>,
+    ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        Err(not_yet("LeaseTimeToLive"))
+    }
+
+    async fn lease_leases(
+        &self,
+        _: Request<pb::LeaseLeasesRequest>,
+    ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+        Err(not_yet("LeaseLeases"))
+    }
+}
+
+pub struct ClusterService(Shared);
+
+impl ClusterService {
+    fn me(&self) -> pb::Member {
+        let info = &self.0.info;
+        pb::Member {
+            id: info.member_id,
+            name: info.name.clone(),
+            peer_ur_ls: info.peer_urls.clone(),
+            client_ur_ls: info.client_urls.clone(),
+            is_learner: false,
+        }
+    }
+
+    async fn header(&self) -> Option<pb::ResponseHeader> {
+        let term = match self.0.call(Command::Status).await {
+            Reply::Status { status, .. } => status.term,
+            _ => 0,
+        };
+        self.0.header(term).header(0)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::cluster_server::Cluster for ClusterService {
+    async fn member_add(
+        &self,
+        _: Request<pb::MemberAddRequest>,
+    ) -> Result<Response<pb::MemberAddResponse>, Status> {
+        Err(not_yet("MemberAdd (multi-member clusters)"))
+    }
+
+    async fn member_remove(
+        &self,
+        _: Request<pb::MemberRemoveRequest>,
+    ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
+        Err(not_yet("MemberRemove (multi-member clusters)"))
+    }
+
+    async fn member_update(
+        &self,
+        _: Request<pb::MemberUpdateRequest>,
+    ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
+        Err(not_yet("MemberUpdate (multi-member clusters)"))
+    }
+
+    async fn member_list(
+        &self,
+        _: Request<pb::MemberListRequest>,
+    ) -> Result<Response<pb::MemberListResponse>, Status> {
+        Ok(Response::new(pb::MemberListResponse {
+            header: self.header().await,
+            members: vec![self.me()],
+        }))
+    }
+
+    async fn member_promote(
+        &self,
+        _: Request<pb::MemberPromoteRequest>,
+    ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
+        Err(not_yet("MemberPromote (multi-member clusters)"))
+    }
+}
+
+pub struct MaintenanceService(Shared);
+
+#[tonic::async_trait]
+impl pb::maintenance_server::Maintenance for MaintenanceService {
+    type SnapshotStream = BoxStream<pb::SnapshotResponse>;
+
+    async fn alarm(
+        &self,
+        _: Request<pb::AlarmRequest>,
+    ) -> Result<Response<pb::AlarmResponse>, Status> {
+        let Reply::Status { status, .. } = self.0.call(Command::Status).await else {
+            return Err(status_of(&ServerError::Stopped));
+        };
+        // No alarm is ever raised yet (NOSPACE and CORRUPT come with quota
+        // and corruption checks).
+        Ok(Response::new(pb::AlarmResponse {
+            header: self.0.header(status.term).header(status.revision),
+            alarms: Vec::new(),
+        }))
+    }
+
+    async fn status(
+        &self,
+        _: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let Reply::Status { status, .. } = self.0.call(Command::Status).await else {
+            return Err(status_of(&ServerError::Stopped));
+        };
+        let leader = if status.leader != 0 {
+            self.0.info.member_id
+        } else {
+            0
+        };
+        Ok(Response::new(pb::StatusResponse {
+            header: self.0.header(status.term).header(status.revision),
+            version: crate::ETCD_API_VERSION.to_string(),
+            db_size: 0,
+            leader,
+            raft_index: status.committed_index,
+            raft_term: status.term,
+            raft_applied_index: status.applied_index,
+            errors: Vec::new(),
+            db_size_in_use: 0,
+            is_learner: false,
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _: Request<pb::DefragmentRequest>,
+    ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        let Reply::Status { status, .. } = self.0.call(Command::Status).await else {
+            return Err(status_of(&ServerError::Stopped));
+        };
+        // The memory engine has nothing to defragment.
+        Ok(Response::new(pb::DefragmentResponse {
+            header: self.0.header(status.term).header(status.revision),
+        }))
+    }
+
+    async fn hash(
+        &self,
+        _: Request<pb::HashRequest>,
+    ) -> Result<Response<pb::HashResponse>, Status> {
+        Err(not_yet("Hash (use HashKV)"))
+    }
+
+    async fn hash_kv(
+        &self,
+        request: Request<pb::HashKvRequest>,
+    ) -> Result<Response<pb::HashKvResponse>, Status> {
+        let rev = request.into_inner().revision;
+        match self.0.call(Command::HashKv(rev)).await {
+            Reply::HashKv(Ok(h), term) => Ok(Response::new(pb::HashKvResponse {
+                header: self.0.header(term).header(h.revision),
+                hash: h.hash,
+                compact_revision: h.compact_revision,
+            })),
+            Reply::HashKv(Err(e), _) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+
+    async fn snapshot(
+        &self,
+        _: Request<pb::SnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        Err(not_yet("Snapshot"))
+    }
+
+    async fn move_leader(
+        &self,
+        _: Request<pb::MoveLeaderRequest>,
+    ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        Err(not_yet("MoveLeader (multi-member clusters)"))
+    }
+
+    async fn downgrade(
+        &self,
+        _: Request<pb::DowngradeRequest>,
+    ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        Err(not_yet("Downgrade"))
+    }
+}
+
+pub struct AuthService;
+
+macro_rules! auth_not_yet {
+    ($($method:ident($req:ident) -> $resp:ident;)*) => {
+        #[tonic::async_trait]
+        impl pb::auth_server::Auth for AuthService {
+            $(
+                async fn $method(&self, _: Request<pb::$req>) -> Result<Response<pb::$resp>, Status> {
+                    Err(not_yet("Auth"))
+                }
+            )*
+        }
+    };
+}
+
+auth_not_yet! {
+    auth_enable(AuthEnableRequest) -> AuthEnableResponse;
+    auth_status(AuthStatusRequest) -> AuthStatusResponse;
+    auth_disable(AuthDisableRequest) -> AuthDisableResponse;
+    authenticate(AuthenticateRequest) -> AuthenticateResponse;
+    user_add(AuthUserAddRequest) -> AuthUserAddResponse;
+    user_get(AuthUserGetRequest) -> AuthUserGetResponse;
+    user_list(AuthUserListRequest) -> AuthUserListResponse;
+    user_delete(AuthUserDeleteRequest) -> AuthUserDeleteResponse;
+    user_change_password(AuthUserChangePasswordRequest) -> AuthUserChangePasswordResponse;
+    user_grant_role(AuthUserGrantRoleRequest) -> AuthUserGrantRoleResponse;
+    user_revoke_role(AuthUserRevokeRoleRequest) -> AuthUserRevokeRoleResponse;
+    role_add(AuthRoleAddRequest) -> AuthRoleAddResponse;
+    role_get(AuthRoleGetRequest) -> AuthRoleGetResponse;
+    role_list(AuthRoleListRequest) -> AuthRoleListResponse;
+    role_delete(AuthRoleDeleteRequest) -> AuthRoleDeleteResponse;
+    role_grant_permission(AuthRoleGrantPermissionRequest) -> AuthRoleGrantPermissionResponse;
+    role_revoke_permission(AuthRoleRevokePermissionRequest) -> AuthRoleRevokePermissionResponse;
+}

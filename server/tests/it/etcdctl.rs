@@ -1,0 +1,947 @@
+//! etcd compatibility as users see it: the real `etcdctl` 3.4 (v3 API) runs
+//! the same command lines against metcd's gRPC API and against a real etcd
+//! 3.4, each started fresh on loopback, and their stdout, stderr and exit
+//! status must match byte for byte after normalising only what legitimately
+//! differs between two servers (cluster/member ids, raft term, endpoint
+//! addresses, client log timestamps; for `endpoint status`/`hashkv` also the
+//! version, sizes, raft indexes and hash).
+//!
+//! `harness_self_check_etcd_vs_etcd` runs every scenario against two real
+//! etcds: it shows the normalisation hides nothing that differs between two
+//! correct servers, and that each scenario really produces the outputs and
+//! errors it is meant to exercise.
+
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::etcd_peer::{etcdctl_with, require_etcd, RealEtcd};
+use crate::support::Server;
+
+/// How long metcd may take to accept connections on its gRPC port after its
+/// HTTP `/health` answers.
+const GRPC_LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Upper bound for one scenario against one pair of servers.
+const SCENARIO_BUDGET: Duration = Duration::from_secs(120);
+
+// ---------------------------------------------------------------------------
+// Servers under test
+
+/// metcd with its gRPC API on `127.0.0.1:<grpc_port>`, killed on drop.
+pub struct Metcd {
+    pub server: Server,
+    pub grpc_port: u16,
+}
+
+impl Metcd {
+    /// Starts metcd with data in `dir/metcd` (log `dir/metcd.log`), waits for
+    /// its HTTP `/health` (support::Server, which also passes
+    /// `--listen-client-urls http://127.0.0.1:<client_port>`) and then,
+    /// bounded, for that gRPC port to accept TCP connections.
+    pub fn start(dir: &Path) -> Metcd {
+        let server = Server::start(&dir.join("metcd"), &["--shards", "2"]);
+        let m = Metcd {
+            grpc_port: server.client_port,
+            server,
+        };
+        m.wait_grpc_listening();
+        m
+    }
+
+    fn wait_grpc_listening(&self) {
+        let deadline = Instant::now() + GRPC_LISTEN_TIMEOUT;
+        while Instant::now() < deadline {
+            if TcpStream::connect(("127.0.0.1", self.grpc_port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "metcd is healthy on its HTTP port but does not accept connections \
+             on --listen-client-urls http://127.0.0.1:{} within {:?} (is the \
+             etcd v3 gRPC API served?)\nmetcd log:\n{}",
+            self.grpc_port,
+            GRPC_LISTEN_TIMEOUT,
+            tail(&self.server.log_text(), 4000)
+        );
+    }
+}
+
+/// Something etcdctl can talk to.
+trait Target {
+    fn label(&self) -> &'static str;
+    fn endpoint(&self) -> String;
+    fn log_text(&self) -> String;
+}
+
+struct EtcdTarget(&'static str, RealEtcd);
+
+impl Target for EtcdTarget {
+    fn label(&self) -> &'static str {
+        self.0
+    }
+    fn endpoint(&self) -> String {
+        self.1.endpoint.clone()
+    }
+    fn log_text(&self) -> String {
+        self.1.log_text()
+    }
+}
+
+impl Target for Metcd {
+    fn label(&self) -> &'static str {
+        "metcd"
+    }
+    fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.grpc_port)
+    }
+    fn log_text(&self) -> String {
+        self.server.log_text()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Scenarios
+
+/// How a step's stdout is normalised (stderr and exit status are always
+/// compared with [`Norm::Exact`] rules).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Norm {
+    /// Byte for byte, except ids, raft term, endpoint address and the client's
+    /// log timestamps/targets (see [`normalize_text`]).
+    Exact,
+    /// `endpoint status -w json`: structure and header revision compared,
+    /// ids/version/sizes/raft fields replaced (see [`normalize_status`]).
+    EndpointStatus,
+    /// `endpoint hashkv -w json`: structure, header revision and
+    /// compact_revision compared, hash and ids replaced.
+    HashKv,
+}
+
+/// What the reference (real etcd) must do for the step to test what it is
+/// meant to: checks the scenario itself, not the server under test.
+#[derive(Clone, Debug)]
+enum Expect {
+    Any,
+    /// Exit 0 and stdout contains this.
+    Ok(&'static str),
+    /// Exit 0 and stderr contains this (`endpoint health` reports there).
+    OkStderr(&'static str),
+    /// Non-zero exit and stderr contains this.
+    Err(&'static str),
+}
+
+#[derive(Clone, Debug)]
+struct Step {
+    args: Vec<String>,
+    stdin: Option<Vec<u8>>,
+    norm: Norm,
+    expect: Expect,
+}
+
+/// One etcdctl command line (after the global flags the harness adds).
+fn step(args: &[&str]) -> Step {
+    Step {
+        args: args.iter().map(|s| s.to_string()).collect(),
+        stdin: None,
+        norm: Norm::Exact,
+        expect: Expect::Any,
+    }
+}
+
+impl Step {
+    fn stdin(mut self, bytes: impl Into<Vec<u8>>) -> Step {
+        self.stdin = Some(bytes.into());
+        self
+    }
+    fn norm(mut self, norm: Norm) -> Step {
+        self.norm = norm;
+        self
+    }
+    fn ok(mut self, stdout_contains: &'static str) -> Step {
+        self.expect = Expect::Ok(stdout_contains);
+        self
+    }
+    fn ok_stderr(mut self, stderr_contains: &'static str) -> Step {
+        self.expect = Expect::OkStderr(stderr_contains);
+        self
+    }
+    fn err(mut self, stderr_contains: &'static str) -> Step {
+        self.expect = Expect::Err(stderr_contains);
+        self
+    }
+    fn describe(&self) -> String {
+        let mut s = format!("etcdctl {}", shell_words(&self.args));
+        if let Some(input) = &self.stdin {
+            if input.len() <= 200 {
+                s.push_str(&format!(" <<< {:?}", String::from_utf8_lossy(input)));
+            } else {
+                s.push_str(&format!(" < ({} bytes)", input.len()));
+            }
+        }
+        s
+    }
+}
+
+fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            if a.is_empty() || a.contains([' ', '"', '\'', '(', ')', '<', '>']) {
+                format!("'{a}'")
+            } else {
+                a.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+const COMPACTED: &str = "Error: etcdserver: mvcc: required revision has been compacted";
+const FUTURE: &str = "Error: etcdserver: mvcc: required revision is a future revision";
+
+/// (a) put / get / delete and their output formats. A fresh store is at
+/// revision 1, so the first put is revision 2.
+fn scenario_put_get() -> Vec<Step> {
+    vec![
+        step(&["put", "foo", "bar"]).ok("OK"),
+        step(&["get", "foo"]).ok("foo\nbar\n"),
+        step(&["get", "foo", "-w", "json"]).ok("\"kvs\""),
+        step(&["get", "foo", "-w", "fields"]).ok("\"Key\" : \"foo\""),
+        step(&["get", "foo", "--print-value-only"]).ok("bar"),
+        step(&["put", "foo", "bar2", "--prev-kv"]).ok("OK\nfoo\nbar\n"),
+        step(&["put", "foo", "bar3", "--prev-kv", "-w", "json"]).ok("\"prev_kv\""),
+        // Revision 1 exists (the empty store): no error, no output.
+        step(&["get", "foo", "--rev=1"]).ok(""),
+        step(&["get", "foo", "--rev=2"]).ok("bar"),
+        step(&["get", "foo", "--rev=3", "-w", "json"]).ok("\"mod_revision\":3"),
+        step(&["get", "nosuchkey"]).ok(""),
+        step(&["get", "nosuchkey", "-w", "json"]).ok("\"header\""),
+        step(&["del", "foo"]).ok("1"),
+        step(&["del", "foo"]).ok("0"),
+        step(&["del", "foo", "-w", "json"]).ok("\"header\""),
+        step(&["get", "foo", "--rev=4", "-w", "json"]).ok("\"version\":3"),
+        // Value read from stdin when omitted; kept byte for byte.
+        step(&["put", "multi"]).stdin("line1\nline2\n").ok("OK"),
+        step(&["get", "multi", "-w", "json"]).ok("\"count\":1"),
+        step(&["get", "multi", "--print-value-only"]).ok("line1\nline2\n"),
+    ]
+}
+
+/// (b) prefix, ranges, limit, sort, keys-only, from-key, ranged delete.
+/// (etcdctl 3.4 has no `--count-only`; `--limit` with `-w json` shows the
+/// `count` and `more` fields instead.)
+fn scenario_prefix_range() -> Vec<Step> {
+    let mut steps: Vec<Step> = (0..10)
+        .map(|i| {
+            let k = format!("k{i:02}");
+            let v = format!("v{i}");
+            step(&["put", &k, &v]).ok("OK")
+        })
+        .collect();
+    // Rewrite one key so CREATE and MODIFY orders differ.
+    steps.push(step(&["put", "k03", "v3b"]).ok("OK"));
+    steps.extend([
+        step(&["get", "k", "--prefix"]).ok("k00\nv0\nk01\n"),
+        step(&["get", "k", "--prefix", "--limit", "3"]).ok("k02\nv2\n"),
+        step(&["get", "k", "--prefix", "--limit", "3", "-w", "json"]).ok("\"more\":true"),
+        step(&["get", "k0", "k05"]).ok("k04\nv4\n"),
+        step(&["get", "k0", "k05", "-w", "json"]).ok("\"count\":5"),
+        step(&["get", "k", "--prefix", "--keys-only"]).ok("k00\n\nk01\n"),
+        step(&["get", "k", "--prefix", "--keys-only", "-w", "json"]).ok("\"count\":10"),
+        step(&[
+            "get",
+            "k",
+            "--prefix",
+            "--sort-by=MODIFY",
+            "--order=DESCEND",
+            "--limit",
+            "2",
+        ])
+        .ok("k03\nv3b\nk09\nv9\n"),
+        step(&[
+            "get",
+            "k",
+            "--prefix",
+            "--sort-by=CREATE",
+            "--order=DESCEND",
+            "--limit",
+            "2",
+        ])
+        .ok("k09\nv9\nk08\nv8\n"),
+        step(&[
+            "get",
+            "k",
+            "--prefix",
+            "--sort-by=VALUE",
+            "--order=DESCEND",
+            "--limit",
+            "2",
+        ])
+        .ok("k09\nv9\n"),
+        step(&[
+            "get",
+            "k",
+            "--prefix",
+            "--sort-by=VERSION",
+            "--order=DESCEND",
+            "--limit",
+            "1",
+        ])
+        .ok("k03\nv3b\n"),
+        step(&[
+            "get",
+            "k",
+            "--prefix",
+            "--order=DESCEND",
+            "--limit",
+            "2",
+            "-w",
+            "json",
+        ])
+        .ok("\"more\":true"),
+        step(&["get", "--from-key", "k07"]).ok("k07\nv7\nk08\n"),
+        step(&["get", "--from-key", "", "--keys-only"]).ok("k00\n"),
+        step(&["get", "k05", "--rev=5", "-w", "json"]).ok("\"header\""),
+        step(&["get", "k", "--prefix", "--rev=5", "--keys-only"]).ok("k03\n"),
+        step(&["del", "k08", "k99"]).ok("2"),
+        step(&["del", "k", "--prefix", "--prev-kv"]).ok("8\nk00\nv0\n"),
+        step(&["get", "k", "--prefix", "-w", "json"]).ok("\"header\""),
+        step(&["del", "k", "--prefix", "-w", "json"]).ok("\"header\""),
+    ]);
+    steps
+}
+
+/// The stdin of `etcdctl txn`: compares, a blank line, success requests, a
+/// blank line, failure requests, a blank line (each line as etcdctl's
+/// interactive mode reads it; every section must end with an empty line).
+fn txn_stdin(compares: &[&str], success: &[&str], failure: &[&str]) -> String {
+    let mut s = String::new();
+    for section in [compares, success, failure] {
+        for line in section {
+            s.push_str(line);
+            s.push('\n');
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// (c) transactions read from stdin, both branches, simple and json output.
+fn scenario_txn() -> Vec<Step> {
+    vec![
+        step(&["txn"])
+            .stdin(txn_stdin(
+                &[r#"mod("foo") = "0""#],
+                &["put foo bar"],
+                &["put foo nope"],
+            ))
+            .ok("SUCCESS\n\nOK\n"),
+        step(&["txn"])
+            .stdin(txn_stdin(
+                &[r#"mod("foo") = "0""#],
+                &["put foo bar"],
+                &["put foo nope"],
+            ))
+            .ok("FAILURE\n\nOK\n"),
+        step(&["get", "foo"]).ok("foo\nnope\n"),
+        step(&["txn", "-w", "json"])
+            .stdin(txn_stdin(
+                &[r#"value("foo") = "nope""#, r#"version("foo") > "1""#],
+                &["get foo", "del foo --prev-kv", "put x y"],
+                &["get foo"],
+            ))
+            .ok("\"succeeded\":true"),
+        step(&["txn", "-w", "json"])
+            .stdin(txn_stdin(
+                &[r#"value("x") = "nope""#],
+                &["put x nope"],
+                &["get x", "put x y2 --prev-kv"],
+            ))
+            .ok("\"prev_kv\""),
+        // No compares: the success branch runs.
+        step(&["txn"])
+            .stdin(txn_stdin(&[], &["put a 1", "put b 2", "get x"], &[]))
+            .ok("SUCCESS\n\nOK\n\nOK\n\nx\ny2\n"),
+        step(&["txn", "-w", "json"])
+            .stdin(txn_stdin(
+                &[
+                    r#"create("a") > "0""#,
+                    r#"mod("b") < "100""#,
+                    r#"value("a") != "2""#,
+                ],
+                &["get a --prefix", "del a c"],
+                &[],
+            ))
+            .ok("\"deleted\":2"),
+        // Failure branch with no requests.
+        step(&["txn"])
+            .stdin(txn_stdin(&[r#"version("a") > "0""#], &["put never 1"], &[]))
+            .ok("FAILURE\n"),
+        step(&["txn", "-w", "json"])
+            .stdin(txn_stdin(&[r#"create("a") = "0""#], &[], &[]))
+            .ok("\"succeeded\":true"),
+        step(&["txn"])
+            .stdin(txn_stdin(&[], &["put d 1", "put d 2"], &[]))
+            .err("Error: etcdserver: duplicate key given in txn request"),
+        step(&["get", "", "--from-key", "-w", "json"]).ok("\"count\":1"),
+    ]
+}
+
+/// (d) compaction and reads of compacted / future revisions.
+fn scenario_compaction() -> Vec<Step> {
+    vec![
+        step(&["put", "foo", "v1"]).ok("OK"), // rev 2
+        step(&["put", "foo", "v2"]).ok("OK"), // rev 3
+        step(&["put", "foo", "v3"]).ok("OK"), // rev 4
+        step(&["put", "bar", "b"]).ok("OK"),  // rev 5
+        step(&["get", "foo", "--rev=2"]).ok("v1"),
+        step(&["compaction", "4"]).ok("compacted revision 4"),
+        step(&["get", "foo", "--rev=3"]).err(COMPACTED),
+        step(&["get", "foo", "--rev=2", "-w", "json"]).err(COMPACTED),
+        step(&["get", "foo", "--rev=4"]).ok("foo\nv3\n"),
+        step(&["get", "foo", "--rev=4", "-w", "json"]).ok("\"mod_revision\":4"),
+        step(&["get", "bar", "--rev=4"]).ok(""),
+        step(&["compaction", "4"]).err(COMPACTED),
+        step(&["compaction", "3"]).err(COMPACTED),
+        step(&["compaction", "99"]).err(FUTURE),
+        step(&["compaction", "5", "--physical"]).ok("compacted revision 5"),
+        step(&["get", "foo", "--rev=4"]).err(COMPACTED),
+        step(&["get", "foo", "-w", "json"]).ok("\"version\":3"),
+        step(&["del", "foo"]).ok("1"), // rev 6
+        step(&["compaction", "6"]).ok("compacted revision 6"),
+        step(&["get", "foo", "--rev=6", "-w", "json"]).ok("\"header\""),
+        step(&["get", "", "--from-key", "-w", "json"]).ok("\"count\":1"),
+    ]
+}
+
+/// (e) endpoint status and hashkv, compared structurally.
+fn scenario_status_hashkv() -> Vec<Step> {
+    vec![
+        step(&["endpoint", "status", "-w", "json"])
+            .norm(Norm::EndpointStatus)
+            .ok("\"dbSize\""),
+        step(&["endpoint", "hashkv", "-w", "json"])
+            .norm(Norm::HashKv)
+            .ok("\"hash\""),
+        step(&["put", "a", "1"]).ok("OK"),
+        step(&["put", "a", "2"]).ok("OK"),
+        step(&["put", "b", "3"]).ok("OK"),
+        step(&["compaction", "3"]).ok("compacted revision 3"),
+        step(&["endpoint", "status", "-w", "json"])
+            .norm(Norm::EndpointStatus)
+            .ok("\"revision\":4"),
+        step(&["endpoint", "hashkv", "-w", "json"])
+            .norm(Norm::HashKv)
+            .ok("\"compact_revision\":3"),
+        step(&["endpoint", "hashkv", "--rev=4", "-w", "json"])
+            .norm(Norm::HashKv)
+            .ok("\"compact_revision\":3"),
+        step(&["endpoint", "hashkv", "--rev=2", "-w", "json"]).err(COMPACTED),
+        step(&["endpoint", "health"]).ok_stderr("is healthy"),
+    ]
+}
+
+/// Default `--max-request-bytes` of both servers: 1.5 MiB.
+const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+
+/// (f) errors the server reports.
+fn scenario_errors() -> Vec<Step> {
+    // Above the server's request limit but below the client's 2 MiB send
+    // limit (with a 2 MiB value etcdctl itself refuses to send:
+    // "trying to send message larger than max").
+    let too_big = vec![b'x'; MAX_REQUEST_BYTES + 100 * 1024];
+    let fits = vec![b'y'; MAX_REQUEST_BYTES - 64 * 1024];
+    vec![
+        step(&["get", "foo", "--rev=99999"]).err(FUTURE),
+        step(&["get", "foo", "--rev=2", "-w", "json"]).err(FUTURE),
+        step(&["put", "", "v"]).err("Error: etcdserver: key is not provided"),
+        step(&["get", ""]).err("Error: etcdserver: key is not provided"),
+        step(&["del", ""]).err("Error: etcdserver: key is not provided"),
+        // `etcdctl put big < file`: the value comes from stdin.
+        step(&["put", "big"])
+            .stdin(too_big)
+            .err("Error: etcdserver: request is too large"),
+        step(&["get", "big", "-w", "json"]).ok("\"header\""),
+        step(&["put", "big"]).stdin(fits).ok("OK"),
+        step(&["get", "big", "--keys-only"]).ok("big\n"),
+        step(&["get", "foo", "--rev=3"]).err(FUTURE),
+        step(&["compaction", "2"]).ok("compacted revision 2"),
+        step(&["compaction", "0"]).err(COMPACTED),
+        step(&["get", "big", "--rev=1"]).err(COMPACTED),
+    ]
+}
+
+fn all_scenarios() -> Vec<(&'static str, Vec<Step>)> {
+    vec![
+        ("put_get", scenario_put_get()),
+        ("prefix_range", scenario_prefix_range()),
+        ("txn", scenario_txn()),
+        ("compaction", scenario_compaction()),
+        ("status_hashkv", scenario_status_hashkv()),
+        ("errors", scenario_errors()),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// Normalisation
+
+/// Replaces the value after every occurrence of `prefix` (e.g.
+/// `"cluster_id":`): a JSON number with `0`, or a JSON string with
+/// `"<masked>"`. Everything else is kept byte for byte.
+fn mask_after(text: &str, prefix: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = rest.find(prefix) {
+        let (head, tail) = rest.split_at(pos + prefix.len());
+        out.push_str(head);
+        let bytes = tail.as_bytes();
+        let mut end = 0;
+        if bytes.first() == Some(&b'"') {
+            end = 1;
+            while end < bytes.len() && bytes[end] != b'"' {
+                end += if bytes[end] == b'\\' { 2 } else { 1 };
+            }
+            end = (end + 1).min(bytes.len());
+            out.push_str("\"<masked>\"");
+        } else {
+            if bytes.first() == Some(&b'-') {
+                end = 1;
+            }
+            while end < bytes.len() && bytes[end].is_ascii_digit() {
+                end += 1;
+            }
+            if end > 0 {
+                out.push('0');
+            }
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Bytes as text, keeping invalid UTF-8 visible (so it cannot compare equal
+/// to a lossy replacement).
+fn as_text(bytes: &[u8]) -> String {
+    match String::from_utf8(bytes.to_vec()) {
+        Ok(s) => s,
+        Err(e) => format!("<non-UTF-8 output: {:?}>", e.into_bytes()),
+    }
+}
+
+/// The rules for every stdout and stderr:
+/// - the server's endpoint address (`127.0.0.1:<port>`) → `<endpoint>`;
+/// - `-w json` headers: `cluster_id`, `member_id`, `raft_term` → 0 (they
+///   identify the cluster/member and count elections, not data);
+/// - `-w fields`: `"ClusterID"`, `"MemberID"`, `"RaftTerm"` → 0 likewise;
+/// - the client's zap warning lines on stderr
+///   (`{"level":"warn","ts":...,"target":...}`): `ts` (wall clock) and
+///   `target` (random client id + endpoint) masked. Their `error` field,
+///   which carries the gRPC status code and message, is compared.
+fn normalize_text(text: &str, endpoint: &str) -> String {
+    let mut s = mask_took(&text.replace(endpoint, "<endpoint>"));
+    for prefix in [
+        "\"cluster_id\":",
+        "\"member_id\":",
+        "\"raft_term\":",
+        "\"ClusterID\" : ",
+        "\"MemberID\" : ",
+        "\"RaftTerm\" : ",
+        "\"ts\":",
+        "\"target\":",
+    ] {
+        s = mask_after(&s, prefix);
+    }
+    s
+}
+
+/// `endpoint health` reports its latency: `... is healthy: successfully
+/// committed proposal: took = 6.02ms` → `took = <duration>`.
+fn mask_took(text: &str) -> String {
+    const TOOK: &str = "took = ";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = rest.find(TOOK) {
+        out.push_str(&rest[..pos + TOOK.len()]);
+        out.push_str("<duration>");
+        rest = &rest[pos + TOOK.len()..];
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn zero_if_present(obj: &mut Value, key: &str) {
+    if let Some(v) = obj.get_mut(key) {
+        *v = Value::from(0);
+    }
+}
+
+fn zero_header_ids(header: Option<&mut Value>) {
+    if let Some(h) = header {
+        for k in ["cluster_id", "member_id", "raft_term"] {
+            zero_if_present(h, k);
+        }
+    }
+}
+
+/// `endpoint status -w json` is `[{"Endpoint":..,"Status":{header, version,
+/// dbSize, leader, raftIndex, raftTerm, raftAppliedIndex, dbSizeInUse, ..}}]`.
+/// Compared: the set of keys everywhere, header.revision, and any other
+/// field (e.g. isLearner, errors). Replaced: the endpoint, header ids and
+/// term, `version` (server version string), `dbSize`/`dbSizeInUse` (storage
+/// layout), `raftIndex`/`raftAppliedIndex`/`raftTerm` (count raft entries
+/// such as conf changes, not data). `leader` becomes `"<self>"` when it
+/// equals the member id (a single member leads itself), else `"<other>"`.
+fn normalize_status(v: &mut Value) {
+    let Some(items) = v.as_array_mut() else {
+        return;
+    };
+    for item in items {
+        if let Some(e) = item.get_mut("Endpoint") {
+            *e = Value::from("<endpoint>");
+        }
+        let Some(st) = item.get_mut("Status") else {
+            continue;
+        };
+        let member = st.pointer("/header/member_id").cloned();
+        if let Some(l) = st.get_mut("leader") {
+            *l = Value::from(if Some(&*l) == member.as_ref() {
+                "<self>"
+            } else {
+                "<other>"
+            });
+        }
+        zero_header_ids(st.get_mut("header"));
+        if let Some(ver) = st.get_mut("version") {
+            *ver = Value::from("<version>");
+        }
+        for k in [
+            "dbSize",
+            "dbSizeInUse",
+            "raftIndex",
+            "raftAppliedIndex",
+            "raftTerm",
+        ] {
+            zero_if_present(st, k);
+        }
+    }
+}
+
+/// `endpoint hashkv -w json` is `[{"Endpoint":..,"HashKV":{header, hash,
+/// compact_revision}}]`. The hash is of etcd's bbolt layout, so only its
+/// presence is compared; header.revision and compact_revision are compared.
+fn normalize_hashkv(v: &mut Value) {
+    let Some(items) = v.as_array_mut() else {
+        return;
+    };
+    for item in items {
+        if let Some(e) = item.get_mut("Endpoint") {
+            *e = Value::from("<endpoint>");
+        }
+        if let Some(h) = item.get_mut("HashKV") {
+            zero_header_ids(h.get_mut("header"));
+            zero_if_present(h, "hash");
+        }
+    }
+}
+
+/// A normalised run: what is compared.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    exit: String,
+    stdout: String,
+    stderr: String,
+}
+
+fn normalize(step: &Step, endpoint: &str, out: &Output) -> Seen {
+    let exit = match out.status.code() {
+        Some(c) => format!("exit {c}"),
+        None => format!("{}", out.status),
+    };
+    let raw_stdout = as_text(&out.stdout);
+    let stdout = match step.norm {
+        Norm::Exact => normalize_text(&raw_stdout, endpoint),
+        Norm::EndpointStatus | Norm::HashKv => match serde_json::from_str::<Value>(&raw_stdout) {
+            Ok(mut v) => {
+                if step.norm == Norm::EndpointStatus {
+                    normalize_status(&mut v);
+                } else {
+                    normalize_hashkv(&mut v);
+                }
+                serde_json::to_string_pretty(&v).unwrap()
+            }
+            // Errors print nothing on stdout; anything else is shown as is.
+            Err(e) if !raw_stdout.is_empty() => format!(
+                "<stdout is not JSON ({e})>\n{}",
+                normalize_text(&raw_stdout, endpoint)
+            ),
+            Err(_) => String::new(),
+        },
+    };
+    Seen {
+        exit,
+        stdout,
+        stderr: normalize_text(&as_text(&out.stderr), endpoint),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Runner
+
+fn run_step(target: &dyn Target, step: &Step) -> Output {
+    let args: Vec<&str> = step.args.iter().map(String::as_str).collect();
+    etcdctl_with(&target.endpoint(), &[], &args, step.stdin.as_deref())
+}
+
+fn tail(s: &str, n: usize) -> &str {
+    let mut start = s.len().saturating_sub(n);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+fn clip(s: &str) -> String {
+    const MAX: usize = 3000;
+    if s.len() <= MAX {
+        format!("{s:?}")
+    } else {
+        let mut end = MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{:?}... ({} bytes)", &s[..end], s.len())
+    }
+}
+
+/// Checks the reference's raw output against what the step is meant to
+/// exercise. `None` when it holds.
+fn check_expect(step: &Step, raw: &Output) -> Option<String> {
+    let ok = raw.status.success();
+    match &step.expect {
+        Expect::Any => None,
+        Expect::Ok(want) if ok && as_text(&raw.stdout).contains(want) => None,
+        Expect::OkStderr(want) if ok && as_text(&raw.stderr).contains(want) => None,
+        Expect::Err(want) if !ok && as_text(&raw.stderr).contains(want) => None,
+        Expect::Ok(want) => Some(format!("expected success with stdout containing {want:?}")),
+        Expect::OkStderr(want) => Some(format!("expected success with stderr containing {want:?}")),
+        Expect::Err(want) => Some(format!("expected failure with stderr containing {want:?}")),
+    }
+}
+
+/// Runs `steps` in order against both targets (each step on the reference,
+/// then on the candidate) and returns a report of every difference, or
+/// `None` when all matched. Panics if the reference itself does not do what
+/// a step expects (a broken scenario, not a compatibility bug).
+fn compare(
+    scenario: &str,
+    steps: &[Step],
+    reference: &dyn Target,
+    candidate: &dyn Target,
+) -> Option<String> {
+    let started = Instant::now();
+    let (rl, cl) = (reference.label(), candidate.label());
+    let mut report = String::new();
+    let mut diffs = 0;
+    for (i, step) in steps.iter().enumerate() {
+        if started.elapsed() > SCENARIO_BUDGET {
+            diffs += 1;
+            report.push_str(&format!(
+                "\n(stopped before step {i}: scenario over its {SCENARIO_BUDGET:?} budget)\n"
+            ));
+            break;
+        }
+        let r_raw = run_step(reference, step);
+        let r = normalize(step, &reference.endpoint(), &r_raw);
+        if let Some(why) = check_expect(step, &r_raw) {
+            panic!(
+                "scenario {scenario} step {i} `{}`: the reference {rl} did not \
+                 behave as the scenario assumes: {why}\n got {r:#?}\n{rl} log tail:\n{}",
+                step.describe(),
+                tail(&reference.log_text(), 3000)
+            );
+        }
+        let c_raw = run_step(candidate, step);
+        let c = normalize(step, &candidate.endpoint(), &c_raw);
+        // The transcript (shown by the test runner on failure, or with
+        // --nocapture).
+        println!(
+            "[{scenario} {i}] {}\n  {}  stdout {}  stderr {}{}",
+            step.describe(),
+            r.exit,
+            clip(&r.stdout),
+            clip(&r.stderr),
+            if r == c { "" } else { "  <-- differs" }
+        );
+        if r == c {
+            continue;
+        }
+        diffs += 1;
+        report.push_str(&format!("\nstep {i}: {}\n", step.describe()));
+        if r.exit != c.exit {
+            report.push_str(&format!(
+                "  exit    {rl}: {}\n          {cl}: {}\n",
+                r.exit, c.exit
+            ));
+        }
+        if r.stdout != c.stdout {
+            report.push_str(&format!(
+                "  stdout  {rl}: {}\n          {cl}: {}\n",
+                clip(&r.stdout),
+                clip(&c.stdout)
+            ));
+        }
+        if r.stderr != c.stderr {
+            report.push_str(&format!(
+                "  stderr  {rl}: {}\n          {cl}: {}\n",
+                clip(&r.stderr),
+                clip(&c.stderr)
+            ));
+        }
+        // A candidate that cannot be reached or hangs makes every later step
+        // wait for etcdctl's timeouts: stop here.
+        let hung = |s: &str| {
+            s.contains("context deadline exceeded") || s.contains("<test harness: killed")
+        };
+        if hung(&c.stderr) && !hung(&r.stderr) {
+            report.push_str(&format!(
+                "\n(stopped after step {i}: {cl} unreachable or timing out)\n"
+            ));
+            break;
+        }
+    }
+    if diffs == 0 {
+        return None;
+    }
+    Some(format!(
+        "scenario {scenario}: {cl} differs from {rl} in {diffs} step(s) \
+         (outputs normalised, see server/tests/it/etcdctl.rs):\n{report}\n\
+         {cl} log tail:\n{}",
+        tail(&candidate.log_text(), 3000)
+    ))
+}
+
+/// Starts a fresh real etcd and a fresh metcd and compares one scenario.
+fn etcd_vs_metcd(scenario: &str, steps: Vec<Step>) {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    // Let etcd elect itself while metcd starts.
+    let mut etcd = RealEtcd::spawn(&dir.path().join("etcd"));
+    let metcd = Metcd::start(dir.path());
+    etcd.wait_healthy();
+    let etcd = EtcdTarget("etcd", etcd);
+    if let Some(report) = compare(scenario, &steps, &etcd, &metcd) {
+        panic!("{report}");
+    }
+}
+
+#[test]
+fn put_get_matches_etcd() {
+    etcd_vs_metcd("put_get", scenario_put_get());
+}
+
+#[test]
+fn prefix_range_limit_sort_match_etcd() {
+    etcd_vs_metcd("prefix_range", scenario_prefix_range());
+}
+
+#[test]
+fn txn_from_stdin_matches_etcd() {
+    etcd_vs_metcd("txn", scenario_txn());
+}
+
+#[test]
+fn compaction_matches_etcd() {
+    etcd_vs_metcd("compaction", scenario_compaction());
+}
+
+#[test]
+fn endpoint_status_and_hashkv_match_etcd() {
+    etcd_vs_metcd("status_hashkv", scenario_status_hashkv());
+}
+
+#[test]
+fn errors_match_etcd() {
+    etcd_vs_metcd("errors", scenario_errors());
+}
+
+/// Every scenario against two real etcds (fresh data for each scenario):
+/// must pass, or the normalisation is too weak (or a scenario depends on
+/// something nondeterministic).
+#[test]
+fn harness_self_check_etcd_vs_etcd() {
+    require_etcd();
+    let mut failures = Vec::new();
+    for (name, steps) in all_scenarios() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = RealEtcd::spawn(&dir.path().join("a"));
+        let mut b = RealEtcd::spawn(&dir.path().join("b"));
+        a.wait_healthy();
+        b.wait_healthy();
+        assert_ne!(a.endpoint, b.endpoint);
+        let a = EtcdTarget("etcd-a", a);
+        let b = EtcdTarget("etcd-b", b);
+        if let Some(report) = compare(name, &steps, &a, &b) {
+            failures.push(report);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Negative control: the runner does report a server that behaves
+/// differently (here an etcd with a 1000-byte request limit).
+#[test]
+fn harness_reports_a_differing_server() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = RealEtcd::spawn(&dir.path().join("a"));
+    let mut b = RealEtcd::spawn_with(&dir.path().join("b"), &["--max-request-bytes", "1000"]);
+    a.wait_healthy();
+    b.wait_healthy();
+    let (a, b) = (EtcdTarget("etcd", a), EtcdTarget("small-etcd", b));
+    let steps = vec![
+        step(&["put", "k", "v"]).ok("OK"),
+        step(&["put", "big"]).stdin(vec![b'x'; 2000]).ok("OK"),
+        step(&["get", "k", "-w", "json"]).ok("\"count\":1"),
+    ];
+    let report = compare("negative_control", &steps, &a, &b)
+        .expect("a server with a smaller request limit went unnoticed");
+    assert!(
+        report.contains("differs from etcd in 2 step(s)")
+            && report.contains("step 1: etcdctl put big")
+            && report.contains("etcdserver: request is too large")
+            && report.contains("step 2: etcdctl get k -w json"),
+        "{report}"
+    );
+}
+
+/// The normaliser itself: masks only the named fields.
+#[test]
+fn normalizer_masks_only_volatile_fields() {
+    let out = r#"{"header":{"cluster_id":324952591200643719,"member_id":3319814642761637952,"revision":2,"raft_term":2},"kvs":[{"key":"Zm9v","create_revision":2}],"count":1}"#;
+    assert_eq!(
+        normalize_text(out, "127.0.0.1:1"),
+        r#"{"header":{"cluster_id":0,"member_id":0,"revision":2,"raft_term":0},"kvs":[{"key":"Zm9v","create_revision":2}],"count":1}"#
+    );
+    let log = r#"{"level":"warn","ts":"2026-11-26T02:44:44.511Z","caller":"clientv3/retry_interceptor.go:62","msg":"retrying of unary invoker failed","target":"endpoint://client-e3/127.0.0.1:23790","attempt":0,"error":"rpc error: code = OutOfRange desc = x"}"#;
+    assert_eq!(
+        normalize_text(log, "127.0.0.1:23790"),
+        r#"{"level":"warn","ts":"<masked>","caller":"clientv3/retry_interceptor.go:62","msg":"retrying of unary invoker failed","target":"<masked>","attempt":0,"error":"rpc error: code = OutOfRange desc = x"}"#
+    );
+    assert_eq!(
+        normalize_text(
+            "\"ClusterID\" : 12\n\"Revision\" : 3\n\"RaftTerm\" : 2\n",
+            "x"
+        ),
+        "\"ClusterID\" : 0\n\"Revision\" : 3\n\"RaftTerm\" : 0\n"
+    );
+    assert_eq!(
+        mask_after(r#"a"ts":"x\"y"b"#, "\"ts\":"),
+        r#"a"ts":"<masked>"b"#
+    );
+}
