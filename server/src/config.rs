@@ -61,6 +61,9 @@ pub struct Config {
     pub io_memory_bytes: usize,
     /// Accepted for etcd compatibility; the quota alarm is tracked separately.
     pub quota_backend_bytes: u64,
+    /// How often watchers that asked for progress notifications get one
+    /// (a duration such as `10m`, `5s`; `0s` disables). etcd's default: 10m.
+    pub experimental_watch_progress_notify_interval: String,
 }
 
 impl Default for Config {
@@ -88,6 +91,7 @@ impl Default for Config {
             max_pending_proposals: 100_000,
             io_memory_bytes: 1 << 20,
             quota_backend_bytes: 2 << 30,
+            experimental_watch_progress_notify_interval: "10m".into(),
         }
     }
 }
@@ -149,6 +153,8 @@ pub struct Flags {
     pub io_memory_bytes: Option<usize>,
     #[arg(long)]
     pub quota_backend_bytes: Option<u64>,
+    #[arg(long)]
+    pub experimental_watch_progress_notify_interval: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -222,6 +228,7 @@ impl Config {
             max_pending_proposals,
             io_memory_bytes,
             quota_backend_bytes,
+            experimental_watch_progress_notify_interval,
         );
         cfg.validate()?;
         Ok(cfg)
@@ -263,6 +270,20 @@ impl Config {
     /// The socket addresses of `--listen-http-urls` (comma-separated URLs).
     pub fn http_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
         parse_urls("listen-http-urls", &self.listen_http_urls)
+    }
+
+    /// `None` when progress notifications are off.
+    pub fn watch_progress_notify_interval(&self) -> Result<Option<Duration>, ConfigError> {
+        let v = self.experimental_watch_progress_notify_interval.trim();
+        let d = (v.parse::<u64>().is_err())
+            .then(|| parse_retention_duration(v))
+            .flatten()
+            .ok_or_else(|| ConfigError::Invalid {
+                flag: "experimental-watch-progress-notify-interval",
+                value: v.to_string(),
+                reason: "expected a duration such as 10m, 5s or 500ms".into(),
+            })?;
+        Ok((!d.is_zero()).then_some(d))
     }
 
     pub fn auto_compaction(&self) -> Result<AutoCompaction, ConfigError> {
@@ -355,6 +376,7 @@ impl Config {
         self.http_listen_addrs()?;
         self.client_listen_addrs()?;
         self.auto_compaction()?;
+        self.watch_progress_notify_interval()?;
         if self.max_txn_ops == 0 {
             return Err(invalid("max-txn-ops", "0".into(), "must be at least 1"));
         }

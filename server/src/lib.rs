@@ -15,6 +15,7 @@ pub mod node;
 pub mod notify;
 pub mod raftlog;
 pub mod shard;
+pub mod watch;
 
 /// The etcd API version we are compatible with (reported by `/version`).
 pub const ETCD_API_VERSION: &str = "3.5.13";

@@ -145,6 +145,8 @@ pub struct Node {
     next_id: Cell<u64>,
     fatal: RefCell<Option<String>>,
     status: Cell<NodeStatus>,
+    /// Called with every applied batch of events (watch hubs of all shards).
+    watch_subscribers: RefCell<Vec<crate::watch::EventSubscriber>>,
     snapshot_done: RefCell<Option<Result<u64>>>,
     snapshot_in_flight: Cell<bool>,
     snapshot_retry_at: Cell<Option<Instant>>,
@@ -252,6 +254,7 @@ impl Node {
             next_id: Cell::new(boot_nanos),
             fatal: RefCell::new(None),
             status: Cell::new(NodeStatus::default()),
+            watch_subscribers: RefCell::new(Vec::new()),
             snapshot_done: RefCell::new(None),
             snapshot_in_flight: Cell::new(false),
             snapshot_retry_at: Cell::new(None),
@@ -312,6 +315,19 @@ impl Node {
         self.status.get()
     }
 
+    /// Bytes this member's data occupies on disk (snapshot files and WAL
+    /// segments): etcd's "DB SIZE" for the memory engine.
+    pub fn disk_usage(&self) -> u64 {
+        [&self.dirs.snap, &self.dirs.wal]
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flatten()
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+            .sum()
+    }
+
     pub fn is_healthy(&self) -> bool {
         self.fatal.borrow().is_none() && self.status.get().leader != 0
     }
@@ -348,6 +364,22 @@ impl Node {
     /// linearizable.
     pub fn range(&self, req: &mvcc::RangeRequest) -> Result<mvcc::RangeResponse> {
         Ok(self.mvcc.borrow().range(req)?)
+    }
+
+    /// Registers a receiver of applied events; it must only enqueue.
+    pub fn subscribe_events(&self, f: crate::watch::EventSubscriber) {
+        self.watch_subscribers.borrow_mut().push(f);
+    }
+
+    /// Events in `[key, range_end)` from `from_rev` to the current revision
+    /// (for a watcher's history), and that revision.
+    pub fn watch_history(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        from_rev: i64,
+    ) -> Result<(Vec<mvcc::Event>, i64)> {
+        Ok(self.mvcc.borrow().events_since(key, range_end, from_rev)?)
     }
 
     /// A txn without writes, from the applied state (etcd serves these
@@ -478,6 +510,7 @@ impl Node {
         }
         let mut mvcc = self.mvcc.borrow_mut();
         let mut pending = self.pending.borrow_mut();
+        let mut events = Vec::new();
         for entry in entries {
             if entry.entry_type != EntryType::EntryNormal || entry.data.is_empty() {
                 // Leader no-ops (and, later, conf changes) still advance the
@@ -504,12 +537,21 @@ impl Node {
                 continue;
             };
             let result = match mvcc.apply(entry.index, &req) {
-                Ok(outcome) => Ok(outcome.response),
+                Ok(outcome) => {
+                    events.extend(outcome.events);
+                    Ok(outcome.response)
+                }
                 Err(e) if e.is_fatal() => return Err(e.into()),
                 Err(e) => Err(ServerError::Mvcc(e)),
             };
             if let Some(reply) = pending.remove(&id) {
                 let _ = reply.send(result);
+            }
+        }
+        if !events.is_empty() {
+            let batch: crate::watch::EventBatch = events.into();
+            for subscriber in self.watch_subscribers.borrow().iter() {
+                subscriber(&batch);
             }
         }
         Ok(())

@@ -24,6 +24,7 @@ use crate::config::Config;
 use crate::error::{Result, ServerError};
 use crate::mvcc;
 use crate::node::{Node, NodeStatus};
+use crate::watch::{EventBatch, EventSubscriber, HeaderIds, WatchHub};
 
 /// The owner core of the Raft group.
 pub const OWNER_SHARD: usize = 0;
@@ -37,6 +38,12 @@ pub enum Command {
     /// A txn without writes: served from the applied state, no log entry.
     ReadTxn(mvcc::TxnRequest),
     HashKv(i64),
+    /// Events of `[key, range_end)` from a revision on, for a new watcher.
+    WatchHistory {
+        key: bytes::Bytes,
+        range_end: bytes::Bytes,
+        from_rev: i64,
+    },
     Status,
 }
 
@@ -48,7 +55,12 @@ pub enum Reply {
     Range(Result<mvcc::RangeResponse>, u64),
     ReadTxn(Result<mvcc::TxnResponse>, u64),
     HashKv(Result<mvcc::HashKv>, u64),
-    Status { status: NodeStatus, healthy: bool },
+    WatchHistory(Result<(Vec<mvcc::Event>, i64)>, u64),
+    Status {
+        status: NodeStatus,
+        healthy: bool,
+        db_size: u64,
+    },
 }
 
 /// How a shard reaches the group: directly on the owner core, through
@@ -77,9 +89,18 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         Command::Range(req) => Reply::Range(node.range(&req), node.status().term),
         Command::ReadTxn(req) => Reply::ReadTxn(node.read_txn(&req), node.status().term),
         Command::HashKv(rev) => Reply::HashKv(node.hash_kv(rev), node.status().term),
+        Command::WatchHistory {
+            key,
+            range_end,
+            from_rev,
+        } => Reply::WatchHistory(
+            node.watch_history(&key, &range_end, from_rev),
+            node.status().term,
+        ),
         Command::Status => Reply::Status {
             status: node.status(),
             healthy: node.is_healthy(),
+            db_size: node.disk_usage(),
         },
     }
 }
@@ -198,9 +219,13 @@ pub fn run(cfg: Config) -> Result<()> {
             requests: shared_channel::new_bounded(CHANNEL_CAPACITY),
             replies: shared_channel::new_bounded(CHANNEL_CAPACITY),
         };
-        owner_side.push((link.requests.1, link.replies.0));
-        remote_side.push((link.requests.0, link.replies.1));
+        let (events_tx, events_rx) = shared_channel::new_bounded::<EventBatch>(CHANNEL_CAPACITY);
+        owner_side.push((link.requests.1, link.replies.0, events_tx));
+        remote_side.push((link.requests.0, link.replies.1, events_rx));
     }
+    let progress_every = cfg
+        .watch_progress_notify_interval()
+        .map_err(|e| ServerError::Startup(e.to_string()))?;
     let mut handles = Vec::new();
     let placement = |shard: usize| {
         if shards <= cpus {
@@ -222,16 +247,21 @@ pub fn run(cfg: Config) -> Result<()> {
                     std::process::exit(1);
                 }
             };
-            for (requests, replies) in owner_side {
+            let hub = WatchHub::new(owner_listeners.header_ids());
+            let local = hub.clone();
+            node.subscribe_events(Box::new(move |batch| local.publish(batch)));
+            for (requests, replies, events) in owner_side {
                 let requests = requests.connect().await;
                 let replies = replies.connect().await;
                 glommio::spawn_local(serve_remote(node.clone(), requests, replies)).detach();
+                node.subscribe_events(forward_events(events.connect().await));
             }
-            serve_all(&owner_listeners, Backend::Local(node)).await;
+            spawn_progress_notifier(hub.clone(), progress_every);
+            serve_all(&owner_listeners, Backend::Local(node), hub).await;
         })
         .map_err(|e| ServerError::Startup(format!("starting shard 0: {e}")))?;
     handles.push(owner);
-    for (i, (requests, replies)) in remote_side.into_iter().enumerate() {
+    for (i, (requests, replies, events)) in remote_side.into_iter().enumerate() {
         let shard = i + 1;
         let listeners = listeners.clone();
         let handle = LocalExecutorBuilder::new(placement(shard))
@@ -245,18 +275,31 @@ pub fn run(cfg: Config) -> Result<()> {
                 });
                 let replies = replies.connect().await;
                 glommio::spawn_local(remote.clone().dispatch_replies(replies)).detach();
-                serve_all(&listeners, Backend::Remote(remote)).await;
+                let hub = WatchHub::new(listeners.header_ids());
+                let events = events.connect().await;
+                let feed = hub.clone();
+                glommio::spawn_local(async move {
+                    while let Some(batch) = events.recv().await {
+                        feed.publish(&batch);
+                    }
+                })
+                .detach();
+                spawn_progress_notifier(hub.clone(), progress_every);
+                serve_all(&listeners, Backend::Remote(remote), hub).await;
             })
             .map_err(|e| ServerError::Startup(format!("starting shard {shard}: {e}")))?;
         handles.push(handle);
     }
-    eprintln!(
-        "metcd: {shards} shard(s); serving the HTTP API on {}",
-        addrs
-            .iter()
+    let list = |a: &[std::net::SocketAddr]| {
+        a.iter()
             .map(|a| a.to_string())
             .collect::<Vec<_>>()
             .join(", ")
+    };
+    eprintln!(
+        "metcd: {shards} shard(s); etcd gRPC API on {}; HTTP API on {}",
+        list(&grpc_addrs),
+        list(&addrs)
     );
     for h in handles {
         h.join()
@@ -302,6 +345,15 @@ struct Listeners {
 
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
 
+impl Listeners {
+    fn header_ids(&self) -> HeaderIds {
+        HeaderIds {
+            cluster_id: self.member.cluster_id,
+            member_id: self.member.member_id,
+        }
+    }
+}
+
 fn member_info(cfg: &Config) -> MemberInfo {
     let split = |s: &str| -> Vec<String> {
         s.split(',')
@@ -325,7 +377,45 @@ fn member_info(cfg: &Config) -> MemberInfo {
     }
 }
 
-async fn serve_all(listeners: &Listeners, backend: Backend) {
+/// The owner's end of a remote shard's event feed: the Raft loop only
+/// enqueues (never waits for another core); a task moves batches across.
+fn forward_events(to_shard: ConnectedSender<EventBatch>) -> EventSubscriber {
+    let queue: Rc<RefCell<std::collections::VecDeque<EventBatch>>> = Rc::default();
+    let ready = Rc::new(crate::notify::Notify::default());
+    let (q, r) = (queue.clone(), ready.clone());
+    glommio::spawn_local(async move {
+        loop {
+            let next = q.borrow_mut().pop_front();
+            match next {
+                Some(batch) => {
+                    if to_shard.send(batch).await.is_err() {
+                        return;
+                    }
+                }
+                None => r.notified().await,
+            }
+        }
+    })
+    .detach();
+    Box::new(move |batch| {
+        queue.borrow_mut().push_back(batch.clone());
+        ready.notify();
+    })
+}
+
+fn spawn_progress_notifier(hub: Rc<WatchHub>, every: Option<Duration>) {
+    if let Some(every) = every {
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(every).await;
+                hub.notify_progress();
+            }
+        })
+        .detach();
+    }
+}
+
+async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
     let mut tasks = Vec::new();
     let bind = |addr: &std::net::SocketAddr| match http::bind(*addr) {
         Ok(listener) => listener,
@@ -342,7 +432,7 @@ async fn serve_all(listeners: &Listeners, backend: Backend) {
         )));
     }
     let router = Router::new(
-        Services::new(backend, listeners.member.clone()),
+        Services::new(backend, hub, listeners.member.clone()),
         listeners.max_grpc_message_bytes,
     );
     for addr in &listeners.grpc {

@@ -49,6 +49,10 @@ use super::validate::is_txn_readonly;
 
 const KEY_PREFIX: u8 = b'k';
 const META_COMPACT_REV: &[u8] = b"mcompact_rev";
+/// The revision of an empty store, as etcd's.
+const INITIAL_REVISION: i64 = 1;
+/// The compact revision of a store never compacted, as etcd reports it.
+const NEVER_COMPACTED: i64 = -1;
 const REV_KEY_LEN: usize = 17;
 
 /// The engine key of key revision `(main, sub)`.
@@ -106,7 +110,8 @@ impl<E: Engine> MvccStore<E> {
     pub fn open(engine: E) -> Result<Self, MvccError> {
         let snap = engine.snapshot();
         let compact_rev = match snap.get(META_COMPACT_REV)? {
-            None => 0,
+            // etcd's "never compacted".
+            None => NEVER_COMPACTED,
             Some(v) => {
                 let b: [u8; 8] = v[..]
                     .try_into()
@@ -156,12 +161,13 @@ impl<E: Engine> MvccStore<E> {
             index,
             // Compaction may have removed every entry of the newest revisions
             // (all tombstones), but never below the compact revision.
-            current_rev: max_main.max(compact_rev),
+            // etcd's store starts at revision 1: the first write is 2.
+            current_rev: max_main.max(compact_rev).max(INITIAL_REVISION),
             compact_rev,
         })
     }
 
-    /// The revision of the last change (0 for an empty store).
+    /// The revision of the last change (1 for an empty store, as etcd's).
     pub fn current_revision(&self) -> i64 {
         self.current_rev
     }
@@ -225,6 +231,64 @@ impl<E: Engine> MvccStore<E> {
             revision: self.current_rev,
             compact_revision: self.compact_rev,
         })
+    }
+
+    /// A watcher's history: every change to a key in `[key, range_end)`
+    /// at revision `from_rev` or later, in revision order, each with the
+    /// key's previous value (for `prev_kv`), and the current revision the
+    /// history runs up to. `from_rev <= 0` or in the future: no events.
+    /// Fails with `Compacted` when `from_rev` is below the compact revision,
+    /// as etcd's watch does.
+    pub fn events_since(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        from_rev: i64,
+    ) -> Result<(Vec<Event>, i64), MvccError> {
+        let cur = self.current_rev;
+        if from_rev <= 0 || from_rev > cur {
+            return Ok((Vec::new(), cur));
+        }
+        if from_rev < self.compact_rev {
+            return Err(MvccError::Compacted);
+        }
+        let snap = self.engine.snapshot();
+        let view = self.view(&snap);
+        let start = rev_key(from_rev, 0);
+        let mut events = Vec::new();
+        let mut failed = None;
+        snap.scan(
+            Bound::Included(&start[..]),
+            Bound::Excluded(&[KEY_PREFIX + 1][..]),
+            |k, v| {
+                let step = parse_rev_key(k).and_then(|(main, sub)| {
+                    let (tombstone, kv) = codec::decode_kv(v, main)
+                        .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
+                    if !crate::watch::in_range(&kv.key, key, range_end) {
+                        return Ok(());
+                    }
+                    let prev_kv = view.get(&kv.key, main - 1)?;
+                    let kind = if tombstone {
+                        EventKind::Delete
+                    } else {
+                        EventKind::Put
+                    };
+                    events.push(Event { kind, kv, prev_kv });
+                    Ok(())
+                });
+                match step {
+                    Ok(()) => Scan::Continue,
+                    Err(e) => {
+                        failed = Some(e);
+                        Scan::Stop
+                    }
+                }
+            },
+        )?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok((events, cur)),
+        }
     }
 
     /// A Range at `req.revision` (`<= 0`: the current revision), with etcd's
@@ -665,8 +729,9 @@ fn compare_kv(c: &Compare, kv: &KeyValue) -> bool {
 }
 
 /// etcd's `checkRequestRange` for one Range of a txn, against the state
-/// before the txn. Revision 0 is always fine; a negative one is below any
-/// compact revision, hence `Compacted`, exactly as in etcd.
+/// before the txn. Revision 0 is always fine; a revision below the compact
+/// revision (including negative ones once the store was compacted, since a
+/// never-compacted store is at -1) is `Compacted`, exactly as in etcd.
 fn check_range_rev(r: &RangeRequest, cur_rev: i64, compact_rev: i64) -> Result<(), MvccError> {
     if r.revision == 0 {
         Ok(())

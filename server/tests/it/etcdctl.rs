@@ -541,7 +541,7 @@ fn as_text(bytes: &[u8]) -> String {
 ///   (`{"level":"warn","ts":...,"target":...}`): `ts` (wall clock) and
 ///   `target` (random client id + endpoint) masked. Their `error` field,
 ///   which carries the gRPC status code and message, is compared.
-fn normalize_text(text: &str, endpoint: &str) -> String {
+pub(crate) fn normalize_text(text: &str, endpoint: &str) -> String {
     let mut s = mask_took(&text.replace(endpoint, "<endpoint>"));
     for prefix in [
         "\"cluster_id\":",

@@ -1,7 +1,11 @@
 #![allow(clippy::unwrap_used)]
 
 mod crash;
+mod etcd_peer;
+mod etcdctl;
 mod http_api;
 mod mvcc_model;
+mod python_clients;
 mod recovery;
 mod support;
+mod watch_etcdctl;

@@ -371,8 +371,17 @@ fn model_walk(
     Ok(())
 }
 
+/// etcd's revision of an empty store: its first write gets revision 2.
+const INITIAL_REVISION: i64 = 1;
+/// etcd's compact revision of a store never compacted (`compactMainRev`'s
+/// initial value): every revision >= -1 is readable and `Compact(0)` is
+/// allowed (0 > -1).
+const NEVER_COMPACTED: i64 = -1;
+
 struct Model {
-    /// `states[r]`: the key space at revision `r`.
+    /// `states[r]`: the key space at revision `r`. `states[0]` is never read
+    /// (a read at revision <= 0 is at the current one); `states[1]` is the
+    /// empty store etcd starts at.
     states: Vec<State>,
     compact: i64,
     /// Every key revision ever written: (main, sub, key, tombstone).
@@ -537,8 +546,8 @@ impl MTx<'_> {
 impl Model {
     fn new() -> Self {
         Model {
-            states: vec![State::new()],
-            compact: 0,
+            states: vec![State::new(); INITIAL_REVISION as usize + 1],
+            compact: NEVER_COMPACTED,
             log: Vec::new(),
         }
     }
@@ -734,7 +743,9 @@ fn range_req(revs: Vec<i64>) -> impl Strategy<Value = RangeRequest> + Clone {
 }
 
 fn txn_range() -> impl Strategy<Value = RangeRequest> + Clone {
-    range_req(vec![0, 0, 0, 0, 0, 0, 1, 2, 3, -1, 1000])
+    // In a txn, etcd checks a non-zero revision against the compact one:
+    // -1 passes on a never-compacted store (compact revision -1), -2 never.
+    range_req(vec![0, 0, 0, 0, 0, 0, 1, 2, 3, 4, -1, -2, 1000])
 }
 
 fn compare() -> impl Strategy<Value = Compare> + Clone {
@@ -813,7 +824,7 @@ enum RevSel {
     Current,
     Past(u16),
     Future(u8),
-    Negative,
+    Negative(u8),
 }
 
 impl RevSel {
@@ -823,7 +834,7 @@ impl RevSel {
             RevSel::Past(x) if cur > 0 => 1 + i64::from(x) % cur,
             RevSel::Past(_) => 0,
             RevSel::Future(x) => cur + 1 + i64::from(x % 3),
-            RevSel::Negative => -1,
+            RevSel::Negative(x) => -1 - i64::from(x % 3),
         }
     }
 }
@@ -833,7 +844,7 @@ fn rev_sel() -> impl Strategy<Value = RevSel> {
         2 => Just(RevSel::Current),
         4 => any::<u16>().prop_map(RevSel::Past),
         1 => any::<u8>().prop_map(RevSel::Future),
-        1 => Just(RevSel::Negative),
+        1 => any::<u8>().prop_map(RevSel::Negative),
     ]
 }
 
@@ -841,8 +852,10 @@ fn rev_sel() -> impl Strategy<Value = RevSel> {
 enum Step {
     Write(Request),
     /// Compaction at a revision chosen when the step runs: `mode` 0 = the
-    /// compact revision (Compacted), 1 = current + 1 (Future), 2 = 0,
-    /// otherwise a valid one derived from `sel`.
+    /// compact revision or one below it (Compacted; -1 or -2 on a store
+    /// never compacted), 1 = current + 1 (Future), 2 = 0 (valid until the
+    /// first compaction, as in etcd: 0 > -1), otherwise a valid one
+    /// derived from `sel` (0 and 1 included on a fresh store).
     Compact {
         sel: u16,
         mode: u8,
@@ -880,7 +893,7 @@ fn check_same_read(
     Ok(())
 }
 
-/// Reads of the whole key space at every revision from -1 to current + 2.
+/// Reads of the whole key space at every revision from -3 to current + 2.
 fn full_check<E: Engine>(store: &MvccStore<E>, model: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(store.current_revision(), model.cur());
     prop_assert_eq!(store.compact_revision(), model.compact);
@@ -911,7 +924,7 @@ fn full_check<E: Engine>(store: &MvccStore<E>, model: &Model) -> Result<(), Test
             ..RangeRequest::default()
         },
     ];
-    for rev in -1..=model.cur() + 2 {
+    for rev in -3..=model.cur() + 2 {
         for c in &canned {
             let req = RangeRequest {
                 revision: rev,
@@ -953,7 +966,7 @@ fn run_model(steps: &[(Step, Vec<(RangeRequest, RevSel)>)]) -> Result<(), TestCa
             Step::Compact { sel, mode } => {
                 let (c, cur) = (model.compact, model.cur());
                 let revision = match mode {
-                    0 => c,
+                    0 => c - i64::from((*sel >> 1) % 2),
                     1 => cur + 1,
                     2 => 0,
                     _ if cur > c => c + 1 + i64::from(*sel) % (cur - c),
@@ -1383,8 +1396,8 @@ fn range_end_rules() {
     assert_eq!(t.range("b", "b", |_| {}).count, 0);
     // Deleting an empty range deletes nothing and does not bump.
     let d = t.delete("c", "a");
-    assert_eq!((d.deleted, d.header.revision), (0, 3));
-    assert_eq!(t.s.current_revision(), 3);
+    assert_eq!((d.deleted, d.header.revision), (0, 4));
+    assert_eq!(t.s.current_revision(), 4);
 }
 
 #[test]
@@ -1392,31 +1405,34 @@ fn delete_of_nothing_does_not_bump() {
     let mut t = T::new();
     t.put("a", "1");
     let d = t.delete("zz", "");
-    assert_eq!((d.deleted, d.header.revision), (0, 1));
+    assert_eq!((d.deleted, d.header.revision), (0, 2));
     let d = t.delete("a", "");
-    assert_eq!((d.deleted, d.header.revision), (1, 2));
+    assert_eq!((d.deleted, d.header.revision), (1, 3));
     assert_eq!(d.prev_kvs[0].value, b("1"));
-    assert_eq!(t.s.current_revision(), 2);
+    assert_eq!(t.s.current_revision(), 3);
 }
 
 #[test]
 fn versions_and_generations() {
     let mut t = T::new();
-    t.put("k", "1"); // rev 1
-    t.put("k", "2"); // rev 2
+    t.put("k", "1"); // rev 2
+    t.put("k", "2"); // rev 3
     let kv = t.get("k").unwrap();
-    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (1, 2, 2));
-    t.delete("k", ""); // rev 3
+    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (2, 3, 2));
+    t.delete("k", ""); // rev 4
     assert!(t.get("k").is_none());
-    let o = t.put("k", "3"); // rev 4: new generation
+    let o = t.put("k", "3"); // rev 5: new generation
     let kv = t.get("k").unwrap();
-    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (4, 4, 1));
+    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (5, 5, 1));
     // A create event has no prev_kv.
     assert_eq!(o.events[0].prev_kv, None);
     // Old revisions stay readable.
-    let old = t.range("k", "", |r| r.revision = 2).kvs;
+    let old = t.range("k", "", |r| r.revision = 3).kvs;
     assert_eq!(old[0].value, b("2"));
-    assert!(t.range("k", "", |r| r.revision = 3).kvs.is_empty());
+    assert!(t.range("k", "", |r| r.revision = 4).kvs.is_empty());
+    // Down to etcd's initial revision 1, the empty store.
+    assert_eq!(t.range("k", "", |r| r.revision = 2).kvs[0].value, b("1"));
+    assert!(t.range("k", "", |r| r.revision = 1).kvs.is_empty());
 }
 
 #[test]
@@ -1435,7 +1451,7 @@ fn ignore_value_and_lease() {
     // The failed request still advanced the applied index, nothing else.
     assert_eq!(t.e.writes(), before + 1);
     assert_eq!(t.s.applied_index(), 1);
-    assert_eq!(t.s.current_revision(), 0);
+    assert_eq!(t.s.current_revision(), 1);
     assert!(matches!(
         t.apply(Request::Put(PutRequest {
             key: b("k"),
@@ -1488,7 +1504,7 @@ fn ignore_value_and_lease() {
         .unwrap_err();
     assert!(matches!(err, MvccError::KeyNotFound));
     assert!(t.get("other").is_none());
-    assert_eq!(t.s.current_revision(), 3);
+    assert_eq!(t.s.current_revision(), 4);
 }
 
 #[test]
@@ -1507,8 +1523,8 @@ fn read_only_txn_does_not_bump() {
     };
     let r = t.txn(req.clone()).unwrap();
     assert!(r.succeeded);
-    assert_eq!(r.header.revision, 1);
-    assert_eq!(t.s.current_revision(), 1);
+    assert_eq!(r.header.revision, 2);
+    assert_eq!(t.s.current_revision(), 2);
     assert_eq!(t.s.read_txn(&req).unwrap(), r);
     // A txn whose taken branch writes nothing does not bump either, and
     // read_txn refuses a txn with writes.
@@ -1517,14 +1533,14 @@ fn read_only_txn_does_not_bump() {
         failure: vec![put_op("b", "x")],
         ..TxnRequest::default()
     };
-    assert_eq!(t.txn(req.clone()).unwrap().header.revision, 1);
+    assert_eq!(t.txn(req.clone()).unwrap().header.revision, 2);
     assert!(matches!(t.s.read_txn(&req), Err(MvccError::NotReadOnly)));
 }
 
 #[test]
 fn txn_reads_see_earlier_writes_and_compares_see_the_start() {
     let mut t = T::new();
-    t.put("a", "1"); // rev 1
+    t.put("a", "1"); // rev 2
     let r = t
         .txn(TxnRequest {
             compare: vec![],
@@ -1548,7 +1564,7 @@ fn txn_reads_see_earlier_writes_and_compares_see_the_start() {
             failure: vec![],
         })
         .unwrap();
-    assert_eq!(r.header.revision, 2);
+    assert_eq!(r.header.revision, 3);
     let ResponseOp::Range(before) = &r.responses[0] else {
         panic!()
     };
@@ -1557,11 +1573,11 @@ fn txn_reads_see_earlier_writes_and_compares_see_the_start() {
     };
     assert_eq!(
         (before.header.revision, before.kvs[0].value.clone()),
-        (1, b("1"))
+        (2, b("1"))
     );
     assert_eq!(
         (after.header.revision, after.kvs[0].value.clone()),
-        (2, b("2"))
+        (3, b("2"))
     );
     let ResponseOp::Txn(nested) = &r.responses[3] else {
         panic!()
@@ -1573,15 +1589,15 @@ fn txn_reads_see_earlier_writes_and_compares_see_the_start() {
     let ResponseOp::DeleteRange(d) = &r.responses[4] else {
         panic!()
     };
-    assert_eq!((d.deleted, d.header.revision), (0, 2));
-    assert_eq!(t.get("b").unwrap().mod_revision, 2);
-    // The txn's second write is sub revision 1 of revision 2.
+    assert_eq!((d.deleted, d.header.revision), (0, 3));
+    assert_eq!(t.get("b").unwrap().mod_revision, 3);
+    // The txn's second write is sub revision 1 of revision 3.
     assert_eq!(
         stored_revisions(&t.e)
             .into_iter()
-            .filter(|r| r.0 == 2)
+            .filter(|r| r.0 == 3)
             .collect::<Vec<_>>(),
-        vec![(2, 0), (2, 1)]
+        vec![(3, 0), (3, 1)]
     );
 }
 
@@ -1780,7 +1796,7 @@ fn duplicate_key_quirk_is_applied_consistently() {
         o.events[0].kv,
         KeyValue {
             key: b("b"),
-            mod_revision: 2,
+            mod_revision: 3,
             ..KeyValue::default()
         }
     );
@@ -1788,33 +1804,38 @@ fn duplicate_key_quirk_is_applied_consistently() {
     assert_eq!(o.events[1].kind, EventKind::Put);
     assert_eq!(o.events[1].prev_kv, None);
     let kv = t.get("b").unwrap();
-    assert_eq!((kv.create_revision, kv.version, kv.value), (2, 1, b("new")));
+    assert_eq!((kv.create_revision, kv.version, kv.value), (3, 1, b("new")));
 }
 
 #[test]
 fn compaction_rules() {
     let mut t = T::new();
-    t.put("a", "1"); // 1
-    t.put("a", "2"); // 2
-    t.put("b", "1"); // 3
-    t.delete("b", ""); // 4
-    t.put("c", "1"); // 5
+    t.put("a", "1"); // 2
+    t.put("a", "2"); // 3
+    t.put("b", "1"); // 4
+    t.delete("b", ""); // 5
+    t.put("c", "1"); // 6
     let compact = |t: &mut T, revision| {
         t.apply(Request::Compaction(CompactionRequest {
             revision,
             physical: true,
         }))
     };
-    assert!(matches!(compact(&mut t, 6), Err(MvccError::FutureRevision)));
+    assert!(matches!(compact(&mut t, 7), Err(MvccError::FutureRevision)));
+    // Never compacted: etcd's compact revision is -1, so -1 (and below)
+    // is already compacted.
+    assert_eq!(t.s.compact_revision(), -1);
+    assert!(matches!(compact(&mut t, -1), Err(MvccError::Compacted)));
+    assert!(matches!(compact(&mut t, -2), Err(MvccError::Compacted)));
+    let o = compact(&mut t, 5).unwrap();
+    assert_eq!(o.response.header().revision, 6);
+    assert_eq!(t.s.compact_revision(), 5);
+    assert!(matches!(compact(&mut t, 5), Err(MvccError::Compacted)));
     assert!(matches!(compact(&mut t, 0), Err(MvccError::Compacted)));
-    let o = compact(&mut t, 4).unwrap();
-    assert_eq!(o.response.header().revision, 5);
-    assert_eq!(t.s.compact_revision(), 4);
-    assert!(matches!(compact(&mut t, 4), Err(MvccError::Compacted)));
     let err =
         t.s.range(&RangeRequest {
             key: b("a"),
-            revision: 3,
+            revision: 4,
             ..RangeRequest::default()
         })
         .unwrap_err();
@@ -1826,24 +1847,24 @@ fn compaction_rules() {
         err.client_message(),
         Some("etcdserver: mvcc: required revision has been compacted")
     );
-    assert_eq!(t.range("\0", "\0", |r| r.revision = 4).kvs.len(), 1);
+    assert_eq!(t.range("\0", "\0", |r| r.revision = 5).kvs.len(), 1);
     assert_eq!(t.keys("\0", "\0"), vec![b("a"), b("c")]);
-    // Only a@2 and c@5 remain physically: a@1 is shadowed, b's generation
-    // ended in a tombstone at 4 <= 4.
-    assert_eq!(stored_revisions(&t.e), BTreeSet::from([(2, 0), (5, 0)]));
+    // Only a@3 and c@6 remain physically: a@2 is shadowed, b's generation
+    // ended in a tombstone at 5 <= 5.
+    assert_eq!(stored_revisions(&t.e), BTreeSet::from([(3, 0), (6, 0)]));
     // Reopening restores both revisions.
     let s = MvccStore::open(t.e.clone()).unwrap();
-    assert_eq!((s.current_revision(), s.compact_revision()), (5, 4));
+    assert_eq!((s.current_revision(), s.compact_revision()), (6, 5));
     // Compacting everything away keeps the revision.
-    t.delete("\0", "\0"); // 6
-    compact(&mut t, 6).unwrap();
+    t.delete("\0", "\0"); // 7
+    compact(&mut t, 7).unwrap();
     assert!(stored_revisions(&t.e).is_empty());
     let s = MvccStore::open(t.e.clone()).unwrap();
-    assert_eq!((s.current_revision(), s.compact_revision()), (6, 6));
+    assert_eq!((s.current_revision(), s.compact_revision()), (7, 7));
     let err = s
         .range(&RangeRequest {
             key: b("a"),
-            revision: 7,
+            revision: 8,
             ..RangeRequest::default()
         })
         .unwrap_err();
@@ -1853,10 +1874,10 @@ fn compaction_rules() {
 #[test]
 fn txn_range_revision_prechecks() {
     let mut t = T::new();
-    t.put("a", "1");
-    t.put("a", "2");
+    t.put("a", "1"); // 2
+    t.put("a", "2"); // 3
     t.apply(Request::Compaction(CompactionRequest {
-        revision: 2,
+        revision: 3,
         physical: false,
     }))
     .unwrap();
@@ -1871,21 +1892,22 @@ fn txn_range_revision_prechecks() {
         ],
         ..TxnRequest::default()
     };
-    assert!(matches!(t.txn(with_rev(3)), Err(MvccError::FutureRevision)));
-    assert!(matches!(t.txn(with_rev(1)), Err(MvccError::Compacted)));
-    // etcd: a negative revision in a txn is below the compact revision.
+    assert!(matches!(t.txn(with_rev(4)), Err(MvccError::FutureRevision)));
+    assert!(matches!(t.txn(with_rev(2)), Err(MvccError::Compacted)));
+    // etcd: once compacted, a negative revision in a txn is below the
+    // compact revision.
     assert!(matches!(t.txn(with_rev(-1)), Err(MvccError::Compacted)));
     assert!(t.get("x").is_none());
-    assert_eq!(t.txn(with_rev(2)).unwrap().header.revision, 3);
+    assert_eq!(t.txn(with_rev(3)).unwrap().header.revision, 4);
 }
 
 #[test]
 fn range_limit_count_more_and_sort() {
     let mut t = T::new();
-    t.put("a", "3"); // 1
-    t.put("b", "1"); // 2
-    t.put("c", "2"); // 3
-    t.put("a", "4"); // 4
+    t.put("a", "3"); // 2
+    t.put("b", "1"); // 3
+    t.put("c", "2"); // 4
+    t.put("a", "4"); // 5
     let r = t.range("\0", "\0", |r| r.limit = 2);
     assert_eq!((r.kvs.len(), r.count, r.more), (2, 3, true));
     let r = t.range("\0", "\0", |r| r.limit = 3);
@@ -1893,7 +1915,7 @@ fn range_limit_count_more_and_sort() {
     let r = t.range("\0", "\0", |r| r.count_only = true);
     assert_eq!(
         (r.kvs.len(), r.count, r.more, r.header.revision),
-        (0, 3, false, 4)
+        (0, 3, false, 5)
     );
     // Descending by mod revision sorts everything before the limit.
     let r = t.range("\0", "\0", |r| {
@@ -1911,13 +1933,13 @@ fn range_limit_count_more_and_sort() {
     assert_eq!((r.kvs[0].key.clone(), r.more), (b("b"), true));
     // Filters apply after fetching; count ignores them; more is after them.
     let r = t.range("\0", "\0", |r| {
-        r.min_mod_revision = 3;
+        r.min_mod_revision = 4;
         r.limit = 1;
     });
     assert_eq!((r.kvs[0].key.clone(), r.count, r.more), (b("a"), 3, true));
     let r = t.range("\0", "\0", |r| {
         r.keys_only = true;
-        r.max_create_revision = 1;
+        r.max_create_revision = 2;
     });
     assert_eq!(r.kvs.len(), 1);
     assert!(r.kvs[0].value.is_empty());
@@ -1935,17 +1957,17 @@ fn failed_engine_write_changes_nothing() {
         }))
         .unwrap_err();
     assert!(err.is_fatal());
-    assert_eq!(t.s.current_revision(), 1);
+    assert_eq!(t.s.current_revision(), 2);
     assert_eq!(t.get("a").unwrap().value, b("1"));
     t.e.fail_next_write();
     assert!(t
         .apply(Request::Compaction(CompactionRequest {
-            revision: 1,
+            revision: 2,
             physical: true
         }))
         .unwrap_err()
         .is_fatal());
-    assert_eq!(t.s.compact_revision(), 0);
+    assert_eq!(t.s.compact_revision(), -1);
     // The store keeps working afterwards (for tests; a member would stop).
     t.put("a", "3");
     assert_eq!(t.get("a").unwrap().version, 2);
@@ -1968,7 +1990,7 @@ fn memory_engine_roundtrip_through_open() {
     }
     s.apply_noop(4).unwrap();
     let s2 = MvccStore::open(e.clone()).unwrap();
-    assert_eq!((s2.current_revision(), s2.applied_index()), (3, 4));
+    assert_eq!((s2.current_revision(), s2.applied_index()), (4, 4));
     let all = RangeRequest {
         key: b("\0"),
         range_end: b("\0"),
@@ -1976,4 +1998,130 @@ fn memory_engine_roundtrip_through_open() {
     };
     assert_eq!(s2.range(&all).unwrap(), s.range(&all).unwrap());
     assert_eq!(s2.range(&all).unwrap().kvs[0].version, 2);
+}
+
+#[test]
+fn fresh_store_starts_where_etcd_starts() {
+    // etcd's NewStore: currentRev 1, compactMainRev -1 (never compacted).
+    let mut t = T::new();
+    assert_eq!((t.s.current_revision(), t.s.compact_revision()), (1, -1));
+    t.idx += 1;
+    t.s.apply_noop(t.idx).unwrap();
+    let s = MvccStore::open(t.e.clone()).unwrap();
+    assert_eq!((s.current_revision(), s.compact_revision()), (1, -1));
+
+    // Revision 1 is the empty store; 0 and any negative revision read the
+    // current one. All empty, at header revision 1.
+    for rev in [1, 0, -1, -2, i64::MIN] {
+        let r = t.range("\0", "\0", |r| r.revision = rev);
+        assert_eq!(
+            (r.kvs.len(), r.count, r.more, r.header.revision),
+            (0, 0, false, 1),
+            "revision {rev}"
+        );
+    }
+    let future = t.s.range(&RangeRequest {
+        key: b("a"),
+        revision: 2,
+        ..RangeRequest::default()
+    });
+    assert!(matches!(future, Err(MvccError::FutureRevision)));
+
+    // In a txn, etcd's checkRequestRange compares a non-zero revision with
+    // the compact revision: -1 is not below -1, -2 is.
+    let read_at = |revision| TxnRequest {
+        success: vec![RequestOp::Range(RangeRequest {
+            key: b("a"),
+            revision,
+            ..RangeRequest::default()
+        })],
+        ..TxnRequest::default()
+    };
+    let write_and_read_at = |revision| TxnRequest {
+        success: vec![
+            put_op("x", "1"),
+            RequestOp::Range(RangeRequest {
+                key: b("a"),
+                revision,
+                ..RangeRequest::default()
+            }),
+        ],
+        ..TxnRequest::default()
+    };
+    for rev in [1, 0, -1] {
+        assert_eq!(t.s.read_txn(&read_at(rev)).unwrap().header.revision, 1);
+    }
+    assert!(matches!(
+        t.s.read_txn(&read_at(-2)),
+        Err(MvccError::Compacted)
+    ));
+    assert!(matches!(
+        t.s.read_txn(&read_at(2)),
+        Err(MvccError::FutureRevision)
+    ));
+    assert!(matches!(
+        t.txn(write_and_read_at(-2)),
+        Err(MvccError::Compacted)
+    ));
+    assert!(matches!(
+        t.txn(write_and_read_at(2)),
+        Err(MvccError::FutureRevision)
+    ));
+    assert_eq!(t.s.current_revision(), 1);
+
+    // HashKV before any compaction reports compact revision -1.
+    let h = t.s.hash_kv(0).unwrap();
+    assert_eq!(
+        (h.hash_revision, h.revision, h.compact_revision),
+        (1, 1, -1)
+    );
+    let h1 = t.s.hash_kv(1).unwrap();
+    assert_eq!((h1.hash, h1.hash_revision), (h.hash, 1));
+
+    // Compaction: -1 is already compacted, 2 is in the future; 0 and then
+    // 1 are fine (etcd: `rev <= compactMainRev` is false for -1).
+    let compact = |t: &mut T, revision| {
+        t.apply(Request::Compaction(CompactionRequest {
+            revision,
+            physical: true,
+        }))
+    };
+    assert!(matches!(compact(&mut t, -1), Err(MvccError::Compacted)));
+    assert!(matches!(compact(&mut t, 2), Err(MvccError::FutureRevision)));
+    assert_eq!(t.s.compact_revision(), -1);
+    let o = compact(&mut t, 0).unwrap();
+    assert_eq!(o.response.header().revision, 1);
+    assert_eq!((t.s.current_revision(), t.s.compact_revision()), (1, 0));
+    assert!(matches!(compact(&mut t, 0), Err(MvccError::Compacted)));
+    let s = MvccStore::open(t.e.clone()).unwrap();
+    assert_eq!((s.current_revision(), s.compact_revision()), (1, 0));
+    // Now -1 in a txn is below the compact revision 0; plain reads at -1
+    // still read the current revision.
+    assert!(matches!(
+        t.s.read_txn(&read_at(-1)),
+        Err(MvccError::Compacted)
+    ));
+    assert!(t.range("\0", "\0", |r| r.revision = -1).kvs.is_empty());
+    assert!(t.range("\0", "\0", |r| r.revision = 1).kvs.is_empty());
+    let o = compact(&mut t, 1).unwrap();
+    assert_eq!(o.response.header().revision, 1);
+    assert_eq!((t.s.current_revision(), t.s.compact_revision()), (1, 1));
+    assert!(matches!(compact(&mut t, 0), Err(MvccError::Compacted)));
+    assert!(matches!(compact(&mut t, 1), Err(MvccError::Compacted)));
+    let s = MvccStore::open(t.e.clone()).unwrap();
+    assert_eq!((s.current_revision(), s.compact_revision()), (1, 1));
+    // Revision 1 is the compact revision itself: still readable, empty.
+    assert!(t.range("\0", "\0", |r| r.revision = 1).kvs.is_empty());
+
+    // The first write gets revision 2, as `etcdctl put` on a fresh etcd.
+    let o = t.put("a", "1");
+    assert_eq!(o.response.header().revision, 2);
+    assert_eq!(o.events[0].kv.mod_revision, 2);
+    let kv = t.get("a").unwrap();
+    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (2, 2, 1));
+    assert_eq!(t.s.current_revision(), 2);
+    assert_eq!(stored_revisions(&t.e), BTreeSet::from([(2, 0)]));
+    assert!(t.range("a", "", |r| r.revision = 1).kvs.is_empty());
+    let s = MvccStore::open(t.e.clone()).unwrap();
+    assert_eq!((s.current_revision(), s.compact_revision()), (2, 1));
 }

@@ -9,6 +9,8 @@
 
 use std::pin::Pin;
 
+use std::rc::Rc;
+
 use send_wrapper::SendWrapper;
 use tonic::codegen::tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -19,6 +21,7 @@ use crate::api::error::to_wire;
 use crate::error::ServerError;
 use crate::mvcc;
 use crate::shard::{Backend, Command, Reply};
+use crate::watch::{WatchHub, WatchSpec};
 
 /// Identity and limits every service needs.
 #[derive(Debug, Clone)]
@@ -81,14 +84,17 @@ pub struct Services {
 }
 
 impl Services {
-    pub fn new(backend: Backend, info: MemberInfo) -> Services {
+    pub fn new(backend: Backend, hub: Rc<WatchHub>, info: MemberInfo) -> Services {
         let shared = Shared {
             backend: SendWrapper::new(backend),
             info: std::sync::Arc::new(info),
         };
         Services {
             kv: KvService(shared.clone()),
-            watch: WatchService,
+            watch: WatchService {
+                shared: shared.clone(),
+                hub: SendWrapper::new(hub),
+            },
             lease: LeaseService,
             cluster: ClusterService(shared.clone()),
             maintenance: MaintenanceService(shared),
@@ -189,7 +195,10 @@ fn not_yet(what: &str) -> Status {
     Status::unimplemented(format!("metcd: {what} is not implemented yet"))
 }
 
-pub struct WatchService;
+pub struct WatchService {
+    shared: Shared,
+    hub: SendWrapper<Rc<WatchHub>>,
+}
 
 #[tonic::async_trait]
 impl pb::watch_server::Watch for WatchService {
@@ -197,9 +206,190 @@ impl pb::watch_server::Watch for WatchService {
 
     async fn watch(
         &self,
-        _: Request<Streaming<pb::WatchRequest>>,
+        request: Request<Streaming<pb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Err(not_yet("Watch"))
+        let input = request.into_inner();
+        let (out, responses) = futures_channel::mpsc::unbounded::<pb::WatchResponse>();
+        let shared = self.shared.clone();
+        let hub = SendWrapper::new((*self.hub).clone());
+        // The request side runs as a task of this shard; responses flow
+        // through `out` (the hub pushes events there too).
+        let task = SendWrapper::new(async move {
+            let hub = hub.take();
+            let stream = hub.new_stream();
+            let mut watch_stream = WatchStream {
+                shared,
+                hub: hub.clone(),
+                stream,
+                out,
+                next_watch_id: 0,
+            };
+            watch_stream.run(input).await;
+            hub.remove_stream(stream);
+        });
+        glommio::spawn_local(task).detach();
+        Ok(Response::new(Box::pin(futures_lite::StreamExt::map(
+            responses, Ok,
+        ))))
+    }
+}
+
+/// One client's Watch stream: its watchers live in the shard's hub.
+struct WatchStream {
+    shared: Shared,
+    hub: Rc<WatchHub>,
+    stream: u64,
+    out: futures_channel::mpsc::UnboundedSender<pb::WatchResponse>,
+    next_watch_id: i64,
+}
+
+impl WatchStream {
+    async fn run(&mut self, mut input: Streaming<pb::WatchRequest>) {
+        use pb::watch_request::RequestUnion;
+        while let Ok(Some(req)) = input.message().await {
+            match req.request_union {
+                Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
+                Some(RequestUnion::CancelRequest(c))
+                    if self.hub.remove(self.stream, c.watch_id) =>
+                {
+                    self.send(pb::WatchResponse {
+                        header: self.hub.header(self.hub.revision()),
+                        watch_id: c.watch_id,
+                        canceled: true,
+                        ..Default::default()
+                    });
+                }
+                Some(RequestUnion::CancelRequest(_)) => {}
+                Some(RequestUnion::ProgressRequest(_)) => {
+                    let (rev, _) = self.current().await;
+                    // etcd 3.4+: one notification for the stream, watch id -1.
+                    self.send(pb::WatchResponse {
+                        header: self.hub.header(rev),
+                        watch_id: -1,
+                        ..Default::default()
+                    });
+                }
+                None => {}
+            }
+            if self.out.is_closed() {
+                break;
+            }
+        }
+    }
+
+    fn send(&self, resp: pb::WatchResponse) {
+        let _ = self.out.unbounded_send(resp);
+    }
+
+    async fn current(&self) -> (i64, u64) {
+        match self.shared.call(Command::Status).await {
+            Reply::Status { status, .. } => {
+                self.hub.note_term(status.term);
+                self.hub.note_revision(status.revision);
+                (status.revision, status.term)
+            }
+            _ => (self.hub.revision(), 0),
+        }
+    }
+
+    async fn create(&mut self, c: pb::WatchCreateRequest) {
+        // etcd: 0 asks the server to pick; ids count up per stream.
+        let watch_id = if c.watch_id != 0 {
+            c.watch_id
+        } else {
+            while self.hub.contains(self.stream, self.next_watch_id) {
+                self.next_watch_id += 1;
+            }
+            self.next_watch_id
+        };
+        if self.hub.contains(self.stream, watch_id) {
+            let (rev, _) = self.current().await;
+            self.send(pb::WatchResponse {
+                header: self.hub.header(rev),
+                watch_id,
+                created: true,
+                canceled: true,
+                cancel_reason: "etcdserver: duplicate watch ID".into(),
+                ..Default::default()
+            });
+            return;
+        }
+        let spec = WatchSpec {
+            key: c.key.into(),
+            range_end: c.range_end.into(),
+            no_put: c
+                .filters
+                .contains(&(pb::watch_create_request::FilterType::Noput as i32)),
+            no_delete: c
+                .filters
+                .contains(&(pb::watch_create_request::FilterType::Nodelete as i32)),
+            prev_kv: c.prev_kv,
+            progress_notify: c.progress_notify,
+        };
+        // Register first (holding live events back), then read history up
+        // to the owner's current revision: nothing falls in between.
+        let start = c.start_revision.max(0);
+        self.hub.add(
+            self.stream,
+            watch_id,
+            spec.clone(),
+            start,
+            true,
+            self.out.clone(),
+        );
+        let history = self
+            .shared
+            .call(Command::WatchHistory {
+                key: spec.key.clone(),
+                range_end: spec.range_end.clone(),
+                from_rev: start,
+            })
+            .await;
+        match history {
+            Reply::WatchHistory(Ok((events, upto)), term) => {
+                self.hub.note_term(term);
+                self.hub.note_revision(upto);
+                self.send(pb::WatchResponse {
+                    header: self.hub.header(upto),
+                    watch_id,
+                    created: true,
+                    ..Default::default()
+                });
+                self.hub.finish_sync(self.stream, watch_id, events, upto);
+            }
+            Reply::WatchHistory(Err(e), _) => {
+                self.hub.remove(self.stream, watch_id);
+                let (rev, _) = self.current().await;
+                let compact_revision = match self.shared.call(Command::HashKv(0)).await {
+                    Reply::HashKv(Ok(h), _) => h.compact_revision,
+                    _ => 0,
+                };
+                self.send(pb::WatchResponse {
+                    header: self.hub.header(rev),
+                    watch_id,
+                    created: true,
+                    ..Default::default()
+                });
+                let compacted = matches!(e, ServerError::Mvcc(mvcc::MvccError::Compacted));
+                self.send(pb::WatchResponse {
+                    header: self.hub.header(rev),
+                    watch_id,
+                    canceled: true,
+                    // etcd signals compaction by the revision alone; clients
+                    // turn it into "required revision has been compacted".
+                    compact_revision: if compacted { compact_revision } else { 0 },
+                    cancel_reason: if compacted {
+                        String::new()
+                    } else {
+                        status_of(&e).message().to_string()
+                    },
+                    ..Default::default()
+                });
+            }
+            _ => {
+                self.hub.remove(self.stream, watch_id);
+            }
+        }
     }
 }
 
@@ -334,9 +524,13 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         _: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        let Reply::Status { status, .. } = self.0.call(Command::Status).await else {
+        let Reply::Status {
+            status, db_size, ..
+        } = self.0.call(Command::Status).await
+        else {
             return Err(status_of(&ServerError::Stopped));
         };
+        let db_size = i64::try_from(db_size).unwrap_or(i64::MAX);
         let leader = if status.leader != 0 {
             self.0.info.member_id
         } else {
@@ -345,13 +539,13 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         Ok(Response::new(pb::StatusResponse {
             header: self.0.header(status.term).header(status.revision),
             version: crate::ETCD_API_VERSION.to_string(),
-            db_size: 0,
+            db_size,
             leader,
             raft_index: status.committed_index,
             raft_term: status.term,
             raft_applied_index: status.applied_index,
             errors: Vec::new(),
-            db_size_in_use: 0,
+            db_size_in_use: db_size,
             is_learner: false,
         }))
     }

@@ -1,0 +1,343 @@
+//! Watchers of one shard, and the feed of applied events that reaches them.
+//!
+//! The owner core publishes every applied batch's events (an `Arc` slice,
+//! shared, never copied) to the hub of every shard; each hub matches them
+//! against its own watchers (gRPC Watch streams accepted on that shard) and
+//! pushes responses into the streams' queues. A watcher with a past
+//! `start_revision` first receives history read from MVCC on the owner;
+//! live events that arrive meanwhile are buffered and de-duplicated by
+//! revision, so it sees every revision exactly once, in order.
+//!
+//! Must never: block the Raft loop (publishing only enqueues), or deliver an
+//! event twice or out of revision order to one watcher.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_channel::mpsc::UnboundedSender;
+
+use crate::api::grpc::convert::key_value;
+use crate::api::grpc::pb::{etcdserverpb as pb, mvccpb};
+use crate::mvcc::{self, EventKind};
+
+/// A batch of applied events, in revision order, shared by every shard.
+pub type EventBatch = Arc<[mvcc::Event]>;
+
+/// Receives every applied batch; it must only enqueue, never wait.
+pub type EventSubscriber = Box<dyn Fn(&EventBatch)>;
+
+/// What a watcher asked for.
+#[derive(Debug, Clone)]
+pub struct WatchSpec {
+    pub key: Bytes,
+    pub range_end: Bytes,
+    pub no_put: bool,
+    pub no_delete: bool,
+    pub prev_kv: bool,
+    pub progress_notify: bool,
+}
+
+impl WatchSpec {
+    fn matches(&self, e: &mvcc::Event) -> bool {
+        match e.kind {
+            EventKind::Put if self.no_put => return false,
+            EventKind::Delete if self.no_delete => return false,
+            _ => {}
+        }
+        in_range(&e.kv.key, &self.key, &self.range_end)
+    }
+}
+
+/// etcd's range rules: empty end = the key alone, "\0" = every key >= key.
+pub fn in_range(k: &[u8], key: &[u8], range_end: &[u8]) -> bool {
+    if range_end.is_empty() {
+        return k == key;
+    }
+    if range_end == b"\0" {
+        return k >= key;
+    }
+    k >= key && k < range_end
+}
+
+struct Watcher {
+    stream: u64,
+    watch_id: i64,
+    spec: WatchSpec,
+    /// Events below this revision were delivered (or not wanted).
+    next_rev: i64,
+    /// While history is being read: live events held back.
+    syncing: Option<Vec<mvcc::Event>>,
+    out: UnboundedSender<pb::WatchResponse>,
+}
+
+/// Identity for response headers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeaderIds {
+    pub cluster_id: u64,
+    pub member_id: u64,
+}
+
+#[derive(Default)]
+pub struct WatchHub {
+    watchers: RefCell<BTreeMap<(u64, i64), Watcher>>,
+    next_stream: Cell<u64>,
+    /// The newest revision this hub has seen in the feed.
+    revision: Cell<i64>,
+    term: Cell<u64>,
+    ids: Cell<HeaderIds>,
+}
+
+impl WatchHub {
+    pub fn new(ids: HeaderIds) -> Rc<WatchHub> {
+        let hub = WatchHub::default();
+        hub.ids.set(ids);
+        Rc::new(hub)
+    }
+
+    pub fn new_stream(&self) -> u64 {
+        let id = self.next_stream.get() + 1;
+        self.next_stream.set(id);
+        id
+    }
+
+    pub fn header(&self, revision: i64) -> Option<pb::ResponseHeader> {
+        let ids = self.ids.get();
+        Some(pb::ResponseHeader {
+            cluster_id: ids.cluster_id,
+            member_id: ids.member_id,
+            revision,
+            raft_term: self.term.get(),
+        })
+    }
+
+    pub fn note_term(&self, term: u64) {
+        self.term.set(term);
+    }
+
+    pub fn revision(&self) -> i64 {
+        self.revision.get()
+    }
+
+    pub fn note_revision(&self, rev: i64) {
+        if rev > self.revision.get() {
+            self.revision.set(rev);
+        }
+    }
+
+    pub fn contains(&self, stream: u64, watch_id: i64) -> bool {
+        self.watchers.borrow().contains_key(&(stream, watch_id))
+    }
+
+    /// Registers a watcher that wants events from `start_rev` on. With
+    /// `syncing`, live events are held back until [`WatchHub::finish_sync`].
+    pub fn add(
+        &self,
+        stream: u64,
+        watch_id: i64,
+        spec: WatchSpec,
+        start_rev: i64,
+        syncing: bool,
+        out: UnboundedSender<pb::WatchResponse>,
+    ) {
+        self.watchers.borrow_mut().insert(
+            (stream, watch_id),
+            Watcher {
+                stream,
+                watch_id,
+                spec,
+                next_rev: start_rev,
+                syncing: syncing.then(Vec::new),
+                out,
+            },
+        );
+    }
+
+    pub fn remove(&self, stream: u64, watch_id: i64) -> bool {
+        self.watchers
+            .borrow_mut()
+            .remove(&(stream, watch_id))
+            .is_some()
+    }
+
+    pub fn remove_stream(&self, stream: u64) {
+        self.watchers.borrow_mut().retain(|(s, _), _| *s != stream);
+    }
+
+    /// Delivers history (events up to `upto`, in order) and then whatever
+    /// arrived live while it was read, skipping what the history covered.
+    pub fn finish_sync(&self, stream: u64, watch_id: i64, history: Vec<mvcc::Event>, upto: i64) {
+        let mut watchers = self.watchers.borrow_mut();
+        let Some(w) = watchers.get_mut(&(stream, watch_id)) else {
+            return;
+        };
+        let held = w.syncing.take().unwrap_or_default();
+        let header_rev = upto.max(self.revision.get());
+        self.deliver(w, history.iter(), header_rev);
+        w.next_rev = w.next_rev.max(upto + 1);
+        self.deliver(w, held.iter(), header_rev);
+    }
+
+    /// Matches an applied batch against every watcher of this shard.
+    pub fn publish(&self, batch: &[mvcc::Event]) {
+        let Some(last) = batch.last() else {
+            return;
+        };
+        self.note_revision(last.kv.mod_revision);
+        let mut watchers = self.watchers.borrow_mut();
+        let mut closed = Vec::new();
+        for w in watchers.values_mut() {
+            if let Some(held) = w.syncing.as_mut() {
+                held.extend(batch.iter().filter(|e| w.spec.matches(e)).cloned());
+                continue;
+            }
+            if !self.deliver(w, batch.iter(), last.kv.mod_revision) {
+                closed.push((w.stream, w.watch_id));
+            }
+        }
+        for key in closed {
+            watchers.remove(&key);
+        }
+    }
+
+    /// Sends the matching events at or after the watcher's next revision,
+    /// one response per revision group as etcd does. False if the stream is
+    /// gone.
+    fn deliver<'a>(
+        &self,
+        w: &mut Watcher,
+        events: impl Iterator<Item = &'a mvcc::Event>,
+        header_rev: i64,
+    ) -> bool {
+        let mut out_events = Vec::new();
+        for e in events {
+            if e.kv.mod_revision < w.next_rev || !w.spec.matches(e) {
+                continue;
+            }
+            out_events.push(to_pb_event(e, w.spec.prev_kv));
+        }
+        if let Some(last) = out_events.last().and_then(|e| e.kv.as_ref()) {
+            w.next_rev = last.mod_revision + 1;
+        } else {
+            return !w.out.is_closed();
+        }
+        let resp = pb::WatchResponse {
+            header: self.header(header_rev),
+            watch_id: w.watch_id,
+            events: out_events,
+            ..Default::default()
+        };
+        w.out.unbounded_send(resp).is_ok()
+    }
+
+    /// Progress notifications for watchers that asked for them
+    /// (`--experimental-watch-progress-notify-interval`).
+    pub fn notify_progress(&self) {
+        let rev = self.revision.get();
+        for w in self.watchers.borrow().values() {
+            if w.spec.progress_notify && w.syncing.is_none() {
+                let _ = w.out.unbounded_send(pb::WatchResponse {
+                    header: self.header(rev),
+                    watch_id: w.watch_id,
+                    ..Default::default()
+                });
+            }
+        }
+    }
+
+    pub fn watcher_count(&self) -> usize {
+        self.watchers.borrow().len()
+    }
+}
+
+pub fn to_pb_event(e: &mvcc::Event, with_prev: bool) -> mvccpb::Event {
+    mvccpb::Event {
+        r#type: match e.kind {
+            EventKind::Put => mvccpb::event::EventType::Put as i32,
+            EventKind::Delete => mvccpb::event::EventType::Delete as i32,
+        },
+        kv: Some(key_value(e.kv.clone())),
+        prev_kv: if with_prev {
+            e.prev_kv.clone().map(key_value)
+        } else {
+            None
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use futures_channel::mpsc::unbounded;
+
+    fn put(key: &str, rev: i64) -> mvcc::Event {
+        mvcc::Event {
+            kind: EventKind::Put,
+            kv: mvcc::KeyValue {
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                mod_revision: rev,
+                create_revision: rev,
+                version: 1,
+                value: Bytes::from_static(b"v"),
+                lease: 0,
+            },
+            prev_kv: None,
+        }
+    }
+
+    fn spec(key: &str, end: &str) -> WatchSpec {
+        WatchSpec {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            range_end: Bytes::copy_from_slice(end.as_bytes()),
+            no_put: false,
+            no_delete: false,
+            prev_kv: false,
+            progress_notify: false,
+        }
+    }
+
+    fn revs(rx: &mut futures_channel::mpsc::UnboundedReceiver<pb::WatchResponse>) -> Vec<i64> {
+        let mut out = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            out.extend(r.events.iter().map(|e| e.kv.as_ref().unwrap().mod_revision));
+        }
+        out
+    }
+
+    #[test]
+    fn ranges_and_filters() {
+        assert!(in_range(b"a", b"a", b""));
+        assert!(!in_range(b"ab", b"a", b""));
+        assert!(in_range(b"zz", b"b", b"\0"));
+        assert!(in_range(b"b1", b"b", b"c"));
+        assert!(!in_range(b"c", b"b", b"c"));
+    }
+
+    #[test]
+    fn history_then_held_live_events_each_revision_once_in_order() {
+        let hub = WatchHub::new(HeaderIds::default());
+        let (tx, mut rx) = unbounded();
+        hub.add(1, 0, spec("k", "l"), 2, true, tx);
+        // Live events arrive while history is read; 4 overlaps history.
+        hub.publish(&[put("k4", 4)]);
+        hub.publish(&[put("k5", 5), put("x", 5)]);
+        assert!(revs(&mut rx).is_empty(), "nothing before the history");
+        hub.finish_sync(1, 0, vec![put("k2", 2), put("k3", 3), put("k4", 4)], 4);
+        assert_eq!(revs(&mut rx), vec![2, 3, 4, 5]);
+        hub.publish(&[put("k6", 6)]);
+        assert_eq!(revs(&mut rx), vec![6]);
+    }
+
+    #[test]
+    fn closed_streams_are_dropped() {
+        let hub = WatchHub::new(HeaderIds::default());
+        let (tx, rx) = unbounded();
+        hub.add(1, 0, spec("k", ""), 1, false, tx);
+        drop(rx);
+        hub.publish(&[put("k", 2)]);
+        assert_eq!(hub.watcher_count(), 0);
+    }
+}
