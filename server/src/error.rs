@@ -10,6 +10,8 @@ pub enum ServerError {
     Mvcc(#[from] MvccError),
     #[error(transparent)]
     Engine(#[from] engine::Error),
+    #[error(transparent)]
+    Lease(#[from] crate::lease::LeaseError),
     #[error("etcdserver: request is too large")]
     RequestTooLarge,
     #[error("etcdserver: too many requests")]

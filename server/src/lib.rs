@@ -10,6 +10,7 @@ pub mod compactor;
 pub mod config;
 pub mod error;
 pub mod ids;
+pub mod lease;
 pub mod mvcc;
 pub mod node;
 pub mod notify;

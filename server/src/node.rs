@@ -39,11 +39,74 @@ use crate::raftlog;
 /// etcd does from name, URLs and token).
 pub const MEMBER_ID: u64 = 1;
 
-type WriteReply = oneshot::Sender<Result<mvcc::Response>>;
+type WriteReply = oneshot::Sender<Result<Applied>>;
+
+/// What an applied proposal produced, for its proposer.
+#[derive(Debug)]
+pub enum Applied {
+    Kv(mvcc::Response),
+    LeaseGranted { id: i64, ttl: i64, revision: i64 },
+    LeaseRevoked { revision: i64 },
+}
+
+/// What goes into the log: `[u64 proposal id][u8 tag][body]`.
+const TAG_KV: u8 = 1;
+const TAG_LEASE_GRANT: u8 = 2;
+const TAG_LEASE_REVOKE: u8 = 3;
+
+enum Decoded {
+    Kv(mvcc::Request),
+    LeaseGrant { id: i64, ttl: i64 },
+    LeaseRevoke { id: i64 },
+}
+
+fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, Decoded)> {
+    if data.len() < 9 {
+        return None;
+    }
+    let id = data.get_u64_le();
+    let tag = data.get_u8();
+    let body = match tag {
+        TAG_KV => Decoded::Kv(mvcc::codec::decode_shared(&data).ok()?),
+        TAG_LEASE_GRANT if data.len() == 16 => Decoded::LeaseGrant {
+            id: data.get_i64_le(),
+            ttl: data.get_i64_le(),
+        },
+        TAG_LEASE_REVOKE if data.len() == 8 => Decoded::LeaseRevoke {
+            id: data.get_i64_le(),
+        },
+        _ => return None,
+    };
+    Some((id, body))
+}
+
+fn lease_record_name(id: i64) -> Vec<u8> {
+    let mut k = b"lease/".to_vec();
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// Every lease a request would attach keys to (puts of both txn branches).
+fn leases_used(req: &mvcc::Request, out: &mut Vec<i64>) {
+    fn op(o: &mvcc::RequestOp, out: &mut Vec<i64>) {
+        match o {
+            mvcc::RequestOp::Put(p) if p.lease != 0 && !p.ignore_lease => out.push(p.lease),
+            mvcc::RequestOp::Txn(t) => t.success.iter().chain(&t.failure).for_each(|o| op(o, out)),
+            _ => {}
+        }
+    }
+    match req {
+        mvcc::Request::Put(p) if p.lease != 0 && !p.ignore_lease => out.push(p.lease),
+        mvcc::Request::Txn(t) => t.success.iter().chain(&t.failure).for_each(|o| op(o, out)),
+        _ => {}
+    }
+}
 
 /// Most proposal bytes in one group commit: far below the WAL's frame
 /// limit even with the largest allowed request on top.
 const MAX_BATCH_BYTES: usize = 64 << 20;
+/// etcd checks lease expiry every 500 ms.
+const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
 /// How long start-up may take to re-apply the recovered log.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
@@ -145,6 +208,7 @@ pub struct Node {
     next_id: Cell<u64>,
     fatal: RefCell<Option<String>>,
     status: Cell<NodeStatus>,
+    lessor: RefCell<crate::lease::Lessor>,
     /// Called with every applied batch of events (watch hubs of all shards).
     watch_subscribers: RefCell<Vec<crate::watch::EventSubscriber>>,
     snapshot_done: RefCell<Option<Result<u64>>>,
@@ -203,6 +267,7 @@ impl Node {
         let restored = raftlog::restore(&recovered, engine_applied, &initial_conf)?;
         let catch_up_to = restored.last_index;
         let mvcc = MvccStore::open(engine.clone())?;
+        let lessor = restore_leases(&mvcc, crate::lease::min_ttl_secs(cfg.election_timeout))?;
         let wal = Wal::open(
             &dirs.wal,
             WalOptions {
@@ -254,6 +319,7 @@ impl Node {
             next_id: Cell::new(boot_nanos),
             fatal: RefCell::new(None),
             status: Cell::new(NodeStatus::default()),
+            lessor: RefCell::new(lessor),
             watch_subscribers: RefCell::new(Vec::new()),
             snapshot_done: RefCell::new(None),
             snapshot_in_flight: Cell::new(false),
@@ -278,6 +344,7 @@ impl Node {
                 .map_err(|e| ServerError::Startup(e.to_string()))?,
         );
         glommio::spawn_local(auto_compact(node.clone(), compactor)).detach();
+        glommio::spawn_local(expire_leases(node.clone())).detach();
         node.wait_applied(catch_up_to).await?;
         Ok(node)
     }
@@ -334,21 +401,85 @@ impl Node {
 
     /// Proposes a write and waits until it is durable and applied.
     pub async fn write(&self, req: mvcc::Request) -> Result<mvcc::Response> {
+        let mut body = Vec::with_capacity(64);
+        mvcc::codec::encode(&req, &mut body);
+        match self.propose(TAG_KV, &body).await? {
+            Applied::Kv(r) => Ok(r),
+            _ => Err(ServerError::Stopped),
+        }
+    }
+
+    /// Grants a lease through the log; `id` 0 lets the member pick one.
+    pub async fn lease_grant(&self, id: i64, ttl: i64) -> Result<(i64, i64, i64)> {
+        if ttl > crate::lease::MAX_LEASE_TTL {
+            return Err(ServerError::Lease(crate::lease::LeaseError::TtlTooLarge));
+        }
+        let id = if id == 0 { self.new_lease_id() } else { id };
+        let mut body = Vec::with_capacity(16);
+        body.put_i64_le(id);
+        body.put_i64_le(ttl);
+        match self.propose(TAG_LEASE_GRANT, &body).await? {
+            Applied::LeaseGranted { id, ttl, revision } => Ok((id, ttl, revision)),
+            _ => Err(ServerError::Stopped),
+        }
+    }
+
+    /// Revokes a lease through the log, deleting its keys; returns the revision.
+    pub async fn lease_revoke(&self, id: i64) -> Result<i64> {
+        let mut body = Vec::with_capacity(8);
+        body.put_i64_le(id);
+        match self.propose(TAG_LEASE_REVOKE, &body).await? {
+            Applied::LeaseRevoked { revision } => Ok(revision),
+            _ => Err(ServerError::Stopped),
+        }
+    }
+
+    /// Keep-alive (leader-local, as in etcd): the TTL, or `None` if unknown.
+    pub fn lease_keepalive(&self, id: i64) -> Option<i64> {
+        self.lessor.borrow_mut().refresh(id, Instant::now())
+    }
+
+    /// (remaining TTL, granted TTL, keys) of a lease, `None` if unknown.
+    pub fn lease_time_to_live(&self, id: i64) -> Option<(i64, i64, Vec<bytes::Bytes>)> {
+        let lessor = self.lessor.borrow();
+        let state = lessor.get(id)?;
+        let remaining = lessor.remaining(id, Instant::now()).unwrap_or(state.ttl);
+        Some((remaining, state.ttl, state.keys.iter().cloned().collect()))
+    }
+
+    pub fn leases(&self) -> Vec<i64> {
+        self.lessor.borrow().ids().collect()
+    }
+
+    /// etcd picks lease IDs from its request-ID generator: positive, unique.
+    fn new_lease_id(&self) -> i64 {
+        loop {
+            let id = self.next_id.get().wrapping_add(1);
+            self.next_id.set(id);
+            let candidate = (id & (i64::MAX as u64)) as i64;
+            if candidate != 0 && !self.lessor.borrow().exists(candidate) {
+                return candidate;
+            }
+        }
+    }
+
+    async fn propose(&self, tag: u8, body: &[u8]) -> Result<Applied> {
         if self.fatal.borrow().is_some() {
             return Err(ServerError::Stopped);
         }
         if self.queue.borrow().len() >= self.max_pending {
             return Err(ServerError::TooManyRequests);
         }
-        let id = self.next_id.get().wrapping_add(1);
-        self.next_id.set(id);
-        let mut data = Vec::with_capacity(64);
-        data.put_u64_le(id);
-        mvcc::codec::encode(&req, &mut data);
         // etcd checks the marshalled request against --max-request-bytes.
-        if data.len() - 8 > self.max_request_bytes {
+        if body.len() > self.max_request_bytes {
             return Err(ServerError::RequestTooLarge);
         }
+        let id = self.next_id.get().wrapping_add(1);
+        self.next_id.set(id);
+        let mut data = Vec::with_capacity(9 + body.len());
+        data.put_u64_le(id);
+        data.put_u8(tag);
+        data.extend_from_slice(body);
         let (tx, rx) = oneshot::channel();
         self.queue.borrow_mut().push(Proposal {
             id,
@@ -518,14 +649,7 @@ impl Node {
                 mvcc.apply_noop(entry.index)?;
                 continue;
             }
-            let mut data = entry.data.clone();
-            let decoded = if data.len() >= 8 {
-                let id = data.get_u64_le();
-                Some(id).zip(mvcc::codec::decode_shared(&data).ok())
-            } else {
-                None
-            };
-            let Some((id, req)) = decoded else {
+            let Some((id, decoded)) = decode_proposal(entry.data.clone()) else {
                 // Every member sees the same bytes and does the same: skip
                 // it (a request from a newer format, say) rather than stop
                 // the member at every restart.
@@ -536,14 +660,82 @@ impl Node {
                 mvcc.apply_noop(entry.index)?;
                 continue;
             };
-            let result = match mvcc.apply(entry.index, &req) {
-                Ok(outcome) => {
-                    events.extend(outcome.events);
-                    Ok(outcome.response)
+            let mut lessor = self.lessor.borrow_mut();
+            let result = match decoded {
+                Decoded::Kv(req) => {
+                    let mut used = Vec::new();
+                    leases_used(&req, &mut used);
+                    if used.iter().any(|l| !lessor.exists(*l)) {
+                        mvcc.apply_noop(entry.index)?;
+                        Err(ServerError::Lease(crate::lease::LeaseError::NotFound))
+                    } else {
+                        match mvcc.apply(entry.index, &req) {
+                            Ok(outcome) => {
+                                lessor.on_events(&outcome.events);
+                                events.extend(outcome.events);
+                                Ok(Applied::Kv(outcome.response))
+                            }
+                            Err(e) if e.is_fatal() => return Err(e.into()),
+                            Err(e) => Err(ServerError::Mvcc(e)),
+                        }
+                    }
                 }
-                Err(e) if e.is_fatal() => return Err(e.into()),
-                Err(e) => Err(ServerError::Mvcc(e)),
+                Decoded::LeaseGrant { id: lease, ttl } => {
+                    match lessor.grant(lease, ttl, Instant::now()) {
+                        Ok(ttl) => {
+                            mvcc.put_meta(
+                                entry.index,
+                                &lease_record_name(lease),
+                                bytes::Bytes::copy_from_slice(&ttl.to_be_bytes()),
+                            )?;
+                            Ok(Applied::LeaseGranted {
+                                id: lease,
+                                ttl,
+                                revision: mvcc.current_revision(),
+                            })
+                        }
+                        Err(e) => {
+                            mvcc.apply_noop(entry.index)?;
+                            Err(ServerError::Lease(e))
+                        }
+                    }
+                }
+                Decoded::LeaseRevoke { id: lease } => match lessor.revoke(lease) {
+                    Ok(keys) => {
+                        if !keys.is_empty() {
+                            // One revision deletes every attached key, as etcd's revoke.
+                            let txn = mvcc::TxnRequest {
+                                compare: Vec::new(),
+                                success: keys
+                                    .into_iter()
+                                    .map(|key| {
+                                        mvcc::RequestOp::DeleteRange(mvcc::DeleteRangeRequest {
+                                            key,
+                                            range_end: bytes::Bytes::new(),
+                                            prev_kv: false,
+                                        })
+                                    })
+                                    .collect(),
+                                failure: Vec::new(),
+                            };
+                            match mvcc.apply(entry.index, &mvcc::Request::Txn(txn)) {
+                                Ok(outcome) => events.extend(outcome.events),
+                                Err(e) if e.is_fatal() => return Err(e.into()),
+                                Err(e) => log(format_args!("revoking lease {lease}: {e}")),
+                            }
+                        }
+                        mvcc.delete_meta(entry.index, &lease_record_name(lease))?;
+                        Ok(Applied::LeaseRevoked {
+                            revision: mvcc.current_revision(),
+                        })
+                    }
+                    Err(e) => {
+                        mvcc.apply_noop(entry.index)?;
+                        Err(ServerError::Lease(e))
+                    }
+                },
             };
+            drop(lessor);
             if let Some(reply) = pending.remove(&id) {
                 let _ = reply.send(result);
             }
@@ -637,6 +829,57 @@ impl Node {
     /// Data directories (for tests and tooling).
     pub fn dirs(&self) -> &DataDirs {
         &self.dirs
+    }
+}
+
+/// Rebuilds the lease table: leases from their records, attachments from
+/// the keys' `lease` fields. Every lease starts a full TTL (etcd's Promote).
+fn restore_leases(mvcc: &MvccStore<MemoryEngine>, min_ttl: i64) -> Result<crate::lease::Lessor> {
+    let mut lessor = crate::lease::Lessor::new(min_ttl);
+    let now = Instant::now();
+    for (name, value) in mvcc.meta_with_prefix(b"lease/")? {
+        let (Ok(id), Ok(ttl)) = (
+            <[u8; 8]>::try_from(&name[b"lease/".len()..]),
+            <[u8; 8]>::try_from(&value[..]),
+        ) else {
+            return Err(ServerError::Mvcc(mvcc::MvccError::Corrupt(format!(
+                "bad lease record {name:02x?}"
+            ))));
+        };
+        lessor.restore(i64::from_be_bytes(id), i64::from_be_bytes(ttl), now);
+    }
+    let all = mvcc.range(&mvcc::RangeRequest {
+        key: bytes::Bytes::from_static(b"\0"),
+        range_end: bytes::Bytes::from_static(b"\0"),
+        ..Default::default()
+    })?;
+    for kv in all.kvs.into_iter().filter(|kv| kv.lease != 0) {
+        lessor.attach(kv.key, kv.lease);
+    }
+    Ok(lessor)
+}
+
+/// The leader's expiry clock: revokes expired leases through the log.
+async fn expire_leases(node: Rc<Node>) {
+    loop {
+        glommio::timer::sleep(LEASE_CHECK_INTERVAL).await;
+        if node.fatal.borrow().is_some() {
+            return;
+        }
+        let expired = node.lessor.borrow_mut().take_expired(Instant::now(), 64);
+        for id in expired {
+            let node = node.clone();
+            glommio::spawn_local(async move {
+                match node.lease_revoke(id).await {
+                    Ok(_) | Err(ServerError::Lease(_)) => {}
+                    Err(e) => {
+                        log(format_args!("revoking expired lease {id:x}: {e}"));
+                        node.lessor.borrow_mut().revoke_failed(id);
+                    }
+                }
+            })
+            .detach();
+        }
     }
 }
 

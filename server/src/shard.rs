@@ -44,6 +44,14 @@ pub enum Command {
         range_end: bytes::Bytes,
         from_rev: i64,
     },
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
+    LeaseRevoke(i64),
+    LeaseKeepAlive(i64),
+    LeaseTimeToLive(i64),
+    Leases,
     Status,
 }
 
@@ -56,11 +64,31 @@ pub enum Reply {
     ReadTxn(Result<mvcc::TxnResponse>, u64),
     HashKv(Result<mvcc::HashKv>, u64),
     WatchHistory(Result<(Vec<mvcc::Event>, i64)>, u64),
+    /// (lease id, granted TTL, revision)
+    LeaseGrant(Result<(i64, i64, i64)>, u64),
+    LeaseRevoke(Result<i64>, u64),
+    /// A lease query: the answer, the store revision and the term.
+    Lease(LeaseInfo, i64, u64),
     Status {
         status: NodeStatus,
         healthy: bool,
         db_size: u64,
     },
+}
+
+/// Answers of the leader-local lease queries.
+#[derive(Debug)]
+pub enum LeaseInfo {
+    /// The TTL after a keep-alive, `None` for an unknown lease.
+    KeepAlive(Option<i64>),
+    /// (remaining, granted, keys), `None` for an unknown lease.
+    TimeToLive(Option<(i64, i64, Vec<bytes::Bytes>)>),
+    List(Vec<i64>),
+}
+
+fn lease_reply(node: &Node, info: LeaseInfo) -> Reply {
+    let status = node.status();
+    Reply::Lease(info, status.revision, status.term)
 }
 
 /// How a shard reaches the group: directly on the owner core, through
@@ -89,6 +117,21 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         Command::Range(req) => Reply::Range(node.range(&req), node.status().term),
         Command::ReadTxn(req) => Reply::ReadTxn(node.read_txn(&req), node.status().term),
         Command::HashKv(rev) => Reply::HashKv(node.hash_kv(rev), node.status().term),
+        Command::LeaseGrant { id, ttl } => {
+            let result = node.lease_grant(id, ttl).await;
+            Reply::LeaseGrant(result, node.status().term)
+        }
+        Command::LeaseRevoke(id) => {
+            let result = node.lease_revoke(id).await;
+            Reply::LeaseRevoke(result, node.status().term)
+        }
+        Command::LeaseKeepAlive(id) => {
+            lease_reply(node, LeaseInfo::KeepAlive(node.lease_keepalive(id)))
+        }
+        Command::LeaseTimeToLive(id) => {
+            lease_reply(node, LeaseInfo::TimeToLive(node.lease_time_to_live(id)))
+        }
+        Command::Leases => lease_reply(node, LeaseInfo::List(node.leases())),
         Command::WatchHistory {
             key,
             range_end,

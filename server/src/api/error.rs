@@ -11,6 +11,7 @@ use crate::mvcc::MvccError;
 pub enum GrpcCode {
     Unknown = 2,
     InvalidArgument = 3,
+    NotFound = 5,
     ResourceExhausted = 8,
     FailedPrecondition = 9,
     OutOfRange = 11,
@@ -35,6 +36,11 @@ pub fn to_wire(e: &ServerError) -> WireError {
             }
             (_, Some(msg)) => (InvalidArgument, 400, msg.to_string()),
             (_, None) => (Internal, 500, format!("etcdserver: {m}")),
+        },
+        ServerError::Lease(l) => match l {
+            crate::lease::LeaseError::NotFound => (NotFound, 404, e.to_string()),
+            crate::lease::LeaseError::Exists => (FailedPrecondition, 409, e.to_string()),
+            _ => (OutOfRange, 400, e.to_string()),
         },
         ServerError::RequestTooLarge => (InvalidArgument, 413, e.to_string()),
         ServerError::TooManyRequests => (ResourceExhausted, 429, e.to_string()),

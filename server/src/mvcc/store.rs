@@ -55,6 +55,13 @@ const INITIAL_REVISION: i64 = 1;
 const NEVER_COMPACTED: i64 = -1;
 const REV_KEY_LEN: usize = 17;
 
+fn meta_key(name: &[u8]) -> Bytes {
+    let mut k = Vec::with_capacity(1 + name.len());
+    k.push(b'm');
+    k.extend_from_slice(name);
+    Bytes::from(k)
+}
+
 /// The engine key of key revision `(main, sub)`.
 fn rev_key(main: i64, sub: u64) -> Bytes {
     let mut k = [0u8; REV_KEY_LEN];
@@ -231,6 +238,42 @@ impl<E: Engine> MvccStore<E> {
             revision: self.current_rev,
             compact_revision: self.compact_rev,
         })
+    }
+
+    /// Stores a record of another replicated subsystem (leases) beside the
+    /// data, in the same engine batch as the entry's applied index, under
+    /// the metadata namespace (`b'm' ++ name`).
+    pub fn put_meta(&mut self, index: u64, name: &[u8], value: Bytes) -> Result<(), MvccError> {
+        let mut batch = WriteBatch::new();
+        batch.put(meta_key(name), value);
+        batch.set_applied_index(index);
+        self.engine.write(batch)?;
+        Ok(())
+    }
+
+    pub fn delete_meta(&mut self, index: u64, name: &[u8]) -> Result<(), MvccError> {
+        let mut batch = WriteBatch::new();
+        batch.delete(meta_key(name));
+        batch.set_applied_index(index);
+        self.engine.write(batch)?;
+        Ok(())
+    }
+
+    /// Metadata records whose name starts with `prefix` (names returned
+    /// without the namespace byte).
+    pub fn meta_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, MvccError> {
+        let start = meta_key(prefix);
+        let mut out = Vec::new();
+        self.engine
+            .snapshot()
+            .scan(Bound::Included(&start[..]), Bound::Unbounded, |k, v| {
+                if !k.starts_with(&start) {
+                    return Scan::Stop;
+                }
+                out.push((k.slice(1..), v.clone()));
+                Scan::Continue
+            })?;
+        Ok(out)
     }
 
     /// A watcher's history: every change to a key in `[key, range_end)`

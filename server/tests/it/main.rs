@@ -4,6 +4,7 @@ mod crash;
 mod etcd_peer;
 mod etcdctl;
 mod http_api;
+mod lease_restart;
 mod mvcc_model;
 mod python_clients;
 mod recovery;

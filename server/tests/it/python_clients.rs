@@ -11,18 +11,20 @@ use crate::support::Server;
 
 const PYTHON: &str = "/usr/bin/python3";
 
-fn script() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/kv_etcd3.py")
-}
+const KV: &str = "kv_etcd3.py";
+const LEASE_WATCH_LOCK: &str = "lease_watch_etcd3.py";
 
-fn run_script(endpoint: &str) -> (bool, String) {
+fn run_script(name: &str, endpoint: &str) -> (bool, String) {
     assert!(
         Path::new(PYTHON).exists(),
         "{PYTHON} is missing: run ./scripts/test, which installs python3-etcd3"
     );
     let (host, port) = endpoint.rsplit_once(':').unwrap();
     let mut cmd = Command::new(PYTHON);
-    cmd.arg(script()).arg(host).arg(port);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(name);
+    cmd.arg(script).arg(host).arg(port);
     let out = run_bounded(cmd, None, Duration::from_secs(60));
     let text = format!(
         "{}{}",
@@ -36,7 +38,7 @@ fn run_script(endpoint: &str) -> (bool, String) {
 fn python_etcd3_kv_against_metcd() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(&dir.path().join("m"), &[]);
-    let (ok, out) = run_script(&s.client_endpoint());
+    let (ok, out) = run_script(KV, &s.client_endpoint());
     assert!(
         ok,
         "python etcd3 against metcd failed:\n{out}\nmetcd log:\n{}",
@@ -46,10 +48,28 @@ fn python_etcd3_kv_against_metcd() {
 }
 
 #[test]
-fn python_etcd3_script_holds_against_real_etcd() {
+fn python_etcd3_leases_watch_and_lock_against_metcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("m"), &[]);
+    let (ok, out) = run_script(LEASE_WATCH_LOCK, &s.client_endpoint());
+    assert!(
+        ok,
+        "python etcd3 leases/watch/lock against metcd failed:\n{out}\nmetcd log:\n{}",
+        s.log_text()
+    );
+    assert!(out.contains("all checks passed"), "{out}");
+}
+
+#[test]
+fn python_etcd3_scripts_hold_against_real_etcd() {
     require_etcd();
     let dir = tempfile::tempdir().unwrap();
     let etcd = RealEtcd::start(dir.path());
-    let (ok, out) = run_script(&etcd.endpoint);
-    assert!(ok, "the script's expectations are not etcd's:\n{out}");
+    for script in [KV, LEASE_WATCH_LOCK] {
+        let (ok, out) = run_script(script, &etcd.endpoint);
+        assert!(
+            ok,
+            "{script}: the script's expectations are not etcd's:\n{out}"
+        );
+    }
 }

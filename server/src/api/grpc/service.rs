@@ -20,7 +20,7 @@ use super::pb::etcdserverpb as pb;
 use crate::api::error::to_wire;
 use crate::error::ServerError;
 use crate::mvcc;
-use crate::shard::{Backend, Command, Reply};
+use crate::shard::{Backend, Command, LeaseInfo, Reply};
 use crate::watch::{WatchHub, WatchSpec};
 
 /// Identity and limits every service needs.
@@ -95,7 +95,7 @@ impl Services {
                 shared: shared.clone(),
                 hub: SendWrapper::new(hub),
             },
-            lease: LeaseService,
+            lease: LeaseService(shared.clone()),
             cluster: ClusterService(shared.clone()),
             maintenance: MaintenanceService(shared),
             auth: AuthService,
@@ -393,7 +393,16 @@ impl WatchStream {
     }
 }
 
-pub struct LeaseService;
+pub struct LeaseService(Shared);
+
+impl LeaseService {
+    async fn query(&self, cmd: Command) -> Result<(LeaseInfo, HeaderInfo, i64), Status> {
+        match self.0.call(cmd).await {
+            Reply::Lease(info, revision, term) => Ok((info, self.0.header(term), revision)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+}
 
 #[tonic::async_trait]
 impl pb::lease_server::Lease for LeaseService {
@@ -401,37 +410,117 @@ impl pb::lease_server::Lease for LeaseService {
 
     async fn lease_grant(
         &self,
-        _: Request<pb::LeaseGrantRequest>,
+        request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
-        Err(not_yet("LeaseGrant"))
+        let r = request.into_inner();
+        match self
+            .0
+            .call(Command::LeaseGrant {
+                id: r.id,
+                ttl: r.ttl,
+            })
+            .await
+        {
+            Reply::LeaseGrant(Ok((id, ttl, revision)), term) => {
+                Ok(Response::new(pb::LeaseGrantResponse {
+                    header: self.0.header(term).header(revision),
+                    id,
+                    ttl,
+                    error: String::new(),
+                }))
+            }
+            Reply::LeaseGrant(Err(e), _) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
     }
 
     async fn lease_revoke(
         &self,
-        _: Request<pb::LeaseRevokeRequest>,
+        request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
-        Err(not_yet("LeaseRevoke"))
+        match self
+            .0
+            .call(Command::LeaseRevoke(request.into_inner().id))
+            .await
+        {
+            Reply::LeaseRevoke(Ok(revision), term) => Ok(Response::new(pb::LeaseRevokeResponse {
+                header: self.0.header(term).header(revision),
+            })),
+            Reply::LeaseRevoke(Err(e), _) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
     }
 
     async fn lease_keep_alive(
         &self,
-        _: Request<Streaming<pb::LeaseKeepAliveRequest>>,
+        request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        Err(not_yet("LeaseKeepAlive"))
+        let mut input = request.into_inner();
+        let (out, responses) =
+            futures_channel::mpsc::unbounded::<Result<pb::LeaseKeepAliveResponse, Status>>();
+        let shared = self.0.clone();
+        let task = SendWrapper::new(async move {
+            while let Ok(Some(req)) = input.message().await {
+                let resp = match shared.call(Command::LeaseKeepAlive(req.id)).await {
+                    // Unknown (expired or revoked) leases answer TTL 0, as etcd.
+                    Reply::Lease(LeaseInfo::KeepAlive(ttl), revision, term) => {
+                        Ok(pb::LeaseKeepAliveResponse {
+                            header: shared.header(term).header(revision),
+                            id: req.id,
+                            ttl: ttl.unwrap_or(0),
+                        })
+                    }
+                    _ => Err(status_of(&ServerError::Stopped)),
+                };
+                let stop = resp.is_err();
+                if out.unbounded_send(resp).is_err() || stop {
+                    break;
+                }
+            }
+        });
+        glommio::spawn_local(task).detach();
+        Ok(Response::new(Box::pin(responses)))
     }
 
     async fn lease_time_to_live(
         &self,
-        _: Request<pb::LeaseTimeToLiveRequest>,
+        request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
-        Err(not_yet("LeaseTimeToLive"))
+        let r = request.into_inner();
+        let (info, h, revision) = self.query(Command::LeaseTimeToLive(r.id)).await?;
+        let LeaseInfo::TimeToLive(found) = info else {
+            return Err(status_of(&ServerError::Stopped));
+        };
+        // An unknown lease is TTL -1 (etcdctl: "lease ... already expired").
+        let (ttl, granted_ttl, keys) = match found {
+            Some((ttl, granted, keys)) => (ttl, granted, keys),
+            None => (-1, 0, Vec::new()),
+        };
+        Ok(Response::new(pb::LeaseTimeToLiveResponse {
+            header: h.header(revision),
+            id: r.id,
+            ttl,
+            granted_ttl,
+            keys: if r.keys {
+                keys.into_iter().map(Into::into).collect()
+            } else {
+                Vec::new()
+            },
+        }))
     }
 
     async fn lease_leases(
         &self,
         _: Request<pb::LeaseLeasesRequest>,
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
-        Err(not_yet("LeaseLeases"))
+        let (info, h, revision) = self.query(Command::Leases).await?;
+        let LeaseInfo::List(ids) = info else {
+            return Err(status_of(&ServerError::Stopped));
+        };
+        Ok(Response::new(pb::LeaseLeasesResponse {
+            header: h.header(revision),
+            leases: ids.into_iter().map(|id| pb::LeaseStatus { id }).collect(),
+        }))
     }
 }
 

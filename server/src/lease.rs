@@ -1,0 +1,243 @@
+//! Leases: the replicated part (which leases exist, their granted TTL, the
+//! keys attached to each) and the leader-local part (when each expires).
+//!
+//! The replicated state changes only by applying log entries (grant,
+//! revoke, and the put/delete events of MVCC), so every member holds the
+//! same leases. Expiry times are not replicated: the leader keeps them, and
+//! revokes an expired lease by proposing a revoke through the log, as etcd
+//! does. After a restart or a leader change every lease gets its full TTL
+//! again (etcd's `Promote`).
+//!
+//! Must never: decide anything in apply from a clock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::mvcc::{self, EventKind};
+
+/// etcd's `MaxLeaseTTL` (about 285 years).
+pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    #[error("etcdserver: requested lease not found")]
+    NotFound,
+    #[error("etcdserver: lease already exists")]
+    Exists,
+    #[error("etcdserver: too large lease TTL")]
+    TtlTooLarge,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseState {
+    /// The TTL granted (the request's, raised to the minimum).
+    pub ttl: i64,
+    pub keys: BTreeSet<Bytes>,
+}
+
+/// The replicated lease table plus the leader's expiry clock.
+#[derive(Debug, Default)]
+pub struct Lessor {
+    leases: BTreeMap<i64, LeaseState>,
+    /// Which lease each key is attached to.
+    key_lease: HashMap<Bytes, i64>,
+    min_ttl: i64,
+    expiry: HashMap<i64, Instant>,
+    /// Leases whose revoke was proposed and not applied yet.
+    revoking: BTreeSet<i64>,
+}
+
+/// etcd's minimum lease TTL: 1.5 election timeouts, in whole seconds.
+pub fn min_ttl_secs(election_timeout_ms: u64) -> i64 {
+    let ms = election_timeout_ms.saturating_mul(3) / 2;
+    ms.div_ceil(1000) as i64
+}
+
+impl Lessor {
+    pub fn new(min_ttl: i64) -> Self {
+        Lessor {
+            min_ttl,
+            ..Default::default()
+        }
+    }
+
+    pub fn exists(&self, id: i64) -> bool {
+        self.leases.contains_key(&id)
+    }
+
+    pub fn get(&self, id: i64) -> Option<&LeaseState> {
+        self.leases.get(&id)
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.leases.keys().copied()
+    }
+
+    /// Applies a grant. Returns the TTL granted.
+    pub fn grant(&mut self, id: i64, ttl: i64, now: Instant) -> Result<i64, LeaseError> {
+        if ttl > MAX_LEASE_TTL {
+            return Err(LeaseError::TtlTooLarge);
+        }
+        if id <= 0 || self.leases.contains_key(&id) {
+            return Err(LeaseError::Exists);
+        }
+        let ttl = ttl.max(self.min_ttl);
+        self.leases.insert(
+            id,
+            LeaseState {
+                ttl,
+                keys: BTreeSet::new(),
+            },
+        );
+        self.refresh(id, now);
+        Ok(ttl)
+    }
+
+    /// Restores a lease read from storage (attachments come from MVCC).
+    pub fn restore(&mut self, id: i64, ttl: i64, now: Instant) {
+        self.leases.insert(
+            id,
+            LeaseState {
+                ttl,
+                keys: BTreeSet::new(),
+            },
+        );
+        self.refresh(id, now);
+    }
+
+    /// Applies a revoke: removes the lease and returns its keys (which the
+    /// caller deletes in the same log entry).
+    pub fn revoke(&mut self, id: i64) -> Result<Vec<Bytes>, LeaseError> {
+        let state = self.leases.remove(&id).ok_or(LeaseError::NotFound)?;
+        self.expiry.remove(&id);
+        self.revoking.remove(&id);
+        for k in &state.keys {
+            self.key_lease.remove(k);
+        }
+        Ok(state.keys.into_iter().collect())
+    }
+
+    /// Follows attachments through applied MVCC changes.
+    pub fn on_events(&mut self, events: &[mvcc::Event]) {
+        for e in events {
+            if let Some(old) = self.key_lease.remove(&e.kv.key) {
+                if let Some(l) = self.leases.get_mut(&old) {
+                    l.keys.remove(&e.kv.key);
+                }
+            }
+            if e.kind == EventKind::Put && e.kv.lease != 0 {
+                self.attach(e.kv.key.clone(), e.kv.lease);
+            }
+        }
+    }
+
+    pub fn attach(&mut self, key: Bytes, id: i64) {
+        if let Some(l) = self.leases.get_mut(&id) {
+            l.keys.insert(key.clone());
+            self.key_lease.insert(key, id);
+        }
+    }
+
+    /// Keep-alive: the lease lives another full TTL. `None` if unknown.
+    pub fn refresh(&mut self, id: i64, now: Instant) -> Option<i64> {
+        let ttl = self.leases.get(&id)?.ttl;
+        self.expiry
+            .insert(id, now + Duration::from_secs(ttl.max(0) as u64));
+        Some(ttl)
+    }
+
+    /// Seconds left, rounded up as etcd reports them; `None` if unknown.
+    pub fn remaining(&self, id: i64, now: Instant) -> Option<i64> {
+        self.leases.get(&id)?;
+        let at = self.expiry.get(&id)?;
+        let left = at.saturating_duration_since(now);
+        Some(left.as_secs() as i64 + i64::from(left.subsec_nanos() > 0))
+    }
+
+    /// Expired leases not yet being revoked; marks them as being revoked.
+    pub fn take_expired(&mut self, now: Instant, limit: usize) -> Vec<i64> {
+        let mut out: Vec<i64> = self
+            .expiry
+            .iter()
+            .filter(|(id, at)| **at <= now && !self.revoking.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        out.sort_unstable();
+        out.truncate(limit);
+        self.revoking.extend(out.iter().copied());
+        out
+    }
+
+    /// A revoke proposal failed: let the expiry loop try again.
+    pub fn revoke_failed(&mut self, id: i64) {
+        self.revoking.remove(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn put(key: &str, lease: i64) -> mvcc::Event {
+        mvcc::Event {
+            kind: EventKind::Put,
+            kv: mvcc::KeyValue {
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                lease,
+                ..Default::default()
+            },
+            prev_kv: None,
+        }
+    }
+
+    #[test]
+    fn min_ttl_matches_etcd() {
+        // etcd's defaults: 1000 ms election timeout -> 2 s minimum.
+        assert_eq!(min_ttl_secs(1000), 2);
+        assert_eq!(min_ttl_secs(5000), 8);
+    }
+
+    #[test]
+    fn grant_attach_move_revoke() {
+        let now = Instant::now();
+        let mut l = Lessor::new(2);
+        assert_eq!(l.grant(7, 1, now), Ok(2));
+        assert_eq!(l.grant(7, 10, now), Err(LeaseError::Exists));
+        assert_eq!(
+            l.grant(8, MAX_LEASE_TTL + 1, now),
+            Err(LeaseError::TtlTooLarge)
+        );
+        l.grant(8, 10, now).unwrap();
+        l.on_events(&[put("a", 7), put("b", 7), put("c", 8)]);
+        // "b" moves to lease 8, "a" is overwritten without a lease.
+        l.on_events(&[put("b", 8), put("a", 0)]);
+        assert_eq!(l.get(7).unwrap().keys.len(), 0);
+        let mut keys = l.revoke(8).unwrap();
+        keys.sort();
+        assert_eq!(
+            keys,
+            vec![Bytes::from_static(b"b"), Bytes::from_static(b"c")]
+        );
+        assert_eq!(l.revoke(8), Err(LeaseError::NotFound));
+    }
+
+    #[test]
+    fn expiry_and_keepalive() {
+        let t0 = Instant::now();
+        let mut l = Lessor::new(1);
+        l.grant(1, 5, t0).unwrap();
+        assert_eq!(l.remaining(1, t0 + Duration::from_millis(1500)), Some(4));
+        assert!(l.take_expired(t0 + Duration::from_secs(4), 10).is_empty());
+        assert_eq!(l.refresh(1, t0 + Duration::from_secs(4)), Some(5));
+        assert!(l.take_expired(t0 + Duration::from_secs(8), 10).is_empty());
+        assert_eq!(l.take_expired(t0 + Duration::from_secs(9), 10), vec![1]);
+        // Marked: not handed out twice while its revoke is in flight.
+        assert!(l.take_expired(t0 + Duration::from_secs(10), 10).is_empty());
+        l.revoke_failed(1);
+        assert_eq!(l.take_expired(t0 + Duration::from_secs(10), 10), vec![1]);
+    }
+}
