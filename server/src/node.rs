@@ -235,6 +235,14 @@ impl Node {
         for dir in [&dirs.root, &dirs.wal, &dirs.snap] {
             create_dir_durable(dir)?;
         }
+        // Backup streams interrupted by a crash are never part of the state.
+        if let Ok(entries) = std::fs::read_dir(&dirs.snap) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with("backup-") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
         let engine = MemoryEngine::open(&dirs.snap)?;
         let engine_applied = engine.applied_index();
         let recovered = wal::recover(&dirs.wal)?;
@@ -495,6 +503,20 @@ impl Node {
     /// linearizable.
     pub fn range(&self, req: &mvcc::RangeRequest) -> Result<mvcc::RangeResponse> {
         Ok(self.mvcc.borrow().range(req)?)
+    }
+
+    /// Writes a consistent snapshot of the whole store (data, MVCC metadata,
+    /// leases) to a new file under the snap dir, for the Maintenance
+    /// Snapshot stream. Returns (path, bytes, revision); the caller deletes
+    /// the file when sent.
+    pub async fn write_backup(&self) -> Result<(PathBuf, u64, i64)> {
+        let revision = self.status.get().revision;
+        let snapshot = self.engine.snapshot();
+        let n = self.next_id.get().wrapping_add(1);
+        self.next_id.set(n);
+        let path = self.dirs.snap.join(format!("backup-{n:016x}.stream"));
+        let bytes = engine::snapfile::write(&snapshot, &path).await?;
+        Ok((path, bytes, revision))
     }
 
     /// Registers a receiver of applied events; it must only enqueue.

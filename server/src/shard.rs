@@ -49,6 +49,8 @@ pub enum Command {
         ttl: i64,
     },
     LeaseRevoke(i64),
+    /// A backup file for the Maintenance Snapshot stream.
+    Backup,
     LeaseKeepAlive(i64),
     LeaseTimeToLive(i64),
     Leases,
@@ -67,6 +69,8 @@ pub enum Reply {
     /// (lease id, granted TTL, revision)
     LeaseGrant(Result<(i64, i64, i64)>, u64),
     LeaseRevoke(Result<i64>, u64),
+    /// (file, bytes, revision) of a backup to stream, then delete.
+    Backup(Result<(std::path::PathBuf, u64, i64)>, u64),
     /// A lease query: the answer, the store revision and the term.
     Lease(LeaseInfo, i64, u64),
     Status {
@@ -124,6 +128,10 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         Command::LeaseRevoke(id) => {
             let result = node.lease_revoke(id).await;
             Reply::LeaseRevoke(result, node.status().term)
+        }
+        Command::Backup => {
+            let result = node.write_backup().await;
+            Reply::Backup(result, node.status().term)
         }
         Command::LeaseKeepAlive(id) => {
             lease_reply(node, LeaseInfo::KeepAlive(node.lease_keepalive(id)))

@@ -8,5 +8,6 @@ mod lease_restart;
 mod mvcc_model;
 mod python_clients;
 mod recovery;
+mod snapshot_save;
 mod support;
 mod watch_etcdctl;

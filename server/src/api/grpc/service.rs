@@ -675,11 +675,27 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         }
     }
 
+    /// Streams a consistent snapshot of the whole store in chunks, then
+    /// etcd's trailer: the SHA-256 of everything before it, which etcdctl
+    /// checks and which needs the body to be a multiple of 512 bytes (bolt
+    /// pages in etcd). Body = metcd's snapshot file (engine::snapfile) ++
+    /// zero padding ++ the snapshot file's length (u64 LE); see
+    /// docs/compatibility.md.
     async fn snapshot(
         &self,
         _: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(not_yet("Snapshot"))
+        let (path, size, revision, term) = match self.0.call(Command::Backup).await {
+            Reply::Backup(Ok((path, size, revision)), term) => (path, size, revision, term),
+            Reply::Backup(Err(e), _) => return Err(status_of(&e)),
+            _ => return Err(status_of(&ServerError::Stopped)),
+        };
+        let header = self.0.header(term).header(revision);
+        let (out, responses) =
+            futures_channel::mpsc::channel::<Result<pb::SnapshotResponse, Status>>(4);
+        let task = SendWrapper::new(stream_backup(path, size, header, out));
+        glommio::spawn_local(task).detach();
+        Ok(Response::new(Box::pin(responses)))
     }
 
     async fn move_leader(
@@ -695,6 +711,68 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
         Err(not_yet("Downgrade"))
     }
+}
+
+/// Sends the backup file in chunks (bounded memory: a small channel and one
+/// chunk in flight), then the SHA-256 trailer, and deletes the file.
+async fn stream_backup(
+    path: std::path::PathBuf,
+    size: u64,
+    header: Option<pb::ResponseHeader>,
+    mut out: futures_channel::mpsc::Sender<Result<pb::SnapshotResponse, Status>>,
+) {
+    use futures_lite::future::poll_fn;
+    use sha2::Digest;
+    const CHUNK: u64 = 1 << 20;
+    let mut hasher = sha2::Sha256::new();
+    let pad = (512 - (size + 8) % 512) % 512;
+    let total = size + pad + 8 + 32;
+    let mut sent = 0u64;
+    let result: Result<(), String> = async {
+        let file = glommio::io::BufferedFile::open(&path)
+            .await
+            .map_err(|e| e.to_string())?;
+        while sent < size {
+            let len = CHUNK.min(size - sent);
+            let chunk = file
+                .read_at(sent, len as usize)
+                .await
+                .map_err(|e| e.to_string())?;
+            if chunk.is_empty() {
+                return Err(format!("backup file {} ended early", path.display()));
+            }
+            hasher.update(&chunk[..]);
+            sent += chunk.len() as u64;
+            let msg = pb::SnapshotResponse {
+                header,
+                remaining_bytes: total - sent,
+                blob: chunk.to_vec(),
+            };
+            poll_fn(|cx| out.poll_ready(cx))
+                .await
+                .map_err(|e| e.to_string())?;
+            out.start_send(Ok(msg)).map_err(|e| e.to_string())?;
+        }
+        let _ = file.close().await;
+        let mut tail = vec![0u8; pad as usize];
+        tail.extend_from_slice(&size.to_le_bytes());
+        hasher.update(&tail);
+        tail.extend_from_slice(&hasher.finalize());
+        let msg = pb::SnapshotResponse {
+            header,
+            remaining_bytes: 0,
+            blob: tail,
+        };
+        poll_fn(|cx| out.poll_ready(cx))
+            .await
+            .map_err(|e| e.to_string())?;
+        out.start_send(Ok(msg)).map_err(|e| e.to_string())
+    }
+    .await;
+    if let Err(e) = result {
+        let _ = out.start_send(Err(Status::internal(format!("snapshot: {e}"))));
+    }
+    let _ = std::fs::remove_file(&path);
 }
 
 pub struct AuthService;
