@@ -2,6 +2,9 @@
 //! on, real etcd). A client only: it never imports server internals.
 //!
 //! Subcommands so far:
+//! - `put`, `range`: etcd's benchmark cases over the etcd v3 gRPC API
+//!   (`--conns` HTTP/2 connections shared by `--clients` concurrent
+//!   clients), against metcd or real etcd alike.
 //! - `http-put`: durable 256-byte writes through the seed's curl API at a
 //!   list of concurrency levels; prints writes/s and p50/p90/p99/p99.9/max.
 //! - `fsync`: the physical floor, 4 KiB O_DIRECT write + fdatasync per op on
@@ -15,6 +18,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+
+mod grpc;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
 use glommio::{LocalExecutorBuilder, Placement};
@@ -27,8 +32,46 @@ struct Cli {
     cmd: Cmd,
 }
 
+#[derive(clap::Args, Clone)]
+struct Load {
+    /// host:port of the etcd v3 gRPC API.
+    #[arg(long, default_value = "127.0.0.1:2379")]
+    endpoint: String,
+    #[arg(long, default_value_t = 1)]
+    conns: usize,
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// Requests (upper bound).
+    #[arg(long, default_value_t = 10_000)]
+    total: u64,
+    /// Seconds (upper bound).
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// CPU to pin the client to (none: unpinned).
+    #[arg(long)]
+    cpu: Option<usize>,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// etcd benchmark `put`: random keys from a key space, fixed-size values.
+    Put {
+        #[command(flatten)]
+        load: Load,
+        #[arg(long, default_value_t = 256)]
+        val_size: usize,
+        #[arg(long, default_value_t = 100_000)]
+        key_space_size: u64,
+    },
+    /// etcd benchmark `range` of one key, linearizable (l) or serializable (s).
+    Range {
+        #[command(flatten)]
+        load: Load,
+        #[arg(long, default_value = "foo")]
+        key: String,
+        #[arg(long, default_value = "l")]
+        consistency: String,
+    },
     /// Durable PUTs over the HTTP API at several concurrency levels.
     HttpPut {
         #[arg(long, default_value = "127.0.0.1:3379")]
@@ -95,6 +138,31 @@ fn main() {
             total,
             duration,
         } => fsync_floor(dir, total, Duration::from_secs_f64(duration)),
+        Cmd::Put {
+            load,
+            val_size,
+            key_space_size,
+        } => grpc_load(
+            load,
+            Op::Put {
+                value: vec![b'v'; val_size].into(),
+                key_space: key_space_size.max(1),
+            },
+        ),
+        Cmd::Range {
+            load,
+            key,
+            consistency,
+        } => match consistency.as_str() {
+            "l" | "s" => grpc_load(
+                load,
+                Op::Range {
+                    key: key.into_bytes().into(),
+                    serializable: consistency == "s",
+                },
+            ),
+            other => Err(format!("--consistency {other:?}: expected l or s")),
+        },
     };
     if let Err(e) = result {
         eprintln!("metcd-bench: {e}");
@@ -334,4 +402,133 @@ fn fsync_floor(dir: PathBuf, total: u64, duration: Duration) -> Result<(), Strin
     })??;
     report.print();
     Ok(())
+}
+
+#[derive(Clone)]
+enum Op {
+    Put {
+        value: bytes::Bytes,
+        key_space: u64,
+    },
+    Range {
+        key: bytes::Bytes,
+        serializable: bool,
+    },
+}
+
+impl Op {
+    async fn run(&self, conn: &mut grpc::Conn, rng: &mut u64) -> Result<(), String> {
+        use grpc::pb::etcdserverpb as pb;
+        match self {
+            Op::Put { value, key_space } => {
+                *rng ^= *rng << 13;
+                *rng ^= *rng >> 7;
+                *rng ^= *rng << 17;
+                let req = pb::PutRequest {
+                    key: format!("{:08}", *rng % key_space).into_bytes(),
+                    value: value.to_vec(),
+                    ..Default::default()
+                };
+                conn.unary::<_, pb::PutResponse>("/etcdserverpb.KV/Put", &req)
+                    .await
+                    .map(|_| ())
+            }
+            Op::Range { key, serializable } => {
+                let req = pb::RangeRequest {
+                    key: key.to_vec(),
+                    serializable: *serializable,
+                    ..Default::default()
+                };
+                conn.unary::<_, pb::RangeResponse>("/etcdserverpb.KV/Range", &req)
+                    .await
+                    .map(|_| ())
+            }
+        }
+    }
+
+    fn label(&self) -> String {
+        match self {
+            Op::Put { .. } => "put".into(),
+            Op::Range {
+                serializable: true, ..
+            } => "range (serializable)".into(),
+            Op::Range { .. } => "range (linearizable)".into(),
+        }
+    }
+}
+
+fn grpc_load(load: Load, op: Op) -> Result<(), String> {
+    let cpu = load.cpu;
+    let report = run_on_executor(cpu, move || async move { grpc_level(load, op).await })??;
+    report.print();
+    Ok(())
+}
+
+async fn grpc_level(load: Load, op: Op) -> Result<Report, String> {
+    // Connections are set up before timing starts.
+    let mut conns = Vec::with_capacity(load.conns.max(1));
+    for _ in 0..load.conns.max(1) {
+        conns.push(grpc::Conn::connect(&load.endpoint).await?);
+    }
+    let shared = Rc::new(RefCell::new(Shared {
+        issued: 0,
+        done: 0,
+        errors: 0,
+        hist: new_hist()?,
+    }));
+    let first_error: Rc<RefCell<Option<String>>> = Rc::default();
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(load.duration);
+    let mut tasks = Vec::new();
+    for c in 0..load.clients.max(1) {
+        let mut conn = conns[c % conns.len()].clone();
+        let (shared, op, first_error) = (shared.clone(), op.clone(), first_error.clone());
+        let total = load.total;
+        tasks.push(glommio::spawn_local(async move {
+            let mut rng = (c as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            loop {
+                {
+                    let mut s = shared.borrow_mut();
+                    if s.issued >= total || Instant::now() >= deadline {
+                        break;
+                    }
+                    s.issued += 1;
+                }
+                let t0 = Instant::now();
+                let result = op.run(&mut conn, &mut rng).await;
+                let us = t0.elapsed().as_micros() as u64;
+                let mut s = shared.borrow_mut();
+                match result {
+                    Ok(()) => {
+                        s.done += 1;
+                        let _ = s.hist.record(us.max(1));
+                    }
+                    Err(e) => {
+                        s.errors += 1;
+                        first_error.borrow_mut().get_or_insert(e);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await;
+    }
+    let elapsed = start.elapsed();
+    if let Some(e) = first_error.borrow().as_ref() {
+        eprintln!("metcd-bench: first error: {e}");
+    }
+    let s = shared.borrow();
+    Ok(Report {
+        label: format!(
+            "{} conns={} clients={}",
+            op.label(),
+            load.conns,
+            load.clients
+        ),
+        ops: s.done,
+        errors: s.errors,
+        elapsed,
+        hist: s.hist.clone(),
+    })
 }
