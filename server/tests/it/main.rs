@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod crash;
+mod etcd_client;
 mod etcd_peer;
 mod etcdctl;
 mod http_api;

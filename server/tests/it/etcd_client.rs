@@ -1,0 +1,231 @@
+//! The Rust `etcd-client` crate (tonic/tokio) against metcd: every service
+//! metcd serves, 1000 watchers on one stream, and a lease that expires while
+//! watched.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, LeaseGrantOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, WatchOptions,
+};
+
+use crate::support::Server;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn connect(s: &Server) -> Client {
+    Client::connect([format!("http://{}", s.client_endpoint())], None)
+        .await
+        .unwrap()
+}
+
+/// Bounds every await: a hung server fails the test instead of hanging CI.
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: timed out"))
+}
+
+#[test]
+fn kv_txn_compact_and_maintenance() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("m"), &[]);
+    runtime().block_on(async {
+        let mut c = connect(&s).await;
+        let put = c.put("foo", "bar", None).await.unwrap();
+        let rev1 = put.header().unwrap().revision();
+        assert_eq!(rev1, 2, "a fresh store is at revision 1, as etcd's");
+        let prev = c
+            .put("foo", "baz", Some(PutOptions::new().with_prev_key()))
+            .await
+            .unwrap();
+        assert_eq!(prev.prev_key().unwrap().value(), b"bar");
+        let old = c
+            .get("foo", Some(GetOptions::new().with_revision(rev1)))
+            .await
+            .unwrap();
+        assert_eq!(old.kvs()[0].value(), b"bar");
+
+        for i in 0..10 {
+            c.put(format!("k/{i:02}"), format!("{i}"), None)
+                .await
+                .unwrap();
+        }
+        let page = c
+            .get(
+                "k/",
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_limit(3)
+                        .with_sort(SortTarget::Key, SortOrder::Descend),
+                ),
+            )
+            .await
+            .unwrap();
+        let keys: Vec<&str> = page.kvs().iter().map(|kv| kv.key_str().unwrap()).collect();
+        assert_eq!(keys, ["k/09", "k/08", "k/07"]);
+        assert_eq!(page.count(), 10);
+        assert!(page.more());
+
+        // Kubernetes' create and update patterns.
+        let create = Txn::new()
+            .when([Compare::mod_revision("pod", CompareOp::Equal, 0)])
+            .and_then([TxnOp::put("pod", "v1", None)])
+            .or_else([TxnOp::get("pod", None)]);
+        let r = c.txn(create.clone()).await.unwrap();
+        assert!(r.succeeded());
+        let created = r.header().unwrap().revision();
+        let again = c.txn(create).await.unwrap();
+        assert!(!again.succeeded());
+        let update = Txn::new()
+            .when([Compare::mod_revision("pod", CompareOp::Equal, created)])
+            .and_then([TxnOp::put("pod", "v2", None)]);
+        assert!(c.txn(update).await.unwrap().succeeded());
+
+        let del = c
+            .delete("k/", Some(etcd_client::DeleteOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        assert_eq!(del.deleted(), 10);
+
+        let status = c.status().await.unwrap();
+        assert!(status.version().starts_with("3."));
+        assert_eq!(status.leader(), status.header().unwrap().member_id());
+        let hash1 = c.hash_kv(0).await.unwrap();
+        let hash2 = c.hash_kv(0).await.unwrap();
+        assert_eq!(hash1.hash(), hash2.hash());
+        let members = c.member_list().await.unwrap();
+        assert_eq!(members.members().len(), 1);
+
+        let now = c
+            .get("foo", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        c.compact(now, None).await.unwrap();
+        let err = c
+            .get("foo", Some(GetOptions::new().with_revision(rev1)))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("required revision has been compacted"),
+            "{err}"
+        );
+    });
+}
+
+#[test]
+fn a_thousand_watchers_on_one_stream_see_one_put() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("m"), &[]);
+    runtime().block_on(async {
+        let mut c = connect(&s).await;
+        let (mut watcher, mut stream) = c
+            .watch("w/0", Some(WatchOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        for i in 1..1000 {
+            watcher
+                .watch(format!("w/{i}"), Some(WatchOptions::new().with_prefix()))
+                .await
+                .unwrap();
+        }
+        // `watch()` consumed the first "created"; 999 more follow.
+        let mut created = 1;
+        while created < 1000 {
+            let resp = within("created", stream.message()).await.unwrap().unwrap();
+            if resp.created() {
+                created += 1;
+            }
+        }
+        // "w/1" is a prefix of w/1, w/10.., w/100..: count who should see it.
+        let key = "w/100";
+        let expected = (0..1000)
+            .filter(|i| key.starts_with(&format!("w/{i}")))
+            .count();
+        c.put(key, "x", None).await.unwrap();
+        let mut seen = 0;
+        while seen < expected {
+            let resp = within("events", stream.message()).await.unwrap().unwrap();
+            for ev in resp.events() {
+                assert_eq!(ev.event_type(), EventType::Put);
+                assert_eq!(ev.kv().unwrap().key(), key.as_bytes());
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, expected);
+        watcher.request_progress().await.unwrap();
+        let progress = within("progress", stream.message()).await.unwrap().unwrap();
+        assert!(progress.events().is_empty());
+        assert!(progress.header().unwrap().revision() >= 2);
+    });
+}
+
+#[test]
+fn a_lease_that_expires_while_watched() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("m"), &[]);
+    runtime().block_on(async {
+        let mut c = connect(&s).await;
+        let lease = c
+            .lease_grant(2, Some(LeaseGrantOptions::new().with_id(0x4242)))
+            .await
+            .unwrap();
+        assert_eq!(lease.id(), 0x4242);
+        c.put(
+            "session",
+            "alive",
+            Some(PutOptions::new().with_lease(lease.id())),
+        )
+        .await
+        .unwrap();
+        // Keep-alive works while we want it.
+        let (mut keeper, mut responses) = c.lease_keep_alive(lease.id()).await.unwrap();
+        keeper.keep_alive().await.unwrap();
+        let ka = within("keepalive", responses.message())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(ka.ttl(), 2);
+        let ttl = c.lease_time_to_live(lease.id(), None).await.unwrap();
+        assert_eq!(ttl.granted_ttl(), 2);
+        assert!(c
+            .leases()
+            .await
+            .unwrap()
+            .leases()
+            .iter()
+            .any(|l| l.id() == 0x4242));
+
+        let (_watcher, mut stream) = c
+            .watch("session", Some(WatchOptions::new().with_prev_key()))
+            .await
+            .unwrap();
+        // (`watch()` already consumed the "created" response.)
+        // Stop keeping it alive; the leader revokes it and the key goes.
+        drop(keeper);
+        let resp = within("expiry", stream.message()).await.unwrap().unwrap();
+        let ev = &resp.events()[0];
+        assert_eq!(ev.event_type(), EventType::Delete);
+        assert_eq!(ev.prev_kv().unwrap().value(), b"alive");
+        assert!(c.get("session", None).await.unwrap().kvs().is_empty());
+        let gone = c.lease_time_to_live(0x4242, None).await.unwrap();
+        assert_eq!(gone.ttl(), -1);
+        let err = c
+            .put("x", "y", Some(PutOptions::new().with_lease(0x4242)))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("requested lease not found"), "{err}");
+    });
+}
