@@ -229,3 +229,67 @@ fn a_lease_that_expires_while_watched() {
         assert!(err.contains("requested lease not found"), "{err}");
     });
 }
+
+/// Kubernetes' reflector: list at a revision, then watch from just after
+/// it with progress notifications; nothing between list and watch is lost.
+#[test]
+fn list_then_watch_from_the_list_revision_with_progress_notify() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("m"),
+        &["--experimental-watch-progress-notify-interval", "500ms"],
+    );
+    runtime().block_on(async {
+        let mut c = connect(&s).await;
+        for i in 0..5 {
+            c.put(format!("/registry/pods/p{i}"), "v", None)
+                .await
+                .unwrap();
+        }
+        let list = c
+            .get("/registry/pods/", Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let list_rev = list.header().unwrap().revision();
+        assert_eq!(list.kvs().len(), 5);
+        // Changes after the list, before the watch starts.
+        c.put("/registry/pods/p5", "v", None).await.unwrap();
+        c.delete("/registry/pods/p0", None).await.unwrap();
+        let (_w, mut stream) = c
+            .watch(
+                "/registry/pods/",
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(list_rev + 1)
+                        .with_progress_notify(),
+                ),
+            )
+            .await
+            .unwrap();
+        let mut events = Vec::new();
+        while events.len() < 2 {
+            let resp = within("events", stream.message()).await.unwrap().unwrap();
+            for ev in resp.events() {
+                events.push((
+                    ev.event_type(),
+                    ev.kv().unwrap().key_str().unwrap().to_string(),
+                ));
+            }
+        }
+        assert_eq!(
+            events,
+            [
+                (EventType::Put, "/registry/pods/p5".to_string()),
+                (EventType::Delete, "/registry/pods/p0".to_string())
+            ]
+        );
+        // Idle: a progress notification (no events, the current revision).
+        let progress = within("progress notify", stream.message())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(progress.events().is_empty());
+        assert_eq!(progress.header().unwrap().revision(), list_rev + 2);
+    });
+}
