@@ -245,6 +245,25 @@ struct Shared {
     hist: Histogram<u64>,
 }
 
+impl Shared {
+    /// Takes the right to send one more request, within both bounds.
+    fn claim(&mut self, total: u64, deadline: Instant) -> bool {
+        if self.issued >= total || Instant::now() >= deadline {
+            return false;
+        }
+        self.issued += 1;
+        true
+    }
+}
+
+/// xorshift64: cheap, deterministic per client, good enough for key choice.
+fn next_rand(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
 async fn put_level(
     endpoint: String,
     clients: usize,
@@ -280,17 +299,10 @@ async fn put_level(
             let mut req = Vec::with_capacity(value.len() + 128);
             let mut rng = (c as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             loop {
-                {
-                    let mut s = shared.borrow_mut();
-                    if s.issued >= total || Instant::now() >= deadline {
-                        break;
-                    }
-                    s.issued += 1;
+                if !shared.borrow_mut().claim(total, deadline) {
+                    break;
                 }
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                let key = rng % key_space;
+                let key = next_rand(&mut rng) % key_space;
                 req.clear();
                 req.extend_from_slice(
                     format!(
@@ -421,11 +433,8 @@ impl Op {
         use grpc::pb::etcdserverpb as pb;
         match self {
             Op::Put { value, key_space } => {
-                *rng ^= *rng << 13;
-                *rng ^= *rng >> 7;
-                *rng ^= *rng << 17;
                 let req = pb::PutRequest {
-                    key: format!("{:08}", *rng % key_space).into_bytes(),
+                    key: format!("{:08}", next_rand(rng) % key_space).into_bytes(),
                     value: value.to_vec(),
                     ..Default::default()
                 };
@@ -487,12 +496,8 @@ async fn grpc_level(load: Load, op: Op) -> Result<Report, String> {
         tasks.push(glommio::spawn_local(async move {
             let mut rng = (c as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             loop {
-                {
-                    let mut s = shared.borrow_mut();
-                    if s.issued >= total || Instant::now() >= deadline {
-                        break;
-                    }
-                    s.issued += 1;
+                if !shared.borrow_mut().claim(total, deadline) {
+                    break;
                 }
                 let t0 = Instant::now();
                 let result = op.run(&mut conn, &mut rng).await;

@@ -85,14 +85,7 @@ impl Lessor {
             return Err(LeaseError::Exists);
         }
         let ttl = ttl.max(self.min_ttl);
-        self.leases.insert(
-            id,
-            LeaseState {
-                ttl,
-                keys: BTreeSet::new(),
-            },
-        );
-        self.refresh(id, now);
+        self.restore(id, ttl, now);
         Ok(ttl)
     }
 

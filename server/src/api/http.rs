@@ -43,20 +43,11 @@ pub struct HttpLimits {
 
 type HttpResponse = Response<Full<Bytes>>;
 
-/// Accepts connections until the listener fails; one task per connection.
+/// Serves the HTTP API on `listener`, one task per connection.
 pub async fn serve(listener: glommio::net::TcpListener, backend: Backend, limits: HttpLimits) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("metcd: http accept failed: {e}");
-                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
+    super::accept_loop(listener, "http", move |stream| {
         let backend = backend.clone();
-        glommio::spawn_local(async move {
+        async move {
             let service = hyper::service::service_fn(move |req| {
                 let backend = backend.clone();
                 async move { Ok::<_, Infallible>(handle(&backend, limits, req).await) }
@@ -67,9 +58,9 @@ pub async fn serve(listener: glommio::net::TcpListener, backend: Backend, limits
                 .keep_alive(true)
                 .serve_connection(HyperStream(stream), service)
                 .await;
-        })
-        .detach();
-    }
+        }
+    })
+    .await
 }
 
 /// Binds with SO_REUSEPORT (every shard listens on the same port) and

@@ -4,3 +4,30 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod hyper_io;
+
+use std::future::Future;
+
+/// Accepts connections forever, one task per connection (`serve_one`).
+/// A failed accept (e.g. out of file descriptors) is logged and retried
+/// after a pause, never fatal.
+pub async fn accept_loop<F, Fut>(
+    listener: glommio::net::TcpListener,
+    api: &'static str,
+    serve_one: F,
+) where
+    F: Fn(glommio::net::TcpStream) -> Fut,
+    Fut: Future<Output = ()> + 'static,
+{
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                glommio::spawn_local(serve_one(stream)).detach();
+            }
+            Err(e) => {
+                eprintln!("metcd: {api} accept failed: {e}");
+                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    }
+}

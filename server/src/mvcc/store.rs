@@ -85,6 +85,28 @@ fn parse_rev_key(k: &[u8]) -> Result<(i64, u32), MvccError> {
     }
 }
 
+/// Visits stored key revisions in revision order from engine key `start`
+/// (within the `k` space), stopping at the first error `visit` returns.
+fn scan_revisions<S: EngineSnapshot>(
+    snap: &S,
+    start: &[u8],
+    mut visit: impl FnMut(i64, u32, &Bytes) -> Result<(), MvccError>,
+) -> Result<(), MvccError> {
+    let mut failed = None;
+    snap.scan(
+        Bound::Included(start),
+        Bound::Excluded(&[KEY_PREFIX + 1][..]),
+        |k, v| match parse_rev_key(k).and_then(|(main, sub)| visit(main, sub, v)) {
+            Ok(()) => Scan::Continue,
+            Err(e) => {
+                failed = Some(e);
+                Scan::Stop
+            }
+        },
+    )?;
+    failed.map_or(Ok(()), Err)
+}
+
 fn corrupt(what: impl std::fmt::Display) -> MvccError {
     MvccError::Corrupt(what.to_string())
 }
@@ -132,37 +154,20 @@ impl<E: Engine> MvccStore<E> {
         };
         let mut index = KeyIndex::default();
         let mut max_main = 0i64;
-        let mut failed = None;
-        snap.scan(
-            Bound::Included(&[KEY_PREFIX][..]),
-            Bound::Excluded(&[KEY_PREFIX + 1][..]),
-            |k, v| {
-                let step = parse_rev_key(k).and_then(|(main, sub)| {
-                    let (tombstone, key) = codec::decode_kv_key(v)
-                        .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
-                    index.push(
-                        key,
-                        Rev {
-                            main,
-                            sub,
-                            tombstone,
-                        },
-                    );
-                    max_main = main;
-                    Ok(())
-                });
-                match step {
-                    Ok(()) => Scan::Continue,
-                    Err(e) => {
-                        failed = Some(e);
-                        Scan::Stop
-                    }
-                }
-            },
-        )?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
+        scan_revisions(&snap, &[KEY_PREFIX], |main, sub, v| {
+            let (tombstone, key) = codec::decode_kv_key(v)
+                .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
+            index.push(
+                key,
+                Rev {
+                    main,
+                    sub,
+                    tombstone,
+                },
+            );
+            max_main = main;
+            Ok(())
+        })?;
         Ok(MvccStore {
             engine,
             index,
@@ -299,39 +304,21 @@ impl<E: Engine> MvccStore<E> {
         let view = self.view(&snap);
         let start = rev_key(from_rev, 0);
         let mut events = Vec::new();
-        let mut failed = None;
-        snap.scan(
-            Bound::Included(&start[..]),
-            Bound::Excluded(&[KEY_PREFIX + 1][..]),
-            |k, v| {
-                let step = parse_rev_key(k).and_then(|(main, sub)| {
-                    let (tombstone, kv) = codec::decode_kv(v, main)
-                        .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
-                    if !crate::watch::in_range(&kv.key, key, range_end) {
-                        return Ok(());
-                    }
-                    let prev_kv = view.get(&kv.key, main - 1)?;
-                    let kind = if tombstone {
-                        EventKind::Delete
-                    } else {
-                        EventKind::Put
-                    };
-                    events.push(Event { kind, kv, prev_kv });
-                    Ok(())
-                });
-                match step {
-                    Ok(()) => Scan::Continue,
-                    Err(e) => {
-                        failed = Some(e);
-                        Scan::Stop
-                    }
-                }
-            },
-        )?;
-        match failed {
-            Some(e) => Err(e),
-            None => Ok((events, cur)),
-        }
+        scan_revisions(&snap, &start, |main, sub, v| {
+            let (tombstone, kv) = codec::decode_kv(v, main)
+                .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
+            if crate::watch::in_range(&kv.key, key, range_end) {
+                let prev_kv = view.get(&kv.key, main - 1)?;
+                let kind = if tombstone {
+                    EventKind::Delete
+                } else {
+                    EventKind::Put
+                };
+                events.push(Event { kind, kv, prev_kv });
+            }
+            Ok(())
+        })?;
+        Ok((events, cur))
     }
 
     /// A Range at `req.revision` (`<= 0`: the current revision), with etcd's

@@ -99,21 +99,12 @@ impl Router {
     }
 }
 
-/// Accepts connections until the listener fails; one task per connection,
-/// hyper spawns one per stream.
+/// Serves the gRPC API on `listener`: one task per connection, hyper
+/// spawns one per stream.
 pub async fn serve(listener: glommio::net::TcpListener, router: Router) {
-    loop {
-        let stream = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("metcd: grpc accept failed: {e}");
-                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
+    crate::api::accept_loop(listener, "grpc", move |stream| {
         let router = router.clone();
-        glommio::spawn_local(async move {
+        async move {
             let service = hyper::service::service_fn(move |req| router.clone().route(req));
             // A failing connection is the client's business (reset, bad
             // preface, protocol error answered with GOAWAY).
@@ -121,9 +112,9 @@ pub async fn serve(listener: glommio::net::TcpListener, router: Router) {
                 .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
                 .serve_connection(HyperStream(stream), service)
                 .await;
-        })
-        .detach();
-    }
+        }
+    })
+    .await
 }
 
 /// etcd's default (`--max-concurrent-streams` is unlimited in 3.4, but a
