@@ -541,6 +541,11 @@ impl Node {
         Ok(self.mvcc.borrow().read_txn(req)?)
     }
 
+    pub fn hash_all(&self) -> Result<(u32, i64)> {
+        let mvcc = self.mvcc.borrow();
+        Ok((mvcc.hash_all()?, mvcc.current_revision()))
+    }
+
     pub fn hash_kv(&self, revision: i64) -> Result<mvcc::HashKv> {
         Ok(self.mvcc.borrow().hash_kv(revision)?)
     }

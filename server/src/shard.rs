@@ -38,6 +38,7 @@ pub enum Command {
     /// A txn without writes: served from the applied state, no log entry.
     ReadTxn(mvcc::TxnRequest),
     HashKv(i64),
+    Hash,
     /// Events of `[key, range_end)` from a revision on, for a new watcher.
     WatchHistory {
         key: bytes::Bytes,
@@ -65,6 +66,8 @@ pub enum Reply {
     Range(Result<mvcc::RangeResponse>, u64),
     ReadTxn(Result<mvcc::TxnResponse>, u64),
     HashKv(Result<mvcc::HashKv>, u64),
+    /// (hash, revision)
+    Hash(Result<(u32, i64)>, u64),
     WatchHistory(Result<(Vec<mvcc::Event>, i64)>, u64),
     /// (lease id, granted TTL, revision)
     LeaseGrant(Result<(i64, i64, i64)>, u64),
@@ -121,6 +124,7 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         Command::Range(req) => Reply::Range(node.range(&req), node.status().term),
         Command::ReadTxn(req) => Reply::ReadTxn(node.read_txn(&req), node.status().term),
         Command::HashKv(rev) => Reply::HashKv(node.hash_kv(rev), node.status().term),
+        Command::Hash => Reply::Hash(node.hash_all(), node.status().term),
         Command::LeaseGrant { id, ttl } => {
             let result = node.lease_grant(id, ttl).await;
             Reply::LeaseGrant(result, node.status().term)

@@ -281,6 +281,20 @@ impl<E: Engine> MvccStore<E> {
         Ok(out)
     }
 
+    /// etcd's `Hash`: a CRC32C over every record the store holds (data,
+    /// compaction and lease metadata), in key order. Equal on members that
+    /// applied the same log; costly, for checks, not for every request.
+    pub fn hash_all(&self) -> Result<u32, MvccError> {
+        let mut hash = 0u32;
+        self.engine
+            .snapshot()
+            .scan(Bound::Unbounded, Bound::Unbounded, |k, v| {
+                hash = crc32c::crc32c_append(crc32c::crc32c_append(hash, k), v);
+                Scan::Continue
+            })?;
+        Ok(hash)
+    }
+
     /// A watcher's history: every change to a key in `[key, range_end)`
     /// at revision `from_rev` or later, in revision order, each with the
     /// key's previous value (for `prev_kv`), and the current revision the

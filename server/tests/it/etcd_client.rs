@@ -101,6 +101,15 @@ fn kv_txn_compact_and_maintenance() {
         let hash1 = c.hash_kv(0).await.unwrap();
         let hash2 = c.hash_kv(0).await.unwrap();
         assert_eq!(hash1.hash(), hash2.hash());
+        let whole = c.hash().await.unwrap().hash();
+        assert_eq!(c.hash().await.unwrap().hash(), whole, "Hash is stable");
+        c.put("changes-the-hash", "x", None).await.unwrap();
+        assert_ne!(c.hash().await.unwrap().hash(), whole, "Hash sees a write");
+        assert_ne!(
+            c.hash_kv(0).await.unwrap().hash(),
+            hash1.hash(),
+            "HashKV sees a write"
+        );
         let members = c.member_list().await.unwrap();
         assert_eq!(members.members().len(), 1);
 

@@ -656,7 +656,14 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         _: Request<pb::HashRequest>,
     ) -> Result<Response<pb::HashResponse>, Status> {
-        Err(not_yet("Hash (use HashKV)"))
+        match self.0.call(Command::Hash).await {
+            Reply::Hash(Ok((hash, revision)), term) => Ok(Response::new(pb::HashResponse {
+                header: self.0.header(term).header(revision),
+                hash,
+            })),
+            Reply::Hash(Err(e), _) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
     }
 
     async fn hash_kv(
