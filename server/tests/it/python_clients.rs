@@ -13,6 +13,7 @@ const PYTHON: &str = "/usr/bin/python3";
 
 const KV: &str = "kv_etcd3.py";
 const LEASE_WATCH_LOCK: &str = "lease_watch_etcd3.py";
+const RANGE_STREAM: &str = "range_stream.py";
 
 fn run_script(name: &str, endpoint: &str) -> (bool, String) {
     assert!(
@@ -72,4 +73,17 @@ fn python_etcd3_scripts_hold_against_real_etcd() {
             "{script}: the script's expectations are not etcd's:\n{out}"
         );
     }
+}
+
+/// metcd's RangeStream (no etcd 3.4 counterpart to compare with).
+#[test]
+fn range_stream_chunks_at_one_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("m"), &[]);
+    let (ok, out) = run_script(RANGE_STREAM, &s.client_endpoint());
+    assert!(
+        ok,
+        "RangeStream failed:\n{out}\nmetcd log:\n{}",
+        s.log_text()
+    );
 }

@@ -105,8 +105,36 @@ impl Services {
 
 pub struct KvService(Shared);
 
+/// Keys per RangeStream chunk.
+const RANGE_STREAM_CHUNK: i64 = 1000;
+
 #[tonic::async_trait]
 impl pb::kv_server::Kv for KvService {
+    type RangeStreamStream = BoxStream<pb::RangeResponse>;
+
+    async fn range_stream(
+        &self,
+        request: Request<pb::RangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        let req = convert::range_request(request.into_inner())?;
+        mvcc::validate_range(&req).map_err(mvcc_status)?;
+        if req.sort_order != mvcc::SortOrder::None && req.sort_order != mvcc::SortOrder::Ascend
+            || req.sort_target != mvcc::SortTarget::Key
+            || req.count_only
+        {
+            return Err(Status::invalid_argument(
+                "etcdserver: RangeStream returns keys in ascending key order only",
+            ));
+        }
+        // A small channel: the producer waits for the client, so memory is
+        // a few chunks whatever the range's size.
+        let (out, responses) =
+            futures_channel::mpsc::channel::<Result<pb::RangeResponse, Status>>(2);
+        let task = SendWrapper::new(stream_range(self.0.clone(), req, out));
+        glommio::spawn_local(task).detach();
+        Ok(Response::new(Box::pin(responses)))
+    }
+
     async fn range(
         &self,
         request: Request<pb::RangeRequest>,
@@ -717,6 +745,62 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         _: Request<pb::DowngradeRequest>,
     ) -> Result<Response<pb::DowngradeResponse>, Status> {
         Err(not_yet("Downgrade"))
+    }
+}
+
+/// Produces RangeStream chunks: repeated limited Ranges at the revision of
+/// the first one, each starting just after the previous chunk's last key.
+async fn stream_range(
+    shared: Shared,
+    mut req: mvcc::RangeRequest,
+    mut out: futures_channel::mpsc::Sender<Result<pb::RangeResponse, Status>>,
+) {
+    use futures_lite::future::poll_fn;
+    let wanted = if req.limit > 0 { req.limit } else { i64::MAX };
+    let mut sent = 0i64;
+    let mut total = None;
+    loop {
+        req.limit = RANGE_STREAM_CHUNK.min(wanted - sent);
+        let (chunk, term) = match shared.call(Command::Range(req.clone())).await {
+            Reply::Range(Ok(r), term) => (r, term),
+            Reply::Range(Err(e), _) => {
+                let _ = out.start_send(Err(status_of(&e)));
+                return;
+            }
+            _ => return,
+        };
+        // Later chunks read at the first chunk's revision, and every chunk
+        // reports that revision: the stream is one point in time.
+        if req.revision <= 0 {
+            req.revision = chunk.header.revision;
+        }
+        let total = *total.get_or_insert(chunk.count);
+        sent += chunk.kvs.len() as i64;
+        let last_key = chunk.kvs.last().map(|kv| kv.key.clone());
+        // `more` as Range reports it (keys exist past this chunk), while the
+        // stream itself stops at the request's limit.
+        let more = chunk.more;
+        let go_on = more && sent < wanted;
+        let mut resp = convert::range_response(chunk, &shared.header(term));
+        if let Some(h) = resp.header.as_mut() {
+            h.revision = req.revision;
+        }
+        resp.more = more;
+        resp.count = total;
+        if poll_fn(|cx| out.poll_ready(cx)).await.is_err() || out.start_send(Ok(resp)).is_err() {
+            return;
+        }
+        match (go_on, last_key) {
+            (true, Some(last)) => {
+                let mut next = last.to_vec();
+                next.push(0);
+                req.key = next.into();
+                if req.range_end.is_empty() {
+                    return;
+                }
+            }
+            _ => return,
+        }
     }
 }
 
