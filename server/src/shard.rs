@@ -302,7 +302,10 @@ pub fn run(cfg: Config) -> Result<()> {
                     std::process::exit(1);
                 }
             };
-            let hub = WatchHub::new(owner_listeners.header_ids());
+            let hub = WatchHub::new(
+                owner_listeners.header_ids(),
+                owner_listeners.http_limits.max_request_bytes,
+            );
             let local = hub.clone();
             node.subscribe_events(Box::new(move |batch| local.publish(batch)));
             for (requests, replies, events) in owner_side {
@@ -330,7 +333,10 @@ pub fn run(cfg: Config) -> Result<()> {
                 });
                 let replies = replies.connect().await;
                 glommio::spawn_local(remote.clone().dispatch_replies(replies)).detach();
-                let hub = WatchHub::new(listeners.header_ids());
+                let hub = WatchHub::new(
+                    listeners.header_ids(),
+                    listeners.http_limits.max_request_bytes,
+                );
                 let events = events.connect().await;
                 let feed = hub.clone();
                 glommio::spawn_local(async move {

@@ -38,6 +38,8 @@ pub struct WatchSpec {
     pub no_delete: bool,
     pub prev_kv: bool,
     pub progress_notify: bool,
+    /// Split responses larger than the request limit (`fragment`).
+    pub fragment: bool,
 }
 
 impl WatchSpec {
@@ -88,12 +90,16 @@ pub struct WatchHub {
     revision: Cell<i64>,
     term: Cell<u64>,
     ids: Cell<HeaderIds>,
+    /// Largest fragment for watchers that asked for fragmentation
+    /// (etcd uses --max-request-bytes).
+    fragment_bytes: Cell<usize>,
 }
 
 impl WatchHub {
-    pub fn new(ids: HeaderIds) -> Rc<WatchHub> {
+    pub fn new(ids: HeaderIds, fragment_bytes: usize) -> Rc<WatchHub> {
         let hub = WatchHub::default();
         hub.ids.set(ids);
+        hub.fragment_bytes.set(fragment_bytes.max(1));
         Rc::new(hub)
     }
 
@@ -223,13 +229,26 @@ impl WatchHub {
         } else {
             return !w.out.is_closed();
         }
-        let resp = pb::WatchResponse {
-            header: self.header(header_rev),
-            watch_id: w.watch_id,
-            events: out_events,
-            ..Default::default()
+        let mut batches = if w.spec.fragment {
+            fragments(out_events, self.fragment_bytes.get())
+        } else {
+            vec![out_events]
         };
-        w.out.unbounded_send(resp).is_ok()
+        let last = batches.len() - 1;
+        for (i, events) in batches.drain(..).enumerate() {
+            let resp = pb::WatchResponse {
+                header: self.header(header_rev),
+                watch_id: w.watch_id,
+                events,
+                // etcd: every piece but the last says more follow.
+                fragment: i < last,
+                ..Default::default()
+            };
+            if w.out.unbounded_send(resp).is_err() {
+                return false;
+            }
+        }
+        true
     }
 
     /// Progress notifications for watchers that asked for them
@@ -250,6 +269,27 @@ impl WatchHub {
     pub fn watcher_count(&self) -> usize {
         self.watchers.borrow().len()
     }
+}
+
+/// Splits events into pieces of at most `limit` encoded bytes (a single
+/// larger event stays whole), as etcd fragments watch responses.
+fn fragments(events: Vec<mvccpb::Event>, limit: usize) -> Vec<Vec<mvccpb::Event>> {
+    use prost::Message;
+    let mut out = vec![Vec::new()];
+    let mut size = 0usize;
+    for e in events {
+        let len = e.encoded_len();
+        let current = out.last_mut().map_or(0, |v| v.len());
+        if current > 0 && size + len > limit {
+            out.push(Vec::new());
+            size = 0;
+        }
+        size += len;
+        if let Some(v) = out.last_mut() {
+            v.push(e);
+        }
+    }
+    out
 }
 
 pub fn to_pb_event(e: &mvcc::Event, with_prev: bool) -> mvccpb::Event {
@@ -296,6 +336,7 @@ mod tests {
             no_delete: false,
             prev_kv: false,
             progress_notify: false,
+            fragment: false,
         }
     }
 
@@ -318,7 +359,7 @@ mod tests {
 
     #[test]
     fn history_then_held_live_events_each_revision_once_in_order() {
-        let hub = WatchHub::new(HeaderIds::default());
+        let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
         let (tx, mut rx) = unbounded();
         hub.add(1, 0, spec("k", "l"), 2, true, tx);
         // Live events arrive while history is read; 4 overlaps history.
@@ -332,8 +373,42 @@ mod tests {
     }
 
     #[test]
+    fn fragments_split_big_batches_and_flag_all_but_the_last() {
+        let hub = WatchHub::new(HeaderIds::default(), 300);
+        let (tx, mut rx) = unbounded();
+        let mut s = spec("k", "l");
+        s.fragment = true;
+        hub.add(1, 0, s, 1, false, tx);
+        let big = |k: &str, rev| {
+            let mut e = put(k, rev);
+            e.kv.value = Bytes::from(vec![b'x'; 120]);
+            e
+        };
+        hub.publish(&[
+            big("k1", 2),
+            big("k2", 2),
+            big("k3", 2),
+            big("k4", 2),
+            big("k5", 2),
+        ]);
+        let mut pieces = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            pieces.push((r.events.len(), r.fragment));
+        }
+        assert!(pieces.len() > 1, "{pieces:?}");
+        assert_eq!(pieces.iter().map(|p| p.0).sum::<usize>(), 5);
+        assert!(pieces[..pieces.len() - 1].iter().all(|p| p.1));
+        assert!(!pieces.last().unwrap().1);
+        // Without fragment: one response.
+        let (tx, mut rx) = unbounded();
+        hub.add(2, 0, spec("k", "l"), 1, false, tx);
+        hub.publish(&[big("k6", 3), big("k7", 3), big("k8", 3)]);
+        assert_eq!(rx.try_recv().unwrap().events.len(), 3);
+    }
+
+    #[test]
     fn closed_streams_are_dropped() {
-        let hub = WatchHub::new(HeaderIds::default());
+        let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
         let (tx, rx) = unbounded();
         hub.add(1, 0, spec("k", ""), 1, false, tx);
         drop(rx);

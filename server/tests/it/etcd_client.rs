@@ -302,3 +302,57 @@ fn list_then_watch_from_the_list_revision_with_progress_notify() {
         assert_eq!(progress.header().unwrap().revision(), list_rev + 2);
     });
 }
+
+/// A watch response larger than --max-request-bytes arrives in fragments
+/// when the watcher asked for them (etcd's `fragment`), whole otherwise.
+#[test]
+fn big_watch_responses_are_fragmented_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("m"), &["--max-request-bytes", "16384"]);
+    runtime().block_on(async {
+        let mut c = connect(&s).await;
+        for i in 0..3 {
+            c.put(format!("big/{i}"), vec![b'o'; 5000], None)
+                .await
+                .unwrap();
+        }
+        let (_f, mut fragmented) = c
+            .watch(
+                "big/",
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_prev_key()
+                        .with_fragment(),
+                ),
+            )
+            .await
+            .unwrap();
+        let (_w, mut whole) = c
+            .watch(
+                "big/",
+                Some(WatchOptions::new().with_prefix().with_prev_key()),
+            )
+            .await
+            .unwrap();
+        // One txn under the request limit; its events with their previous
+        // values are twice that, over the limit.
+        let ops: Vec<TxnOp> = (0..3)
+            .map(|i| TxnOp::put(format!("big/{i}"), vec![b'x'; 5000], None))
+            .collect();
+        c.txn(Txn::new().and_then(ops)).await.unwrap();
+        let mut pieces = Vec::new();
+        let mut events = 0;
+        while events < 3 {
+            let resp = within("fragments", fragmented.message())
+                .await
+                .unwrap()
+                .unwrap();
+            events += resp.events().len();
+            pieces.push(resp.events().len());
+        }
+        assert!(pieces.len() > 1, "expected fragments, got {pieces:?}");
+        let one = within("whole", whole.message()).await.unwrap().unwrap();
+        assert_eq!(one.events().len(), 3);
+    });
+}

@@ -353,6 +353,7 @@ impl WatchStream {
                 .contains(&(pb::watch_create_request::FilterType::Nodelete as i32)),
             prev_kv: c.prev_kv,
             progress_notify: c.progress_notify,
+            fragment: c.fragment,
         };
         // Register first (holding live events back), then read history up
         // to the owner's current revision: nothing falls in between.
