@@ -28,6 +28,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         .build_server(true)
         .build_client(true)
         .build_transport(false)
+        // `bytes` fields as `bytes::Bytes`: keys and values are slices of
+        // the request buffer instead of copies.
+        .bytes(".")
         .emit_rerun_if_changed(true)
         .compile_protos(PROTOS, &[PROTO_ROOT])?;
     Ok(())

@@ -122,11 +122,11 @@ pub fn txn_request(t: pb::TxnRequest) -> Result<mvcc::TxnRequest, Status> {
 
 pub fn key_value(kv: mvcc::KeyValue) -> mvccpb::KeyValue {
     mvccpb::KeyValue {
-        key: kv.key.into(),
+        key: kv.key,
         create_revision: kv.create_revision,
         mod_revision: kv.mod_revision,
         version: kv.version,
-        value: kv.value.into(),
+        value: kv.value,
         lease: kv.lease,
     }
 }

@@ -54,8 +54,8 @@ mod tests {
     #[test]
     fn put_request_matches_etcd_field_numbers() {
         let put = PutRequest {
-            key: b"foo".to_vec(),
-            value: b"bar".to_vec(),
+            key: bytes::Bytes::from_static(b"foo"),
+            value: bytes::Bytes::from_static(b"bar"),
             lease: 5,
             prev_kv: true,
             ..Default::default()
@@ -70,7 +70,7 @@ mod tests {
         assert_wire(&put, &expected);
 
         let put = PutRequest {
-            key: b"k".to_vec(),
+            key: bytes::Bytes::from_static(b"k"),
             ignore_value: true,
             ignore_lease: true,
             ..Default::default()
@@ -87,8 +87,8 @@ mod tests {
     #[test]
     fn range_request_matches_etcd_field_numbers() {
         let range = RangeRequest {
-            key: b"a".to_vec(),
-            range_end: b"b".to_vec(),
+            key: bytes::Bytes::from_static(b"a"),
+            range_end: bytes::Bytes::from_static(b"b"),
             limit: 10,
             revision: 300,
             sort_order: range_request::SortOrder::Descend as i32,
@@ -126,9 +126,9 @@ mod tests {
         let cmp = Compare {
             result: compare::CompareResult::NotEqual as i32,
             target: compare::CompareTarget::Value as i32,
-            key: b"k".to_vec(),
-            range_end: b"z".to_vec(),
-            target_union: Some(compare::TargetUnion::Value(b"v".to_vec())),
+            key: bytes::Bytes::from_static(b"k"),
+            range_end: bytes::Bytes::from_static(b"z"),
+            target_union: Some(compare::TargetUnion::Value(bytes::Bytes::from_static(b"v"))),
         };
         let encoded = cmp.encode_to_vec();
         #[rustfmt::skip]
@@ -148,7 +148,7 @@ mod tests {
 
         let op = RequestOp {
             request: Some(request_op::Request::RequestPut(PutRequest {
-                key: b"k".to_vec(),
+                key: bytes::Bytes::from_static(b"k"),
                 ..Default::default()
             })),
         };
@@ -157,7 +157,7 @@ mod tests {
         let watch = WatchRequest {
             request_union: Some(watch_request::RequestUnion::CreateRequest(
                 WatchCreateRequest {
-                    key: b"k".to_vec(),
+                    key: bytes::Bytes::from_static(b"k"),
                     prev_kv: true,
                     watch_id: 7,
                     ..Default::default()
@@ -183,11 +183,11 @@ mod tests {
                 raft_term: 4,
             }),
             prev_kv: Some(KeyValue {
-                key: b"k".to_vec(),
+                key: bytes::Bytes::from_static(b"k"),
                 create_revision: 5,
                 mod_revision: 6,
                 version: 7,
-                value: b"v".to_vec(),
+                value: bytes::Bytes::from_static(b"v"),
                 lease: 8,
             }),
         };

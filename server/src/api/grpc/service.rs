@@ -343,8 +343,8 @@ impl WatchStream {
             return;
         }
         let spec = WatchSpec {
-            key: c.key.into(),
-            range_end: c.range_end.into(),
+            key: c.key,
+            range_end: c.range_end,
             no_put: c
                 .filters
                 .contains(&(pb::watch_create_request::FilterType::Noput as i32)),
@@ -530,11 +530,7 @@ impl pb::lease_server::Lease for LeaseService {
             id: r.id,
             ttl,
             granted_ttl,
-            keys: if r.keys {
-                keys.into_iter().map(Into::into).collect()
-            } else {
-                Vec::new()
-            },
+            keys: if r.keys { keys } else { Vec::new() },
         }))
     }
 
@@ -838,7 +834,7 @@ async fn stream_backup(
             let msg = pb::SnapshotResponse {
                 header,
                 remaining_bytes: total - sent,
-                blob: chunk.to_vec(),
+                blob: bytes::Bytes::copy_from_slice(&chunk),
             };
             poll_fn(|cx| out.poll_ready(cx))
                 .await
@@ -853,7 +849,7 @@ async fn stream_backup(
         let msg = pb::SnapshotResponse {
             header,
             remaining_bytes: 0,
-            blob: tail,
+            blob: tail.into(),
         };
         poll_fn(|cx| out.poll_ready(cx))
             .await
