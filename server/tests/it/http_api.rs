@@ -258,15 +258,7 @@ fn health_and_version() {
 #[test]
 fn data_dir_is_locked_against_a_second_process() {
     let (_d, s) = server();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_metcd"))
-        .arg("--data-dir")
-        .arg(&s.data_dir)
-        .arg("--listen-http-urls")
-        .arg(format!("http://127.0.0.1:{}", crate::support::free_port()))
-        .arg("--listen-client-urls")
-        .arg(format!("http://127.0.0.1:{}", crate::support::free_port()))
-        .output()
-        .unwrap();
+    let out = crate::support::run_metcd_to_exit(&s.data_dir);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("locked by another metcd"), "{err}");

@@ -75,15 +75,7 @@ fn corruption_in_the_middle_refuses_to_start_and_names_file_and_offset() {
     f.seek(SeekFrom::Start(20)).unwrap();
     f.write_all(&[before[20] ^ 0x01]).unwrap();
     drop(f);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_metcd"))
-        .arg("--data-dir")
-        .arg(&data)
-        .arg("--listen-http-urls")
-        .arg(format!("http://127.0.0.1:{}", crate::support::free_port()))
-        .arg("--listen-client-urls")
-        .arg(format!("http://127.0.0.1:{}", crate::support::free_port()))
-        .output()
-        .unwrap();
+    let out = crate::support::run_metcd_to_exit(&data);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&first.display().to_string()), "{err}");

@@ -15,6 +15,20 @@ pub fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
+/// Runs `metcd` on `data_dir` with fresh ports to completion, for starts
+/// that are expected to fail (a locked or corrupt data dir).
+pub fn run_metcd_to_exit(data_dir: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_metcd"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--listen-http-urls")
+        .arg(format!("http://127.0.0.1:{}", free_port()))
+        .arg("--listen-client-urls")
+        .arg(format!("http://127.0.0.1:{}", free_port()))
+        .output()
+        .unwrap()
+}
+
 /// A running `metcd` process, killed on drop.
 pub struct Server {
     pub port: u16,
