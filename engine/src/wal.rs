@@ -77,6 +77,10 @@ pub struct WalOptions {
     /// whose conversion costs a journal commit on ext4: measured 3 ms vs
     /// 0.3 ms per sync). The next segment is prepared in the background.
     pub preallocate: bool,
+    /// Write frames with O_DSYNC (one I/O per group commit, durable when it
+    /// completes; FUA on devices that have it) instead of write + fdatasync.
+    /// Only with `preallocate`: the writes then change no metadata.
+    pub dsync: bool,
 }
 
 impl Default for WalOptions {
@@ -84,6 +88,10 @@ impl Default for WalOptions {
         Self {
             segment_bytes: 64 << 20,
             preallocate: true,
+            // Measured on this project's machines: one O_DSYNC write per
+            // group commit instead of write + fdatasync took 1 writer from
+            // 4,400 to 6,300 durable writes/s (docs/benchmarks.md).
+            dsync: true,
         }
     }
 }
@@ -497,7 +505,7 @@ impl Wal {
         let seq = recovered.segments.last().map_or(0, |s| s.seq + 1);
         let last_index = recovered.last_index();
         let prepared = prepare_file(dir.to_path_buf(), seq, opts.clone()).await?;
-        let (file, segment) = install_segment(dir, prepared, seq, last_index + 1).await?;
+        let (file, segment) = install_segment(dir, &opts, prepared, seq, last_index + 1).await?;
         let mut wal = Wal {
             dir: dir.to_path_buf(),
             opts,
@@ -643,10 +651,12 @@ impl Wal {
                 std::io::Error::other(format!("short write: {written} of {write_len} bytes")),
             ));
         }
-        self.file
-            .fdatasync()
-            .await
-            .map_err(|e| Error::glommio("fdatasync", &path, e))?;
+        if !self.opts.dsync {
+            self.file
+                .fdatasync()
+                .await
+                .map_err(|e| Error::glommio("fdatasync", &path, e))?;
+        }
         self.len = new_len;
         self.pending.clear();
         self.frame_count += 1;
@@ -667,7 +677,7 @@ impl Wal {
             None => prepare_file(self.dir.clone(), seq, self.opts.clone()).await?,
         };
         let (file, segment) =
-            install_segment(&self.dir, prepared, seq, self.last_index + 1).await?;
+            install_segment(&self.dir, &self.opts, prepared, seq, self.last_index + 1).await?;
         let old_file = std::mem::replace(&mut self.file, file);
         let old_segment = std::mem::replace(&mut self.segment, segment);
         old_file
@@ -764,6 +774,7 @@ async fn prepare_file(dir: PathBuf, seq: u64, opts: WalOptions) -> Result<Prepar
 /// Gives a prepared file its segment name and makes the name durable.
 async fn install_segment(
     dir: &Path,
+    opts: &WalOptions,
     prepared: PreparedFile,
     seq: u64,
     first_index: u64,
@@ -775,8 +786,22 @@ async fn install_segment(
         .await
         .map_err(|e| Error::glommio("rename", &prepared.path, e))?;
     sync_dir(dir).await?;
+    let file = if opts.dsync && opts.preallocate {
+        // Zero-filled with plain writes; appended to with O_DSYNC.
+        let dsync = OpenOptions::new()
+            .write(true)
+            .read(true)
+            .custom_flags(libc::O_DSYNC)
+            .dma_open(&path)
+            .await
+            .map_err(|e| Error::glommio("open O_DSYNC", &path, e))?;
+        let _ = prepared.file.close().await;
+        dsync
+    } else {
+        prepared.file
+    };
     Ok((
-        prepared.file,
+        file,
         SegmentInfo {
             seq,
             first_index,

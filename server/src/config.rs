@@ -53,6 +53,9 @@ pub struct Config {
     /// Most proposals in one group commit.
     pub wal_max_batch: usize,
     pub wal_segment_bytes: u64,
+    /// Write WAL frames with O_DSYNC (one I/O per group commit) instead of
+    /// write + fdatasync. Both are durable; O_DSYNC was faster here.
+    pub wal_dsync: bool,
     /// Proposals waiting for the Raft loop beyond this are refused with
     /// "etcdserver: too many requests".
     pub max_pending_proposals: usize,
@@ -88,6 +91,7 @@ impl Default for Config {
             wal_batch_window_us: 0,
             wal_max_batch: 4096,
             wal_segment_bytes: 64 << 20,
+            wal_dsync: true,
             max_pending_proposals: 100_000,
             io_memory_bytes: 1 << 20,
             quota_backend_bytes: 2 << 30,
@@ -147,6 +151,8 @@ pub struct Flags {
     pub wal_max_batch: Option<usize>,
     #[arg(long)]
     pub wal_segment_bytes: Option<u64>,
+    #[arg(long)]
+    pub wal_dsync: Option<bool>,
     #[arg(long)]
     pub max_pending_proposals: Option<usize>,
     #[arg(long)]
@@ -225,6 +231,7 @@ impl Config {
             wal_batch_window_us,
             wal_max_batch,
             wal_segment_bytes,
+            wal_dsync,
             max_pending_proposals,
             io_memory_bytes,
             quota_backend_bytes,

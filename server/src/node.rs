@@ -281,6 +281,7 @@ impl Node {
             WalOptions {
                 segment_bytes: cfg.wal_segment_bytes,
                 preallocate: true,
+                dsync: cfg.wal_dsync,
             },
             &recovered,
         )

@@ -60,6 +60,7 @@ fn small_segments() -> WalOptions {
     WalOptions {
         segment_bytes: 8 << 10,
         preallocate: true,
+        ..WalOptions::default()
     }
 }
 
@@ -112,6 +113,19 @@ fn group_commits_survive_reopen() {
     let recovered = wal::recover(dir.path()).unwrap();
     assert_entries(&recovered, 1, 155);
     assert_eq!(recovered.segments.len(), 2);
+}
+
+#[test]
+fn fdatasync_mode_survives_reopen_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = WalOptions {
+        dsync: false,
+        ..small_segments()
+    };
+    let last = write_batches(dir.path(), opts.clone(), 40, 5);
+    let recovered = wal::recover(dir.path()).unwrap();
+    assert_entries(&recovered, 1, last);
+    assert!(recovered.segments.len() > 1);
 }
 
 #[test]
