@@ -31,6 +31,14 @@ pub struct Config {
     /// determine its member ID, as in etcd.
     pub initial_advertise_peer_urls: String,
     pub initial_cluster_token: String,
+    /// `name=peer-url[,name=peer-url...]`, every member of a new cluster
+    /// (etcd's flag). Empty: this member alone (`<name>=<advertise peer URLs>`).
+    pub initial_cluster: String,
+    /// `new` (bootstrap) or `existing` (join a running cluster).
+    pub initial_cluster_state: String,
+    /// Where peers reach this member. Default: the host:port of
+    /// `--initial-advertise-peer-urls`, only when the cluster has peers.
+    pub listen_peer_urls: Option<String>,
     /// Most operations in one txn (etcd's `--max-txn-ops`).
     pub max_txn_ops: usize,
     /// Storage engine: `memory` (btree and lsm are tracked in their issue).
@@ -62,6 +70,11 @@ pub struct Config {
     /// glommio locked I/O memory per executor. 3 x this x shards must fit in
     /// `ulimit -l` unless the process has CAP_IPC_LOCK (root does).
     pub io_memory_bytes: usize,
+    /// How long an idle shard executor spins before it sleeps in the kernel.
+    /// Spinning makes a cross-core hop (a request accepted on one shard and
+    /// served by the owner) cost microseconds instead of a wake-up, at the
+    /// price of CPU burnt while idle. 0 sleeps at once.
+    pub spin_before_park_us: u64,
     /// Accepted for etcd compatibility; the quota alarm is tracked separately.
     pub quota_backend_bytes: u64,
     /// How often watchers that asked for progress notifications get one
@@ -79,6 +92,9 @@ impl Default for Config {
             advertise_client_urls: None,
             initial_advertise_peer_urls: "http://localhost:2380".into(),
             initial_cluster_token: "etcd-cluster".into(),
+            initial_cluster: String::new(),
+            initial_cluster_state: "new".into(),
+            listen_peer_urls: None,
             max_txn_ops: 128,
             engine: "memory".into(),
             shards: 0,
@@ -94,6 +110,7 @@ impl Default for Config {
             wal_dsync: true,
             max_pending_proposals: 100_000,
             io_memory_bytes: 1 << 20,
+            spin_before_park_us: 0,
             quota_backend_bytes: 2 << 30,
             experimental_watch_progress_notify_interval: "10m".into(),
         }
@@ -126,6 +143,12 @@ pub struct Flags {
     #[arg(long)]
     pub initial_cluster_token: Option<String>,
     #[arg(long)]
+    pub initial_cluster: Option<String>,
+    #[arg(long)]
+    pub initial_cluster_state: Option<String>,
+    #[arg(long)]
+    pub listen_peer_urls: Option<String>,
+    #[arg(long)]
     pub max_txn_ops: Option<usize>,
     #[arg(long)]
     pub engine: Option<String>,
@@ -157,6 +180,8 @@ pub struct Flags {
     pub max_pending_proposals: Option<usize>,
     #[arg(long)]
     pub io_memory_bytes: Option<usize>,
+    #[arg(long)]
+    pub spin_before_park_us: Option<u64>,
     #[arg(long)]
     pub quota_backend_bytes: Option<u64>,
     #[arg(long)]
@@ -211,6 +236,9 @@ impl Config {
         if let Some(urls) = flags.advertise_client_urls.take() {
             cfg.advertise_client_urls = Some(urls);
         }
+        if let Some(urls) = flags.listen_peer_urls.take() {
+            cfg.listen_peer_urls = Some(urls);
+        }
         overlay!(
             cfg,
             flags,
@@ -219,6 +247,8 @@ impl Config {
             listen_client_urls,
             initial_advertise_peer_urls,
             initial_cluster_token,
+            initial_cluster,
+            initial_cluster_state,
             max_txn_ops,
             engine,
             shards,
@@ -234,6 +264,7 @@ impl Config {
             wal_dsync,
             max_pending_proposals,
             io_memory_bytes,
+            spin_before_park_us,
             quota_backend_bytes,
             experimental_watch_progress_notify_interval,
         );
@@ -265,13 +296,84 @@ impl Config {
 
     /// This member's etcd member ID.
     pub fn member_id(&self) -> u64 {
-        let urls: Vec<&str> = self
-            .initial_advertise_peer_urls
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .collect();
+        let urls = split_list(&self.initial_advertise_peer_urls);
         crate::ids::member_id(&urls, &self.initial_cluster_token)
+    }
+
+    /// The members of `--initial-cluster`, IDs derived as etcd does; this
+    /// member's name must be among them with exactly its advertised peer URLs.
+    pub fn initial_members(&self) -> Result<Vec<InitialMember>, ConfigError> {
+        let spec = if self.initial_cluster.trim().is_empty() {
+            split_list(&self.initial_advertise_peer_urls)
+                .iter()
+                .map(|u| format!("{}={u}", self.name))
+                .collect::<Vec<_>>()
+                .join(",")
+        } else {
+            self.initial_cluster.clone()
+        };
+        let invalid = |reason: String| ConfigError::Invalid {
+            flag: "initial-cluster",
+            value: spec.clone(),
+            reason,
+        };
+        let mut members: Vec<InitialMember> = Vec::new();
+        for item in split_list(&spec) {
+            let Some((name, url)) = item.split_once('=') else {
+                return Err(invalid(format!("`{item}` is not name=peer-url")));
+            };
+            parse_urls("initial-cluster", url)?;
+            match members.iter_mut().find(|m| m.name == name) {
+                Some(m) => m.peer_urls.push(url.to_string()),
+                None => members.push(InitialMember {
+                    name: name.to_string(),
+                    id: 0,
+                    peer_urls: vec![url.to_string()],
+                }),
+            }
+        }
+        for m in &mut members {
+            let urls: Vec<&str> = m.peer_urls.iter().map(String::as_str).collect();
+            m.id = crate::ids::member_id(&urls, &self.initial_cluster_token);
+        }
+        let Some(me) = members.iter().find(|m| m.name == self.name) else {
+            return Err(invalid(format!(
+                "couldn't find local name {:?} in the initial cluster configuration",
+                self.name
+            )));
+        };
+        let mut mine: Vec<&str> = split_list(&self.initial_advertise_peer_urls);
+        let mut listed: Vec<&str> = me.peer_urls.iter().map(String::as_str).collect();
+        mine.sort_unstable();
+        listed.sort_unstable();
+        if mine != listed {
+            return Err(invalid(format!(
+                "--initial-cluster has {}={} but --initial-advertise-peer-urls is {}: they must match",
+                self.name,
+                listed.join(","),
+                mine.join(",")
+            )));
+        }
+        let mut ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() != members.len() {
+            return Err(invalid("two members share the same peer URLs".into()));
+        }
+        Ok(members)
+    }
+
+    /// Where to accept peer connections; empty for a member without peers
+    /// unless `--listen-peer-urls` asks for it.
+    pub fn peer_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        match &self.listen_peer_urls {
+            Some(urls) => parse_urls("listen-peer-urls", urls),
+            None if self.initial_members()?.len() > 1 => parse_urls(
+                "initial-advertise-peer-urls",
+                &self.initial_advertise_peer_urls,
+            ),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// The socket addresses of `--listen-http-urls` (comma-separated URLs).
@@ -382,6 +484,15 @@ impl Config {
         }
         self.http_listen_addrs()?;
         self.client_listen_addrs()?;
+        self.initial_members()?;
+        self.peer_listen_addrs()?;
+        if !matches!(self.initial_cluster_state.as_str(), "new" | "existing") {
+            return Err(invalid(
+                "initial-cluster-state",
+                self.initial_cluster_state.clone(),
+                "must be `new` or `existing`",
+            ));
+        }
         self.auto_compaction()?;
         self.watch_progress_notify_interval()?;
         if self.max_txn_ops == 0 {
@@ -389,6 +500,22 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A member named in `--initial-cluster`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InitialMember {
+    pub name: String,
+    pub id: u64,
+    pub peer_urls: Vec<String>,
+}
+
+/// Comma-separated items, trimmed, empty ones dropped.
+pub fn split_list(s: &str) -> Vec<&str> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
 }
 
 /// Parses `http://host:port[,http://host:port...]` into socket addresses.

@@ -22,6 +22,10 @@ pub enum ServerError {
     NoLeader,
     #[error("etcdserver: request timed out")]
     Timeout,
+    #[error("etcdserver: leader changed")]
+    LeaderChanged,
+    #[error("etcdserver: not leader")]
+    NotLeader,
     /// The client sent something we cannot parse (bad key encoding, bad
     /// query parameter, ...).
     #[error("{0}")]

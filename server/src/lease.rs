@@ -142,6 +142,17 @@ impl Lessor {
         Some(ttl)
     }
 
+    /// A new leader takes over the expiry clock: every lease gets a full
+    /// TTL from now (etcd's Promote), since the old leader's refreshes
+    /// were never replicated.
+    pub fn promote(&mut self, now: Instant) {
+        self.revoking.clear();
+        let ids: Vec<i64> = self.leases.keys().copied().collect();
+        for id in ids {
+            self.refresh(id, now);
+        }
+    }
+
     /// Seconds left, rounded up as etcd reports them; `None` if unknown.
     pub fn remaining(&self, id: i64, now: Instant) -> Option<i64> {
         self.leases.get(&id)?;

@@ -11,8 +11,15 @@
 //! snapshot, committed entries, append entries, hard state, sync, persisted
 //! messages, advance, light-ready commit and entries, `advance_apply`.
 //!
+//! With peers, a Ready's messages go to the peer transport (appends before
+//! the local sync, as raft-rs allows; responses after it), proposals made on
+//! a follower are forwarded to the leader by raft-rs and answered when the
+//! entry is applied here, and linearizable reads wait for a batched
+//! ReadIndex round and for the apply loop to reach it.
+//!
 //! Must never: reply to a write before its entry is durable and applied;
-//! apply out of order; keep accepting writes after a failed sync.
+//! apply out of order; keep accepting writes after a failed sync; apply a
+//! Raft snapshot whose data it did not receive.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -24,20 +31,18 @@ use bytes::{Buf, BufMut};
 use engine::wal::{self, Wal, WalOptions};
 use engine::{Engine, MemoryEngine};
 use futures_channel::oneshot;
-use raft::eraftpb::{ConfState, Entry, EntryType};
+use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType};
 use raft::storage::MemStorage;
 use raft::{RawNode, Storage};
 
 use crate::compactor::Compactor;
 use crate::config::Config;
 use crate::error::{Result, ServerError};
+use crate::members::{self, MemberRecord, Registry};
 use crate::mvcc::{self, MvccStore};
 use crate::notify::Notify;
+use crate::peer::{self, Transport};
 use crate::raftlog;
-
-/// This member's Raft id (single member; the cluster issue derives it as
-/// etcd does from name, URLs and token).
-pub const MEMBER_ID: u64 = 1;
 
 type WriteReply = oneshot::Sender<Result<Applied>>;
 
@@ -47,23 +52,29 @@ pub enum Applied {
     Kv(mvcc::Response),
     LeaseGranted { id: i64, ttl: i64, revision: i64 },
     LeaseRevoked { revision: i64 },
+    Published,
 }
 
-/// What goes into the log: `[u64 proposal id][u8 tag][body]`.
+/// What goes into the log: `[u64 origin member][u64 proposal id][u8 tag][body]`.
+/// Only the member that proposed an entry answers its client.
+const HEADER_BYTES: usize = 17;
 const TAG_KV: u8 = 1;
 const TAG_LEASE_GRANT: u8 = 2;
 const TAG_LEASE_REVOKE: u8 = 3;
+const TAG_MEMBER_ATTRS: u8 = 4;
 
 enum Decoded {
     Kv(mvcc::Request),
     LeaseGrant { id: i64, ttl: i64 },
     LeaseRevoke { id: i64 },
+    MemberAttrs(MemberRecord),
 }
 
-fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, Decoded)> {
-    if data.len() < 9 {
+fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decoded)> {
+    if data.len() < HEADER_BYTES {
         return None;
     }
+    let origin = data.get_u64_le();
     let id = data.get_u64_le();
     let tag = data.get_u8();
     let body = match tag {
@@ -75,9 +86,10 @@ fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, Decoded)> {
         TAG_LEASE_REVOKE if data.len() == 8 => Decoded::LeaseRevoke {
             id: data.get_i64_le(),
         },
+        TAG_MEMBER_ATTRS => Decoded::MemberAttrs(members::decode(&data)?),
         _ => return None,
     };
-    Some((id, body))
+    Some((origin, id, body))
 }
 
 fn lease_record_name(id: i64) -> Vec<u8> {
@@ -110,6 +122,11 @@ const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
 /// How long start-up may take to re-apply the recovered log.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
+/// Log entries kept in memory behind a snapshot so a briefly lagging
+/// follower catches up from the log (etcd: SnapshotCatchUpEntries).
+const CATCH_UP_ENTRIES: u64 = 5000;
+/// etcd's request timeout: 5 s plus two election timeouts (added at start).
+const REQUEST_TIMEOUT_BASE: Duration = Duration::from_secs(5);
 
 struct Proposal {
     id: u64,
@@ -198,7 +215,29 @@ pub struct NodeStatus {
     pub wal_syncs: u64,
 }
 
+type ReadWaiter = oneshot::Sender<Result<()>>;
+
 pub struct Node {
+    /// This member's ID (its Raft ID too), derived as etcd derives it.
+    id: u64,
+    cluster_id: u64,
+    registry: RefCell<Registry>,
+    /// The attributes this member publishes through the log.
+    my_attrs: MemberRecord,
+    /// `None` for a member without peers.
+    transport: Option<Rc<Transport>>,
+    /// Messages from peers for the next loop turn.
+    inbound: RefCell<Vec<Message>>,
+    /// Linearizable reads waiting for the next ReadIndex round.
+    read_queue: RefCell<Vec<ReadWaiter>>,
+    /// ReadIndex rounds sent, by request context.
+    reads_in_flight: RefCell<HashMap<u64, Vec<ReadWaiter>>>,
+    /// Reads whose index is known, waiting for the apply loop to reach it.
+    reads_applying: RefCell<Vec<(u64, ReadWaiter)>>,
+    next_read_ctx: Cell<u64>,
+    voters: Cell<usize>,
+    was_leader: Cell<bool>,
+    request_timeout: Duration,
     mvcc: RefCell<MvccStore<MemoryEngine>>,
     engine: MemoryEngine,
     dirs: DataDirs,
@@ -212,6 +251,7 @@ pub struct Node {
     /// Called with every applied batch of events (watch hubs of all shards).
     watch_subscribers: RefCell<Vec<crate::watch::EventSubscriber>>,
     snapshot_done: RefCell<Option<Result<u64>>>,
+    warned_snapshot: Cell<bool>,
     snapshot_in_flight: Cell<bool>,
     snapshot_retry_at: Cell<Option<Instant>>,
     last_snapshot_index: Cell<u64>,
@@ -252,10 +292,28 @@ impl Node {
                 path.display()
             ));
         }
+        let initial = cfg
+            .initial_members()
+            .map_err(|e| ServerError::Startup(e.to_string()))?;
+        let id = cfg.member_id();
+        let all_ids: Vec<u64> = initial.iter().map(|m| m.id).collect();
+        let cluster_id = crate::ids::cluster_id(&all_ids);
         let initial_conf = ConfState {
-            voters: vec![MEMBER_ID],
+            voters: all_ids.clone(),
             ..Default::default()
         };
+        let fresh = recovered.entries.is_empty()
+            && recovered.snapshot.is_none()
+            && recovered.state.is_none()
+            && engine_applied == 0;
+        if fresh && cfg.initial_cluster_state == "existing" {
+            return Err(ServerError::Startup(format!(
+                "--initial-cluster-state existing with an empty data dir ({}): joining a running cluster needs \
+                 its data streamed by the leader (etcdctl member add, then a Raft snapshot), which this build \
+                 does not do yet; start all members of a new cluster with --initial-cluster-state new",
+                dirs.root.display()
+            )));
+        }
         let marker = recovered.snapshot.as_ref().map_or(0, |(i, _)| *i);
         if engine_applied < marker {
             return Err(ServerError::Startup(format!(
@@ -273,7 +331,21 @@ impl Node {
             )));
         }
         let restored = raftlog::restore(&recovered, engine_applied, &initial_conf)?;
-        let catch_up_to = restored.last_index;
+        let conf = restored.storage.initial_state()?.conf_state;
+        let single_voter = conf.voters == [id] && conf.learners.is_empty();
+        if !conf.voters.contains(&id) && !conf.learners.contains(&id) {
+            return Err(ServerError::Startup(format!(
+                "member {id:x} (from --initial-advertise-peer-urls and --initial-cluster-token) is not in the \
+                 cluster this data dir belongs to (members {:x?}); start it with the flags it was created with",
+                conf.voters
+            )));
+        }
+        // Only committed entries are sure to apply before peers are heard.
+        let catch_up_to = if single_voter {
+            restored.last_index
+        } else {
+            restored.storage.initial_state()?.hard_state.commit
+        };
         let mvcc = MvccStore::open(engine.clone())?;
         let lessor = restore_leases(&mvcc, crate::lease::min_ttl_secs(cfg.election_timeout))?;
         let wal = Wal::open(
@@ -296,7 +368,7 @@ impl Node {
         drop(recovered);
 
         let raft_cfg = raft::Config {
-            id: MEMBER_ID,
+            id,
             election_tick: (cfg.election_timeout / cfg.heartbeat_interval).max(2) as usize,
             heartbeat_tick: 1,
             applied: restored.applied,
@@ -308,14 +380,76 @@ impl Node {
         };
         raft_cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let voters = conf.voters.len();
         let mut raw = RawNode::new(&raft_cfg, restored.storage, &logger)?;
-        // A one-voter group elects itself at once.
-        raw.campaign()?;
+        if single_voter {
+            // A one-voter group elects itself at once.
+            raw.campaign()?;
+        }
+        let mut registry = Registry::default();
+        for m in &initial {
+            registry.upsert(MemberRecord {
+                id: m.id,
+                name: String::new(),
+                peer_urls: m.peer_urls.clone(),
+                client_urls: Vec::new(),
+                is_learner: false,
+            });
+        }
+        for (_, value) in mvcc.meta_with_prefix(members::META_PREFIX)? {
+            if let Some(record) = members::decode(&value) {
+                registry.upsert(record);
+            }
+        }
+        let my_attrs = MemberRecord {
+            id,
+            name: cfg.name.clone(),
+            peer_urls: crate::config::split_list(&cfg.initial_advertise_peer_urls)
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            client_urls: crate::config::split_list(
+                cfg.advertise_client_urls
+                    .as_deref()
+                    .unwrap_or(&cfg.listen_client_urls),
+            )
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            is_learner: false,
+        };
+        let peer_addrs = cfg
+            .peer_listen_addrs()
+            .map_err(|e| ServerError::Startup(e.to_string()))?;
+        let transport = (voters > 1 || !peer_addrs.is_empty()).then(|| {
+            let t = Transport::new(id, cluster_id);
+            for m in initial.iter().filter(|m| m.id != id) {
+                let urls = m.peer_urls.join(",");
+                match crate::config::parse_urls("initial-cluster", &urls) {
+                    Ok(addrs) => t.add_peer(m.id, addrs),
+                    Err(e) => log(format_args!("peer {:x}: {e}", m.id)),
+                }
+            }
+            t
+        });
 
         let boot_nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
         let node = Rc::new(Node {
+            id,
+            cluster_id,
+            registry: RefCell::new(registry),
+            my_attrs,
+            transport,
+            inbound: RefCell::new(Vec::new()),
+            read_queue: RefCell::new(Vec::new()),
+            reads_in_flight: RefCell::new(HashMap::new()),
+            reads_applying: RefCell::new(Vec::new()),
+            next_read_ctx: Cell::new(0),
+            voters: Cell::new(voters),
+            was_leader: Cell::new(false),
+            request_timeout: REQUEST_TIMEOUT_BASE + Duration::from_millis(2 * cfg.election_timeout),
             mvcc: RefCell::new(mvcc),
             engine,
             last_snapshot_index: Cell::new(engine_applied),
@@ -331,6 +465,7 @@ impl Node {
             lessor: RefCell::new(lessor),
             watch_subscribers: RefCell::new(Vec::new()),
             snapshot_done: RefCell::new(None),
+            warned_snapshot: Cell::new(false),
             snapshot_in_flight: Cell::new(false),
             snapshot_retry_at: Cell::new(None),
             max_request_bytes: cfg.max_request_bytes,
@@ -341,6 +476,18 @@ impl Node {
             tick_interval: Duration::from_millis(cfg.heartbeat_interval),
         });
         node.refresh_status(&raw, &wal);
+        for addr in peer_addrs {
+            let weak = Rc::downgrade(&node);
+            let deliver: peer::Deliver = Rc::new(move |m: Message| {
+                if let Some(node) = weak.upgrade() {
+                    node.inbound.borrow_mut().push(m);
+                    node.queue_ready.notify();
+                }
+            });
+            peer::listen(addr, id, cluster_id, deliver).map_err(|e| {
+                ServerError::Startup(format!("cannot listen for peers on {addr}: {e}"))
+            })?;
+        }
         let looped = node.clone();
         glommio::spawn_local(async move {
             if let Err(e) = looped.run(raw, wal).await {
@@ -354,6 +501,7 @@ impl Node {
         );
         glommio::spawn_local(auto_compact(node.clone(), compactor)).detach();
         glommio::spawn_local(expire_leases(node.clone())).detach();
+        glommio::spawn_local(publish_attributes(node.clone())).detach();
         node.wait_applied(catch_up_to).await?;
         Ok(node)
     }
@@ -485,7 +633,8 @@ impl Node {
         }
         let id = self.next_id.get().wrapping_add(1);
         self.next_id.set(id);
-        let mut data = Vec::with_capacity(9 + body.len());
+        let mut data = Vec::with_capacity(HEADER_BYTES + body.len());
+        data.put_u64_le(self.id);
         data.put_u64_le(id);
         data.put_u8(tag);
         data.extend_from_slice(body);
@@ -496,7 +645,64 @@ impl Node {
             reply: tx,
         });
         self.queue_ready.notify();
-        rx.await.map_err(|_| ServerError::Stopped)?
+        if self.voters.get() <= 1 {
+            // A single member answers every proposal it accepted.
+            return rx.await.map_err(|_| ServerError::Stopped)?;
+        }
+        // With peers a forwarded proposal can be lost with a leader change.
+        let answered = async { rx.await.map_err(|_| ServerError::Stopped)? };
+        let timed_out = async {
+            glommio::timer::sleep(self.request_timeout).await;
+            self.pending.borrow_mut().remove(&id);
+            Err(ServerError::Timeout)
+        };
+        futures_lite::future::or(answered, timed_out).await
+    }
+
+    /// This member's ID.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn cluster_id(&self) -> u64 {
+        self.cluster_id
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.status.get().leader == self.id
+    }
+
+    /// Whether this member's lease clock is the cluster's (the leader's,
+    /// or the only member's).
+    pub fn leads_leases(&self) -> bool {
+        self.voters.get() <= 1 || self.is_leader()
+    }
+
+    /// Every member's record, in ID order.
+    pub fn members(&self) -> Vec<MemberRecord> {
+        self.registry.borrow().all()
+    }
+
+    /// Waits until this member has applied everything committed when the
+    /// call began (a batched ReadIndex round through the leader), so a read
+    /// that follows is linearizable. Immediate on a single member: every
+    /// acknowledged write is already applied there.
+    pub async fn read_barrier(&self) -> Result<()> {
+        if self.voters.get() <= 1 {
+            return Ok(());
+        }
+        if self.status.get().leader == 0 {
+            return Err(ServerError::NoLeader);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.read_queue.borrow_mut().push(tx);
+        self.queue_ready.notify();
+        let answered = async { rx.await.map_err(|_| ServerError::Stopped)? };
+        let timed_out = async {
+            glommio::timer::sleep(self.request_timeout).await;
+            Err(ServerError::Timeout)
+        };
+        futures_lite::future::or(answered, timed_out).await
     }
 
     /// Serves a read from the applied state on this core. Every write that
@@ -556,6 +762,8 @@ impl Node {
         let mut entry_buf = Vec::with_capacity(4096);
         loop {
             if self.queue.borrow().is_empty()
+                && self.inbound.borrow().is_empty()
+                && self.read_queue.borrow().is_empty()
                 && !raw.has_ready()
                 && self.snapshot_done.borrow().is_none()
             {
@@ -573,14 +781,138 @@ impl Node {
                     glommio::timer::sleep(self.batch_window).await;
                 }
             }
+            self.step_inbound(&mut raw)?;
+            if let Some(t) = &self.transport {
+                for peer in t.take_unreachable() {
+                    raw.report_unreachable(peer);
+                }
+            }
             self.propose_queued(&mut raw);
+            self.start_read_index(&mut raw);
             self.finish_snapshot(&mut raw, &mut wal).await?;
             self.handle_ready(&mut raw, &mut wal, &mut entry_buf)
                 .await?;
             self.refresh_status(&raw, &wal);
+            self.on_role_change(&raw);
             self.maybe_snapshot();
             // Let connections run between group commits.
             glommio::yield_if_needed().await;
+        }
+    }
+
+    /// Steps what peers sent. Refuses to go on (instead of raft-rs'
+    /// panic, etcd's panic loop in seed 001) when the leader believes this
+    /// member holds entries it does not: its data dir was wiped or rolled back.
+    fn step_inbound(&self, raw: &mut RawNode<MemStorage>) -> Result<()> {
+        let msgs = std::mem::take(&mut *self.inbound.borrow_mut());
+        for m in msgs {
+            let last = raw.raft.raft_log.last_index();
+            if m.get_msg_type() == MessageType::MsgHeartbeat
+                && m.term >= raw.raft.term
+                && m.commit > last
+            {
+                return Err(ServerError::Startup(format!(
+                    "leader {:x} says entries up to {} are committed on this member, but its log ends at {last}: \
+                     the data dir {} was wiped or restored from an old copy. Refusing to run, as it would break \
+                     the cluster's log. Safe procedure (docs/operations.md): on a healthy member \
+                     `etcdctl member remove {:x}`, wipe this data dir, add the member back as a learner and start \
+                     it with --initial-cluster-state existing",
+                    m.from,
+                    m.commit,
+                    self.dirs.root.display(),
+                    self.id
+                )));
+            }
+            if m.get_msg_type() == MessageType::MsgSnapshot {
+                // Its data would be empty: raft-rs' MemStorage snapshots hold
+                // metadata only. Applying it would diverge; stay behind.
+                if !self.warned_snapshot.replace(true) {
+                    log(format_args!(
+                        "leader {:x} sent a Raft snapshot (this member is behind its log); snapshot \
+                         transfer is not implemented yet, so this member stays behind",
+                        m.from
+                    ));
+                }
+                continue;
+            }
+            match raw.step(m) {
+                Ok(()) | Err(raft::Error::StepPeerNotFound) | Err(raft::Error::StepLocalMsg) => {}
+                Err(e) => log(format_args!("dropped a peer message: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// One ReadIndex round for every linearizable read queued since the last.
+    fn start_read_index(&self, raw: &mut RawNode<MemStorage>) {
+        let waiters = std::mem::take(&mut *self.read_queue.borrow_mut());
+        if waiters.is_empty() {
+            return;
+        }
+        let ctx = self.next_read_ctx.get().wrapping_add(1);
+        self.next_read_ctx.set(ctx);
+        raw.read_index(ctx.to_le_bytes().to_vec());
+        self.reads_in_flight.borrow_mut().insert(ctx, waiters);
+    }
+
+    /// A ReadIndex round came back: its reads may go once `index` is applied.
+    fn read_index_ready(&self, ctx: &[u8], index: u64, applied: u64) {
+        let Ok(ctx) = <[u8; 8]>::try_from(ctx) else {
+            return;
+        };
+        let Some(waiters) = self
+            .reads_in_flight
+            .borrow_mut()
+            .remove(&u64::from_le_bytes(ctx))
+        else {
+            return;
+        };
+        let mut applying = self.reads_applying.borrow_mut();
+        for w in waiters {
+            if index <= applied {
+                let _ = w.send(Ok(()));
+            } else {
+                applying.push((index, w));
+            }
+        }
+    }
+
+    fn release_reads(&self, applied: u64) {
+        let mut applying = self.reads_applying.borrow_mut();
+        if applying.is_empty() {
+            return;
+        }
+        let waiting = std::mem::take(&mut *applying);
+        for (index, w) in waiting {
+            if index <= applied {
+                let _ = w.send(Ok(()));
+            } else {
+                applying.push((index, w));
+            }
+        }
+    }
+
+    /// Leadership changes: the new leader restarts every lease's clock (as
+    /// etcd's Promote); reads of a round that will never come back fail.
+    fn on_role_change(&self, raw: &RawNode<MemStorage>) {
+        let leader = raw.raft.state == raft::StateRole::Leader;
+        if leader == self.was_leader.get() {
+            return;
+        }
+        self.was_leader.set(leader);
+        if leader {
+            log(format_args!("became leader at term {}", raw.raft.term));
+            self.lessor.borrow_mut().promote(Instant::now());
+        } else {
+            log(format_args!(
+                "no longer leader at term {} (leader {:x})",
+                raw.raft.term, raw.raft.leader_id
+            ));
+            for (_, waiters) in self.reads_in_flight.borrow_mut().drain() {
+                for w in waiters {
+                    let _ = w.send(Err(ServerError::LeaderChanged));
+                }
+            }
         }
     }
 
@@ -632,8 +964,19 @@ impl Node {
             return Ok(());
         }
         let mut ready = raw.ready();
-        // A single member has no peers to message and receives no snapshots;
-        // the peer transport arrives with the cluster issue.
+        // Appends go out while we sync locally (raft-rs allows it: the
+        // leader counts itself only once its own entries are persisted).
+        self.send(ready.take_messages());
+        if !ready.snapshot().is_empty() {
+            // step_inbound never lets a snapshot message through.
+            return Err(ServerError::Startup(
+                "raft produced a snapshot to apply, which this build cannot do".into(),
+            ));
+        }
+        let applied = raw.raft.raft_log.applied;
+        for rs in ready.take_read_states() {
+            self.read_index_ready(&rs.request_ctx, rs.index, applied);
+        }
         self.apply_entries(ready.take_committed_entries())?;
         if !ready.entries().is_empty() {
             for e in ready.entries() {
@@ -648,7 +991,9 @@ impl Node {
         }
         // The group commit: one frame, one fdatasync for the whole Ready.
         wal.sync().await?;
+        self.send(ready.take_persisted_messages());
         let mut light = raw.advance(ready);
+        self.send(light.take_messages());
         if let Some(commit) = light.commit_index() {
             let hs = {
                 let mut core = raw.store().wl();
@@ -660,7 +1005,14 @@ impl Node {
         }
         self.apply_entries(light.take_committed_entries())?;
         raw.advance_apply();
+        self.release_reads(raw.raft.raft_log.applied);
         Ok(())
+    }
+
+    fn send(&self, msgs: Vec<Message>) {
+        if let (Some(t), false) = (&self.transport, msgs.is_empty()) {
+            t.send(msgs);
+        }
     }
 
     fn apply_entries(&self, entries: Vec<Entry>) -> Result<()> {
@@ -677,7 +1029,7 @@ impl Node {
                 mvcc.apply_noop(entry.index)?;
                 continue;
             }
-            let Some((id, decoded)) = decode_proposal(entry.data.clone()) else {
+            let Some((origin, id, decoded)) = decode_proposal(entry.data.clone()) else {
                 // Every member sees the same bytes and does the same: skip
                 // it (a request from a newer format, say) rather than stop
                 // the member at every restart.
@@ -728,6 +1080,15 @@ impl Node {
                         }
                     }
                 }
+                Decoded::MemberAttrs(attrs) => {
+                    let merged = self.registry.borrow_mut().publish(attrs);
+                    mvcc.put_meta(
+                        entry.index,
+                        &members::meta_name(merged.id),
+                        bytes::Bytes::from(members::encode(&merged)),
+                    )?;
+                    Ok(Applied::Published)
+                }
                 Decoded::LeaseRevoke { id: lease } => match lessor.revoke(lease) {
                     Ok(keys) => {
                         if !keys.is_empty() {
@@ -764,8 +1125,10 @@ impl Node {
                 },
             };
             drop(lessor);
-            if let Some(reply) = pending.remove(&id) {
-                let _ = reply.send(result);
+            if origin == self.id {
+                if let Some(reply) = pending.remove(&id) {
+                    let _ = reply.send(result);
+                }
             }
         }
         if !events.is_empty() {
@@ -845,7 +1208,16 @@ impl Node {
         let conf = store.initial_state()?.conf_state;
         wal.append_snapshot(index, &raftlog::encode_snapshot_meta(term, &conf));
         wal.sync().await?;
-        store.wl().compact(index)?;
+        // With peers, keep a tail of the log in memory for followers that
+        // lag a little (a snapshot transfer would be needed otherwise).
+        let keep_from = if self.voters.get() > 1 {
+            index.saturating_sub(CATCH_UP_ENTRIES)
+        } else {
+            index
+        };
+        if keep_from > store.first_index()? {
+            store.wl().compact(keep_from)?;
+        }
         let released = wal.release_through(index).await?;
         self.last_snapshot_index.set(index);
         log(format_args!(
@@ -894,6 +1266,10 @@ async fn expire_leases(node: Rc<Node>) {
         if node.fatal.borrow().is_some() {
             return;
         }
+        if !node.is_leader() {
+            // Only the leader's clock decides (etcd's rule).
+            continue;
+        }
         let expired = node.lessor.borrow_mut().take_expired(Instant::now(), 64);
         for id in expired {
             let node = node.clone();
@@ -940,5 +1316,32 @@ async fn auto_compact(node: Rc<Node>, mut compactor: Compactor) {
                 )),
             }
         }
+    }
+}
+
+/// Publishes this member's name and client URLs through the log once a
+/// leader exists, so every member's `MemberList` shows them (etcd's
+/// publish). Retries until it lands; skipped when already up to date.
+async fn publish_attributes(node: Rc<Node>) {
+    loop {
+        if node.fatal.borrow().is_some() {
+            return;
+        }
+        let current = node.registry.borrow().get(node.id).cloned();
+        if current.is_some_and(|c| {
+            c.name == node.my_attrs.name && c.client_urls == node.my_attrs.client_urls
+        }) {
+            return;
+        }
+        if node.status().leader != 0 {
+            match node
+                .propose(TAG_MEMBER_ATTRS, &members::encode(&node.my_attrs))
+                .await
+            {
+                Ok(_) => continue,
+                Err(e) => log(format_args!("publishing member attributes: {e}")),
+            }
+        }
+        glommio::timer::sleep(Duration::from_millis(200)).await;
     }
 }

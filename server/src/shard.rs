@@ -56,6 +56,7 @@ pub enum Command {
     LeaseTimeToLive(i64),
     Leases,
     Status,
+    Members,
 }
 
 /// The owner's answer; `term` is the Raft term when it was produced (for
@@ -81,6 +82,9 @@ pub enum Reply {
         healthy: bool,
         db_size: u64,
     },
+    Members(Vec<crate::members::MemberRecord>, u64),
+    /// A command refused before it ran (e.g. a lease query on a follower).
+    Failed(ServerError),
 }
 
 /// Answers of the leader-local lease queries.
@@ -121,8 +125,24 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             let result = node.write(req).await;
             Reply::Write(result, node.status().term)
         }
-        Command::Range(req) => Reply::Range(node.range(&req), node.status().term),
-        Command::ReadTxn(req) => Reply::ReadTxn(node.read_txn(&req), node.status().term),
+        Command::Range(req) => {
+            let result = if req.serializable {
+                node.range(&req)
+            } else {
+                match node.read_barrier().await {
+                    Ok(()) => node.range(&req),
+                    Err(e) => Err(e),
+                }
+            };
+            Reply::Range(result, node.status().term)
+        }
+        Command::ReadTxn(req) => {
+            let result = match node.read_barrier().await {
+                Ok(()) => node.read_txn(&req),
+                Err(e) => Err(e),
+            };
+            Reply::ReadTxn(result, node.status().term)
+        }
         Command::HashKv(rev) => Reply::HashKv(node.hash_kv(rev), node.status().term),
         Command::Hash => Reply::Hash(node.hash_all(), node.status().term),
         Command::LeaseGrant { id, ttl } => {
@@ -136,6 +156,11 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         Command::Backup => {
             let result = node.write_backup().await;
             Reply::Backup(result, node.status().term)
+        }
+        // The leader's lessor is the only one whose clock counts; etcd
+        // forwards these to the leader, which we do not do yet.
+        Command::LeaseKeepAlive(_) | Command::LeaseTimeToLive(_) if !node.leads_leases() => {
+            Reply::Failed(ServerError::NotLeader)
         }
         Command::LeaseKeepAlive(id) => {
             lease_reply(node, LeaseInfo::KeepAlive(node.lease_keepalive(id)))
@@ -152,6 +177,7 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             node.watch_history(&key, &range_end, from_rev),
             node.status().term,
         ),
+        Command::Members => Reply::Members(node.members(), node.status().term),
         Command::Status => Reply::Status {
             status: node.status(),
             healthy: node.is_healthy(),
@@ -294,6 +320,7 @@ pub fn run(cfg: Config) -> Result<()> {
     let owner = LocalExecutorBuilder::new(placement(OWNER_SHARD))
         .name("metcd-shard-0")
         .io_memory(cfg.io_memory_bytes)
+        .spin_before_park(Duration::from_micros(cfg.spin_before_park_us))
         .spawn(move || async move {
             let node = match Node::start(&owner_cfg).await {
                 Ok(node) => node,
@@ -325,6 +352,7 @@ pub fn run(cfg: Config) -> Result<()> {
         let handle = LocalExecutorBuilder::new(placement(shard))
             .name(&format!("metcd-shard-{shard}"))
             .io_memory(cfg.io_memory_bytes)
+            .spin_before_park(Duration::from_micros(cfg.spin_before_park_us))
             .spawn(move || async move {
                 let remote = Rc::new(Remote {
                     to_owner: requests.connect().await,
@@ -424,9 +452,13 @@ fn member_info(cfg: &Config) -> MemberInfo {
             .collect()
     };
     let member_id = cfg.member_id();
+    let all_ids: Vec<u64> = cfg
+        .initial_members()
+        .map(|ms| ms.iter().map(|m| m.id).collect())
+        .unwrap_or_else(|_| vec![member_id]);
     MemberInfo {
         name: cfg.name.clone(),
-        cluster_id: crate::ids::cluster_id(&[member_id]),
+        cluster_id: crate::ids::cluster_id(&all_ids),
         member_id,
         peer_urls: split(&cfg.initial_advertise_peer_urls),
         client_urls: split(

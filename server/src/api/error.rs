@@ -44,9 +44,11 @@ pub fn to_wire(e: &ServerError) -> WireError {
         },
         ServerError::RequestTooLarge => (InvalidArgument, 413, e.to_string()),
         ServerError::TooManyRequests => (ResourceExhausted, 429, e.to_string()),
-        ServerError::Stopped | ServerError::NoLeader | ServerError::Timeout => {
-            (Unavailable, 503, e.to_string())
-        }
+        ServerError::Stopped
+        | ServerError::NoLeader
+        | ServerError::Timeout
+        | ServerError::LeaderChanged
+        | ServerError::NotLeader => (Unavailable, 503, e.to_string()),
         ServerError::BadRequest(_) => (InvalidArgument, 400, e.to_string()),
         _ => (Unknown, 500, e.to_string()),
     };

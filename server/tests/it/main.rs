@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
+mod cluster;
 mod crash;
 mod etcd_client;
 mod etcd_peer;

@@ -42,6 +42,14 @@ pub struct Server {
 
 impl Server {
     pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        let mut s = Server::start_unchecked(data_dir, extra);
+        s.wait_healthy();
+        s
+    }
+
+    /// Starts without waiting for health (a cluster member is healthy only
+    /// once a quorum is up); call `wait_healthy` later.
+    pub fn start_unchecked(data_dir: &Path, extra: &[&str]) -> Server {
         let mut s = Server {
             port: free_port(),
             client_port: free_port(),
@@ -50,11 +58,38 @@ impl Server {
             child: None,
             log: data_dir.with_extension("log"),
         };
-        s.spawn();
+        s.spawn_process();
         s
     }
 
     fn spawn(&mut self) {
+        self.spawn_process();
+        self.wait_healthy();
+    }
+
+    /// Starts the process again on the same ports and data dir, without
+    /// waiting for health.
+    pub fn respawn_unchecked(&mut self) {
+        self.kill9();
+        self.spawn_process();
+    }
+
+    /// Waits for the process to exit by itself (bounded); its status.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait().unwrap() {
+                    self.child = None;
+                    return Some(status);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn spawn_process(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -73,7 +108,6 @@ impl Server {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        self.wait_healthy();
     }
 
     /// The etcd gRPC endpoint, as etcdctl wants it.
@@ -89,7 +123,7 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn wait_healthy(&mut self) {
+    pub fn wait_healthy(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut() {

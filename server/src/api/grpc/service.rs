@@ -428,6 +428,7 @@ impl LeaseService {
     async fn query(&self, cmd: Command) -> Result<(LeaseInfo, HeaderInfo, i64), Status> {
         match self.0.call(cmd).await {
             Reply::Lease(info, revision, term) => Ok((info, self.0.header(term), revision)),
+            Reply::Failed(e) => Err(status_of(&e)),
             _ => Err(status_of(&ServerError::Stopped)),
         }
     }
@@ -499,6 +500,7 @@ impl pb::lease_server::Lease for LeaseService {
                             ttl: ttl.unwrap_or(0),
                         })
                     }
+                    Reply::Failed(e) => Err(status_of(&e)),
                     _ => Err(status_of(&ServerError::Stopped)),
                 };
                 let stop = resp.is_err();
@@ -551,24 +553,13 @@ impl pb::lease_server::Lease for LeaseService {
 
 pub struct ClusterService(Shared);
 
-impl ClusterService {
-    fn me(&self) -> pb::Member {
-        let info = &self.0.info;
-        pb::Member {
-            id: info.member_id,
-            name: info.name.clone(),
-            peer_ur_ls: info.peer_urls.clone(),
-            client_ur_ls: info.client_urls.clone(),
-            is_learner: false,
-        }
-    }
-
-    async fn header(&self) -> Option<pb::ResponseHeader> {
-        let term = match self.0.call(Command::Status).await {
-            Reply::Status { status, .. } => status.term,
-            _ => 0,
-        };
-        self.0.header(term).header(0)
+fn member_pb(m: crate::members::MemberRecord) -> pb::Member {
+    pb::Member {
+        id: m.id,
+        name: m.name,
+        peer_ur_ls: m.peer_urls,
+        client_ur_ls: m.client_urls,
+        is_learner: m.is_learner,
     }
 }
 
@@ -599,10 +590,14 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         _: Request<pb::MemberListRequest>,
     ) -> Result<Response<pb::MemberListResponse>, Status> {
-        Ok(Response::new(pb::MemberListResponse {
-            header: self.header().await,
-            members: vec![self.me()],
-        }))
+        match self.0.call(Command::Members).await {
+            Reply::Members(members, term) => Ok(Response::new(pb::MemberListResponse {
+                header: self.0.header(term).header(0),
+                members: members.into_iter().map(member_pb).collect(),
+            })),
+            Reply::Failed(e) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
     }
 
     async fn member_promote(
@@ -645,11 +640,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
             return Err(status_of(&ServerError::Stopped));
         };
         let db_size = i64::try_from(db_size).unwrap_or(i64::MAX);
-        let leader = if status.leader != 0 {
-            self.0.info.member_id
-        } else {
-            0
-        };
+        let leader = status.leader;
         Ok(Response::new(pb::StatusResponse {
             header: self.0.header(status.term).header(status.revision),
             version: crate::ETCD_API_VERSION.to_string(),

@@ -1,0 +1,370 @@
+//! Peer transport: Raft messages between members over TCP, on the owner
+//! core's executor.
+//!
+//! Protocol (ours, not etcd's rafthttp): a connection starts with a hello,
+//! `"metcdpr1" | cluster_id u64 | from u64 | to u64` (little-endian), that
+//! the receiver checks against its own identity, answering one status byte
+//! (0 = accepted). Then frames flow one way: `len u32 | crc32c u32 |
+//! eraftpb.Message (protobuf)`. Each peer has one outbound connection; all
+//! messages queued for it while the previous write ran go out in one write.
+//!
+//! Delivery is best effort, as Raft expects: a lost connection drops what
+//! was queued, the peer is reported unreachable and the link reconnects
+//! with backoff. Must never: block the Raft loop (it only enqueues), or
+//! deliver a message from a member of another cluster.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+use protobuf::Message as _;
+use raft::eraftpb::Message;
+
+use crate::notify::Notify;
+
+const MAGIC: &[u8; 8] = b"metcdpr1";
+const HELLO_BYTES: usize = 32;
+const ACCEPTED: u8 = 0;
+const WRONG_CLUSTER: u8 = 1;
+const WRONG_MEMBER: u8 = 2;
+/// Largest frame accepted: a full append of max_size_per_msg plus slack.
+const MAX_FRAME_BYTES: usize = 256 << 20;
+/// Messages queued for an unreachable peer beyond this are dropped (Raft
+/// resends what matters).
+const MAX_QUEUED: usize = 8192;
+const BACKOFF_MIN: Duration = Duration::from_millis(20);
+const BACKOFF_MAX: Duration = Duration::from_millis(1000);
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Where messages received from peers go (the Raft loop's inbox).
+pub type Deliver = Rc<dyn Fn(Message)>;
+
+fn log(msg: std::fmt::Arguments<'_>) {
+    eprintln!("metcd: peer: {msg}");
+}
+
+struct Link {
+    addrs: Vec<SocketAddr>,
+    queue: RefCell<Vec<Message>>,
+    ready: Notify,
+    connected: Cell<bool>,
+}
+
+/// Outbound links to every peer and the list of peers found unreachable
+/// since the Raft loop last looked.
+pub struct Transport {
+    self_id: u64,
+    cluster_id: u64,
+    links: RefCell<HashMap<u64, Rc<Link>>>,
+    unreachable: RefCell<Vec<u64>>,
+}
+
+impl Transport {
+    pub fn new(self_id: u64, cluster_id: u64) -> Rc<Transport> {
+        Rc::new(Transport {
+            self_id,
+            cluster_id,
+            links: RefCell::new(HashMap::new()),
+            unreachable: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// Starts (or replaces the addresses of) the link to `peer`.
+    pub fn add_peer(self: &Rc<Self>, peer: u64, addrs: Vec<SocketAddr>) {
+        if peer == self.self_id {
+            return;
+        }
+        if let Some(link) = self.links.borrow().get(&peer) {
+            if link.addrs == addrs {
+                return;
+            }
+        }
+        let link = Rc::new(Link {
+            addrs,
+            queue: RefCell::new(Vec::new()),
+            ready: Notify::default(),
+            connected: Cell::new(false),
+        });
+        self.links.borrow_mut().insert(peer, link.clone());
+        glommio::spawn_local(self.clone().run_link(peer, link)).detach();
+    }
+
+    /// Stops sending to `peer` (removed from the cluster).
+    pub fn remove_peer(&self, peer: u64) {
+        if let Some(link) = self.links.borrow_mut().remove(&peer) {
+            link.ready.notify();
+        }
+    }
+
+    /// Queues messages for their peers; never waits.
+    pub fn send(&self, msgs: Vec<Message>) {
+        let links = self.links.borrow();
+        for m in msgs {
+            let Some(link) = links.get(&m.to) else {
+                continue;
+            };
+            let mut queue = link.queue.borrow_mut();
+            if queue.len() < MAX_QUEUED {
+                queue.push(m);
+            }
+            drop(queue);
+            link.ready.notify();
+        }
+    }
+
+    /// Peers whose connection failed since the last call.
+    pub fn take_unreachable(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.unreachable.borrow_mut())
+    }
+
+    pub fn is_connected(&self, peer: u64) -> bool {
+        self.links
+            .borrow()
+            .get(&peer)
+            .is_some_and(|l| l.connected.get())
+    }
+
+    fn is_current(&self, peer: u64, link: &Rc<Link>) -> bool {
+        self.links
+            .borrow()
+            .get(&peer)
+            .is_some_and(|l| Rc::ptr_eq(l, link))
+    }
+
+    async fn run_link(self: Rc<Self>, peer: u64, link: Rc<Link>) {
+        let mut backoff = BACKOFF_MIN;
+        let mut logged_down = false;
+        let mut buf = Vec::with_capacity(64 << 10);
+        while self.is_current(peer, &link) {
+            match self.connect(peer, &link.addrs).await {
+                Ok(mut stream) => {
+                    if logged_down {
+                        log(format_args!("connected to {peer:x}"));
+                    }
+                    logged_down = false;
+                    backoff = BACKOFF_MIN;
+                    link.connected.set(true);
+                    let err = self.pump(peer, &link, &mut stream, &mut buf).await;
+                    link.connected.set(false);
+                    if let Err(e) = err {
+                        log(format_args!("lost connection to {peer:x}: {e}"));
+                    }
+                }
+                Err(e) => {
+                    if !logged_down {
+                        log(format_args!("cannot reach {peer:x}: {e}; retrying"));
+                        logged_down = true;
+                    }
+                }
+            }
+            link.queue.borrow_mut().clear();
+            self.unreachable.borrow_mut().push(peer);
+            glommio::timer::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    async fn connect(&self, peer: u64, addrs: &[SocketAddr]) -> std::io::Result<TcpStream> {
+        let mut last = std::io::Error::other("no address");
+        for addr in addrs {
+            match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT).await {
+                Ok(mut stream) => {
+                    let _ = stream.set_nodelay(true);
+                    let mut hello = Vec::with_capacity(HELLO_BYTES);
+                    hello.extend_from_slice(MAGIC);
+                    hello.extend_from_slice(&self.cluster_id.to_le_bytes());
+                    hello.extend_from_slice(&self.self_id.to_le_bytes());
+                    hello.extend_from_slice(&peer.to_le_bytes());
+                    stream.write_all(&hello).await?;
+                    let mut answer = [0u8; 1];
+                    stream.read_exact(&mut answer).await?;
+                    return match answer[0] {
+                        ACCEPTED => Ok(stream),
+                        WRONG_CLUSTER => Err(std::io::Error::other(format!(
+                            "{addr} belongs to another cluster (cluster ID mismatch; check --initial-cluster and --initial-cluster-token)"
+                        ))),
+                        _ => Err(std::io::Error::other(format!(
+                            "{addr} is not member {peer:x} (check --initial-cluster)"
+                        ))),
+                    };
+                }
+                Err(e) => last = std::io::Error::other(e.to_string()),
+            }
+        }
+        Err(last)
+    }
+
+    /// Writes everything queued for `peer`, batch by batch, until the
+    /// connection fails or the peer is removed.
+    async fn pump(
+        &self,
+        peer: u64,
+        link: &Rc<Link>,
+        stream: &mut TcpStream,
+        buf: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        loop {
+            let batch = std::mem::take(&mut *link.queue.borrow_mut());
+            if batch.is_empty() {
+                if !self.is_current(peer, link) {
+                    return Ok(());
+                }
+                link.ready.notified().await;
+                continue;
+            }
+            buf.clear();
+            for m in &batch {
+                encode_frame(m, buf)?;
+            }
+            stream.write_all(buf).await?;
+            if buf.capacity() > 16 << 20 {
+                *buf = Vec::with_capacity(64 << 10);
+            }
+        }
+    }
+}
+
+fn encode_frame(m: &Message, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    let start = buf.len();
+    buf.extend_from_slice(&[0u8; 8]);
+    m.write_to_vec(buf).map_err(std::io::Error::other)?;
+    let len = buf.len() - start - 8;
+    let crc = crc32c::crc32c(&buf[start + 8..]);
+    buf[start..start + 4].copy_from_slice(&(len as u32).to_le_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+/// Accepts peer connections on `addr` and hands every message to `deliver`.
+pub fn listen(
+    addr: SocketAddr,
+    self_id: u64,
+    cluster_id: u64,
+    deliver: Deliver,
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr)?;
+    glommio::spawn_local(async move {
+        loop {
+            match listener.accept().await {
+                Ok(stream) => {
+                    let deliver = deliver.clone();
+                    glommio::spawn_local(async move {
+                        if let Err(e) = receive(stream, self_id, cluster_id, deliver).await {
+                            if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                                log(format_args!("inbound connection: {e}"));
+                            }
+                        }
+                    })
+                    .detach();
+                }
+                Err(e) => {
+                    log(format_args!("accept on {addr}: {e}"));
+                    glommio::timer::sleep(BACKOFF_MIN).await;
+                }
+            }
+        }
+    })
+    .detach();
+    Ok(())
+}
+
+async fn receive(
+    stream: TcpStream,
+    self_id: u64,
+    cluster_id: u64,
+    deliver: Deliver,
+) -> std::io::Result<()> {
+    let _ = stream.set_nodelay(true);
+    let mut stream = futures_lite::io::BufReader::with_capacity(256 << 10, stream);
+    let mut hello = [0u8; HELLO_BYTES];
+    stream.read_exact(&mut hello).await?;
+    let field = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&hello[i..i + 8]);
+        u64::from_le_bytes(b)
+    };
+    if &hello[..8] != MAGIC {
+        return Err(std::io::Error::other("not a metcd peer (bad hello)"));
+    }
+    let (their_cluster, from, to) = (field(8), field(16), field(24));
+    let verdict = if their_cluster != cluster_id {
+        WRONG_CLUSTER
+    } else if to != self_id {
+        WRONG_MEMBER
+    } else {
+        ACCEPTED
+    };
+    stream.get_mut().write_all(&[verdict]).await?;
+    if verdict != ACCEPTED {
+        return Err(std::io::Error::other(format!(
+            "refused member {from:x} of cluster {their_cluster:x}: {}",
+            if verdict == WRONG_CLUSTER {
+                format!("this member belongs to cluster {cluster_id:x}")
+            } else {
+                format!("it wanted member {to:x}, this is {self_id:x}")
+            }
+        )));
+    }
+    let mut header = [0u8; 8];
+    let mut body = Vec::new();
+    loop {
+        stream.read_exact(&mut header).await?;
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        if len > MAX_FRAME_BYTES {
+            return Err(std::io::Error::other(format!(
+                "frame of {len} bytes from {from:x} exceeds the limit"
+            )));
+        }
+        body.resize(len, 0);
+        stream.read_exact(&mut body).await?;
+        if crc32c::crc32c(&body) != crc {
+            return Err(std::io::Error::other(format!(
+                "checksum mismatch in a frame from {from:x}"
+            )));
+        }
+        let msg = Message::parse_from_bytes(&body).map_err(std::io::Error::other)?;
+        if msg.from != from || msg.to != self_id {
+            return Err(std::io::Error::other(format!(
+                "message from {:x} to {:x} on the link from {from:x}",
+                msg.from, msg.to
+            )));
+        }
+        deliver(msg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use raft::eraftpb::{Entry, MessageType};
+
+    #[test]
+    fn frames_round_trip_with_checksum() {
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgAppend);
+        m.from = 7;
+        m.to = 9;
+        m.term = 3;
+        m.entries = vec![Entry {
+            index: 5,
+            term: 3,
+            data: bytes::Bytes::from_static(b"payload"),
+            ..Default::default()
+        }]
+        .into();
+        let mut buf = Vec::new();
+        encode_frame(&m, &mut buf).unwrap();
+        let len = u32::from_le_bytes(buf[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, buf.len() - 8);
+        let crc = u32::from_le_bytes(buf[4..8].try_into().unwrap());
+        assert_eq!(crc, crc32c::crc32c(&buf[8..]));
+        let back = Message::parse_from_bytes(&buf[8..]).unwrap();
+        assert_eq!(back, m);
+    }
+}

@@ -1,0 +1,327 @@
+//! Three `metcd` processes on loopback forming one Raft group: writes on
+//! any member, linearizable reads everywhere, the leader killed under a
+//! bounded write load, its return and catch-up (equal hashes), and the
+//! seed's wiped-data-dir member refusing to run instead of panic-looping.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions};
+
+use crate::support::{free_port, Server};
+
+const ELECTION_TIMEOUT_MS: u64 = 1000;
+
+struct Cluster {
+    members: Vec<Server>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start(n: usize) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let peers: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let initial = peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("n{}=http://127.0.0.1:{p}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let election = ELECTION_TIMEOUT_MS.to_string();
+        let mut members: Vec<Server> = peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let name = format!("n{}", i + 1);
+                let peer_url = format!("http://127.0.0.1:{p}");
+                Server::start_unchecked(
+                    &dir.path().join(&name),
+                    &[
+                        "--name",
+                        &name,
+                        "--initial-advertise-peer-urls",
+                        &peer_url,
+                        "--initial-cluster",
+                        &initial,
+                        "--initial-cluster-token",
+                        "test-cluster",
+                        "--heartbeat-interval",
+                        "100",
+                        "--election-timeout",
+                        &election,
+                        "--shards",
+                        "1",
+                    ],
+                )
+            })
+            .collect();
+        for m in &mut members {
+            m.wait_healthy();
+        }
+        Cluster { members, _dir: dir }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn connect(s: &Server) -> Client {
+    Client::connect([format!("http://{}", s.client_endpoint())], None)
+        .await
+        .unwrap()
+}
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: timed out"))
+}
+
+/// (leader id, revision) as member `s` reports them.
+async fn status(s: &Server) -> Option<(u64, i64)> {
+    let mut c = Client::connect([format!("http://{}", s.client_endpoint())], None)
+        .await
+        .ok()?;
+    let st = tokio::time::timeout(Duration::from_secs(2), c.status())
+        .await
+        .ok()?
+        .ok()?;
+    Some((st.leader(), st.header()?.revision()))
+}
+
+#[test]
+fn three_members_replicate_elect_and_catch_up() {
+    let mut cluster = Cluster::start(3);
+    runtime().block_on(async {
+        // Every member lists all three, with the names and client URLs
+        // they published through the log.
+        let mut c0 = connect(&cluster.members[0]).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let listed = loop {
+            let list = within("member list", c0.member_list()).await.unwrap();
+            let named: BTreeMap<String, Vec<String>> = list
+                .members()
+                .iter()
+                .map(|m| (m.name().to_string(), m.client_urls().to_vec()))
+                .collect();
+            if named.len() == 3 && !named.contains_key("") {
+                break named;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "members never published: {named:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        for (i, m) in cluster.members.iter().enumerate() {
+            assert_eq!(
+                listed[&format!("n{}", i + 1)],
+                vec![format!("http://127.0.0.1:{}", m.client_port)]
+            );
+        }
+
+        // A write through every member; every member's linearizable read
+        // sees all of them at once.
+        for (i, m) in cluster.members.iter().enumerate() {
+            let mut c = connect(m).await;
+            within("put", c.put(format!("w/{i}"), format!("v{i}"), None))
+                .await
+                .unwrap();
+        }
+        for m in &cluster.members {
+            let mut c = connect(m).await;
+            let got = within("get", c.get("w/", Some(GetOptions::new().with_prefix())))
+                .await
+                .unwrap();
+            let values: Vec<&[u8]> = got.kvs().iter().map(|kv| kv.value()).collect();
+            assert_eq!(values, vec![&b"v0"[..], b"v1", b"v2"]);
+        }
+
+        // Everyone agrees on the leader.
+        let mut leaders = Vec::new();
+        for m in &cluster.members {
+            leaders.push(status(m).await.unwrap().0);
+        }
+        assert!(
+            leaders[0] != 0 && leaders.iter().all(|l| *l == leaders[0]),
+            "{leaders:?}"
+        );
+        let ids: Vec<u64> = {
+            let list = c0.member_list().await.unwrap();
+            let mut by_name: Vec<(String, u64)> = list
+                .members()
+                .iter()
+                .map(|m| (m.name().to_string(), m.id()))
+                .collect();
+            by_name.sort();
+            by_name.into_iter().map(|(_, id)| id).collect()
+        };
+        let leader = ids.iter().position(|id| *id == leaders[0]).unwrap();
+        let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+
+        // Bounded write load through both followers; the leader is killed
+        // after the first acknowledged writes.
+        let mut clients = Vec::new();
+        for &f in &followers {
+            clients.push(connect(&cluster.members[f]).await);
+        }
+        let mut acked: Vec<(String, String)> = Vec::new();
+        let mut killed_at: Option<Instant> = None;
+        let mut first_ack_after_kill: Option<Duration> = None;
+        let load_deadline = Instant::now() + Duration::from_secs(40);
+        for n in 0..400 {
+            if Instant::now() > load_deadline {
+                break;
+            }
+            if n == 60 {
+                cluster.members[leader].kill9();
+                killed_at = Some(Instant::now());
+            }
+            let c = &mut clients[n % 2];
+            let (key, value) = (format!("load/{n:04}"), format!("value-{n}"));
+            // A request in flight to the dead leader is abandoned (it may
+            // still commit; only answered writes count as acknowledged).
+            match tokio::time::timeout(
+                Duration::from_millis(500),
+                c.put(key.clone(), value.clone(), None),
+            )
+            .await
+            {
+                Ok(Ok(_)) => {
+                    acked.push((key, value));
+                    if let (Some(at), None) = (killed_at, first_ack_after_kill) {
+                        first_ack_after_kill = Some(at.elapsed());
+                    }
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        let recovery =
+            first_ack_after_kill.expect("no write succeeded after the leader was killed");
+        eprintln!("first acknowledged write {recovery:?} after the leader was killed");
+        assert!(
+            recovery < Duration::from_millis(3 * ELECTION_TIMEOUT_MS) + Duration::from_millis(500),
+            "a new leader took {recovery:?} to serve (3 election timeouts: {} ms)",
+            3 * ELECTION_TIMEOUT_MS
+        );
+        assert!(
+            acked.len() > 100,
+            "only {} writes acknowledged",
+            acked.len()
+        );
+        let (new_leader, _) = status(&cluster.members[followers[0]]).await.unwrap();
+        assert!(new_leader != 0 && new_leader != ids[leader]);
+
+        // The old leader comes back and catches up: same revision and the
+        // same KV hash on every member.
+        cluster.members[leader].respawn_unchecked();
+        cluster.members[leader].wait_healthy();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let revision = loop {
+            let mut revs = Vec::new();
+            for m in &cluster.members {
+                revs.push(status(m).await.map(|s| s.1));
+            }
+            if let Some(Some(r)) = revs.first() {
+                if revs.iter().all(|x| *x == Some(*r)) {
+                    break *r;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "members never converged: {revs:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let mut hashes = Vec::new();
+        for m in &cluster.members {
+            let mut c = connect(m).await;
+            let h = within("hashkv", c.hash_kv(revision)).await.unwrap();
+            hashes.push(h.hash());
+        }
+        assert!(
+            hashes.iter().all(|h| *h == hashes[0]),
+            "hashes differ: {hashes:?}"
+        );
+
+        // No acknowledged write is lost, on any member (serializable: each
+        // member's own state).
+        for m in &cluster.members {
+            let mut c = connect(m).await;
+            let got = within(
+                "get load",
+                c.get(
+                    "load/",
+                    Some(GetOptions::new().with_prefix().with_serializable()),
+                ),
+            )
+            .await
+            .unwrap();
+            let have: BTreeMap<&[u8], &[u8]> =
+                got.kvs().iter().map(|kv| (kv.key(), kv.value())).collect();
+            for (k, v) in &acked {
+                assert_eq!(
+                    have.get(k.as_bytes()).copied(),
+                    Some(v.as_bytes()),
+                    "acknowledged {k} missing on {}",
+                    m.client_endpoint()
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn wiped_member_refuses_to_run_and_says_what_to_do() {
+    let mut cluster = Cluster::start(3);
+    runtime().block_on(async {
+        let mut c = connect(&cluster.members[0]).await;
+        for i in 0..20 {
+            within("put", c.put(format!("k{i}"), "v", None))
+                .await
+                .unwrap();
+        }
+    });
+    // Pick a member that is not the leader, so the others keep a quorum
+    // and the leader remembers how far the victim's log went.
+    let victim = runtime().block_on(async {
+        for (i, m) in cluster.members.iter().enumerate() {
+            let mut c = connect(m).await;
+            let st = c.status().await.unwrap();
+            if st.leader() != st.header().unwrap().member_id() {
+                return i;
+            }
+        }
+        panic!("every member claims to lead");
+    });
+    let m = &mut cluster.members[victim];
+    m.kill9();
+    std::fs::remove_dir_all(&m.data_dir).unwrap();
+    m.respawn_unchecked();
+    let Some(status) = m.wait_exit(Duration::from_secs(30)) else {
+        panic!(
+            "a member with a wiped data dir kept running:\n{}",
+            m.log_text()
+        );
+    };
+    assert!(!status.success());
+    let log = m.log_text();
+    assert!(!log.contains("panicked"), "it panicked:\n{log}");
+    assert!(
+        log.contains("was wiped or restored") && log.contains("member remove"),
+        "no guidance for the operator:\n{log}"
+    );
+    // The rest of the cluster still serves.
+    runtime().block_on(async {
+        let other = (0..3).find(|i| *i != victim).unwrap();
+        let mut c = connect(&cluster.members[other]).await;
+        within("put after", c.put("after", "ok", None))
+            .await
+            .unwrap();
+    });
+}
