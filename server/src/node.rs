@@ -125,6 +125,7 @@ const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
 /// Log entries kept in memory behind a snapshot so a briefly lagging
 /// follower catches up from the log (etcd: SnapshotCatchUpEntries).
 const CATCH_UP_ENTRIES: u64 = 5000;
+const READ_INDEX_RETRY: Duration = Duration::from_millis(500);
 /// etcd's request timeout: 5 s plus two election timeouts (added at start).
 const REQUEST_TIMEOUT_BASE: Duration = Duration::from_secs(5);
 
@@ -230,8 +231,8 @@ pub struct Node {
     inbound: RefCell<Vec<Message>>,
     /// Linearizable reads waiting for the next ReadIndex round.
     read_queue: RefCell<Vec<ReadWaiter>>,
-    /// ReadIndex rounds sent, by request context.
-    reads_in_flight: RefCell<HashMap<u64, Vec<ReadWaiter>>>,
+    /// ReadIndex rounds sent, by request context, with when last sent.
+    reads_in_flight: RefCell<HashMap<u64, (Instant, Vec<ReadWaiter>)>>,
     /// Reads whose index is known, waiting for the apply loop to reach it.
     reads_applying: RefCell<Vec<(u64, ReadWaiter)>>,
     next_read_ctx: Cell<u64>,
@@ -773,6 +774,7 @@ impl Node {
             }
             if Instant::now() >= next_tick {
                 raw.tick();
+                self.retry_read_index(&mut raw);
                 next_tick = Instant::now() + self.tick_interval;
             }
             if !self.batch_window.is_zero() {
@@ -851,20 +853,40 @@ impl Node {
         }
         let ctx = self.next_read_ctx.get().wrapping_add(1);
         self.next_read_ctx.set(ctx);
-        raw.read_index(ctx.to_le_bytes().to_vec());
-        self.reads_in_flight.borrow_mut().insert(ctx, waiters);
+        // The leader tracks rounds by context across all members, so it
+        // names this member as well as the round.
+        raw.read_index(self.read_ctx(ctx));
+        self.reads_in_flight
+            .borrow_mut()
+            .insert(ctx, (Instant::now(), waiters));
+    }
+
+    fn read_ctx(&self, round: u64) -> Vec<u8> {
+        let mut request_ctx = Vec::with_capacity(16);
+        request_ctx.put_u64_le(self.id);
+        request_ctx.put_u64_le(round);
+        request_ctx
+    }
+
+    /// A ReadIndex round can be lost (no leader yet, a message dropped, a
+    /// leader change): ask again, as etcd does every 500 ms.
+    fn retry_read_index(&self, raw: &mut RawNode<MemStorage>) {
+        let now = Instant::now();
+        for (round, (sent, _)) in self.reads_in_flight.borrow_mut().iter_mut() {
+            if now.duration_since(*sent) >= READ_INDEX_RETRY {
+                *sent = now;
+                raw.read_index(self.read_ctx(*round));
+            }
+        }
     }
 
     /// A ReadIndex round came back: its reads may go once `index` is applied.
     fn read_index_ready(&self, ctx: &[u8], index: u64, applied: u64) {
-        let Ok(ctx) = <[u8; 8]>::try_from(ctx) else {
+        let mut ctx = ctx;
+        if ctx.len() != 16 || ctx.get_u64_le() != self.id {
             return;
-        };
-        let Some(waiters) = self
-            .reads_in_flight
-            .borrow_mut()
-            .remove(&u64::from_le_bytes(ctx))
-        else {
+        }
+        let Some((_, waiters)) = self.reads_in_flight.borrow_mut().remove(&ctx.get_u64_le()) else {
             return;
         };
         let mut applying = self.reads_applying.borrow_mut();
@@ -908,7 +930,7 @@ impl Node {
                 "no longer leader at term {} (leader {:x})",
                 raw.raft.term, raw.raft.leader_id
             ));
-            for (_, waiters) in self.reads_in_flight.borrow_mut().drain() {
+            for (_, (_, waiters)) in self.reads_in_flight.borrow_mut().drain() {
                 for w in waiters {
                     let _ = w.send(Err(ServerError::LeaderChanged));
                 }

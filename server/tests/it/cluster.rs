@@ -325,3 +325,73 @@ fn wiped_member_refuses_to_run_and_says_what_to_do() {
             .unwrap();
     });
 }
+
+/// What operators type: etcdctl with `http://` endpoints (grpc-go then
+/// sends the URL as `:authority`), `member list`, and `endpoint
+/// status|health --cluster`, which dial every member's published client URL.
+#[test]
+fn etcdctl_sees_every_member() {
+    use crate::etcd_peer::{etcdctl, require_etcd};
+    require_etcd();
+    let cluster = Cluster::start(3);
+    let ep = format!("http://{}", cluster.members[0].client_endpoint());
+    let urls: Vec<String> = cluster
+        .members
+        .iter()
+        .map(|m| format!("http://{}", m.client_endpoint()))
+        .collect();
+    // Wait (bounded) until every member has published its client URL.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = etcdctl(&ep, &["member", "list"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if out.status.success() && urls.iter().all(|u| text.contains(u.as_str())) {
+            assert_eq!(text.lines().count(), 3, "{text}");
+            for (i, line) in text.lines().enumerate() {
+                assert!(line.contains(", started, n"), "line {i}: {line}");
+            }
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "member list never complete: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = etcdctl(&ep, &["endpoint", "health", "--cluster"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &err;
+    assert!(out.status.success(), "{text}");
+    for u in &urls {
+        assert!(
+            text.contains(&format!("{u} is healthy")),
+            "{u} missing:\n{text}"
+        );
+    }
+    let out = etcdctl(&ep, &["endpoint", "status", "--cluster", "-w", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let statuses: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let statuses = statuses.as_array().unwrap();
+    assert_eq!(statuses.len(), 3);
+    let leaders: Vec<u64> = statuses
+        .iter()
+        .map(|s| s["Status"]["leader"].as_u64().unwrap())
+        .collect();
+    assert!(
+        leaders.iter().all(|l| *l == leaders[0] && *l != 0),
+        "{leaders:?}"
+    );
+    let ids: Vec<u64> = statuses
+        .iter()
+        .map(|s| s["Status"]["header"]["member_id"].as_u64().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&leaders[0]),
+        "leader {} not among {ids:?}",
+        leaders[0]
+    );
+}
