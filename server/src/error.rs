@@ -26,6 +26,11 @@ pub enum ServerError {
     LeaderChanged,
     #[error("etcdserver: not leader")]
     NotLeader,
+    #[error("etcdserver: rpc not supported for learner")]
+    NotSupportedForLearner,
+    /// A membership change etcd refuses, with etcd's message.
+    #[error("{0}")]
+    Membership(&'static str),
     /// The client sent something we cannot parse (bad key encoding, bad
     /// query parameter, ...).
     #[error("{0}")]

@@ -62,6 +62,21 @@ impl Registry {
         merged
     }
 
+    pub fn retain(&mut self, keep: impl Fn(&MemberRecord) -> bool) {
+        self.members.retain(|_, m| keep(m));
+    }
+
+    pub fn remove(&mut self, id: u64) -> Option<MemberRecord> {
+        self.members.remove(&id)
+    }
+
+    /// MemberUpdate: new peer URLs; `None` for an unknown member.
+    pub fn update_peers(&mut self, id: u64, peer_urls: Vec<String>) -> Option<MemberRecord> {
+        let m = self.members.get_mut(&id)?;
+        m.peer_urls = peer_urls;
+        Some(m.clone())
+    }
+
     pub fn get(&self, id: u64) -> Option<&MemberRecord> {
         self.members.get(&id)
     }

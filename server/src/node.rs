@@ -31,7 +31,11 @@ use bytes::{Buf, BufMut};
 use engine::wal::{self, Wal, WalOptions};
 use engine::{Engine, MemoryEngine};
 use futures_channel::oneshot;
-use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType};
+use protobuf::Message as _;
+use raft::eraftpb::{
+    ConfChange, ConfChangeSingle, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType,
+    Message, MessageType,
+};
 use raft::storage::MemStorage;
 use raft::{RawNode, Storage};
 
@@ -50,9 +54,17 @@ type WriteReply = oneshot::Sender<Result<Applied>>;
 #[derive(Debug)]
 pub enum Applied {
     Kv(mvcc::Response),
-    LeaseGranted { id: i64, ttl: i64, revision: i64 },
-    LeaseRevoked { revision: i64 },
+    LeaseGranted {
+        id: i64,
+        ttl: i64,
+        revision: i64,
+    },
+    LeaseRevoked {
+        revision: i64,
+    },
     Published,
+    /// A membership change: the members after it.
+    Members(Vec<MemberRecord>),
 }
 
 /// What goes into the log: `[u64 origin member][u64 proposal id][u8 tag][body]`.
@@ -62,12 +74,23 @@ const TAG_KV: u8 = 1;
 const TAG_LEASE_GRANT: u8 = 2;
 const TAG_LEASE_REVOKE: u8 = 3;
 const TAG_MEMBER_ATTRS: u8 = 4;
+const TAG_CONF_RECORD: u8 = 5;
+const TAG_MEMBER_PEERS: u8 = 6;
 
 enum Decoded {
     Kv(mvcc::Request),
-    LeaseGrant { id: i64, ttl: i64 },
-    LeaseRevoke { id: i64 },
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
+    LeaseRevoke {
+        id: i64,
+    },
     MemberAttrs(MemberRecord),
+    /// The member a conf change adds, promotes or removes (entry context).
+    ConfRecord(MemberRecord),
+    /// New peer URLs of a member (MemberUpdate).
+    MemberPeers(MemberRecord),
 }
 
 fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decoded)> {
@@ -87,6 +110,8 @@ fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decoded)> {
             id: data.get_i64_le(),
         },
         TAG_MEMBER_ATTRS => Decoded::MemberAttrs(members::decode(&data)?),
+        TAG_CONF_RECORD => Decoded::ConfRecord(members::decode(&data)?),
+        TAG_MEMBER_PEERS => Decoded::MemberPeers(members::decode(&data)?),
         _ => return None,
     };
     Some((origin, id, body))
@@ -125,6 +150,10 @@ const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
 /// Log entries kept in memory behind a snapshot so a briefly lagging
 /// follower catches up from the log (etcd: SnapshotCatchUpEntries).
 const CATCH_UP_ENTRIES: u64 = 5000;
+/// Where the applied membership (ConfState) is kept in MVCC metadata.
+const CONF_META: &[u8] = b"raft/conf";
+/// etcd allows one learner at a time.
+const MAX_LEARNERS: usize = 1;
 const READ_INDEX_RETRY: Duration = Duration::from_millis(500);
 /// etcd's request timeout: 5 s plus two election timeouts (added at start).
 const REQUEST_TIMEOUT_BASE: Duration = Duration::from_secs(5);
@@ -132,6 +161,8 @@ const REQUEST_TIMEOUT_BASE: Duration = Duration::from_secs(5);
 struct Proposal {
     id: u64,
     data: Vec<u8>,
+    /// A membership change: `data` goes into the entry's context.
+    conf: Option<ConfChangeV2>,
     reply: WriteReply,
 }
 
@@ -171,6 +202,83 @@ fn create_dir_durable(dir: &Path) -> Result<()> {
         .and_then(|f| f.sync_all())
         .map_err(|e| engine::Error::io("fsync_dir", parent, e))?;
     Ok(())
+}
+
+/// Who this member is: (cluster ID, member ID), recorded in
+/// `member/identity` at its first start. For a new cluster both are
+/// derived from the flags as etcd derives them; a member joining an
+/// existing cluster asks a peer, which knows the cluster ID fixed at
+/// bootstrap and the ID `member add` gave these peer URLs.
+pub fn resolve_identity(cfg: &Config) -> Result<(u64, u64)> {
+    let member_dir = cfg.data_dir().join("member");
+    let path = member_dir.join("identity");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let mut ids = text
+            .split_whitespace()
+            .map(|t| u64::from_str_radix(t, 16).ok());
+        if let (Some(Some(cluster)), Some(Some(member))) = (ids.next(), ids.next()) {
+            return Ok((cluster, member));
+        }
+        return Err(ServerError::Startup(format!(
+            "{} does not hold a cluster and member ID",
+            path.display()
+        )));
+    }
+    let members = cfg
+        .initial_members()
+        .map_err(|e| ServerError::Startup(e.to_string()))?;
+    let derived = cfg.member_id();
+    let (cluster, member) = if cfg.initial_cluster_state == "existing" {
+        let urls: Vec<String> = members
+            .iter()
+            .filter(|m| m.id != derived)
+            .flat_map(|m| m.peer_urls.clone())
+            .collect();
+        let addrs = crate::config::parse_urls("initial-cluster", &urls.join(","))
+            .map_err(|e| ServerError::Startup(e.to_string()))?;
+        let (cluster, known) =
+            peer::probe_cluster(&addrs, Duration::from_secs(30)).ok_or_else(|| {
+                ServerError::Startup(format!(
+                "--initial-cluster-state existing: no member of --initial-cluster ({}) answered; \
+                 start this member once the cluster runs",
+                urls.join(",")
+            ))
+            })?;
+        let mut mine = crate::config::split_list(&cfg.initial_advertise_peer_urls);
+        mine.sort_unstable();
+        let me = known.iter().find(|m| {
+            let mut theirs: Vec<&str> = m.peer_urls.iter().map(String::as_str).collect();
+            theirs.sort_unstable();
+            theirs == mine
+        });
+        let Some(me) = me else {
+            return Err(ServerError::Startup(format!(
+                "--initial-cluster-state existing: the cluster has no member with peer URLs {}; \
+                 add it first: etcdctl member add {} --peer-urls={}",
+                mine.join(","),
+                cfg.name,
+                mine.join(",")
+            )));
+        };
+        // The joiner reaches its peers before the leader's log tells it
+        // who they are: keep what they said.
+        let roster = member_dir.join("join-members.json");
+        create_dir_durable(&member_dir)?;
+        std::fs::write(&roster, serde_json::to_vec(&known).unwrap_or_default())
+            .map_err(|e| engine::Error::io("write", &roster, e))?;
+        (cluster, me.id)
+    } else {
+        let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+        (crate::ids::cluster_id(&ids), derived)
+    };
+    create_dir_durable(&member_dir)?;
+    let tmp = member_dir.join("identity.tmp");
+    std::fs::write(&tmp, format!("{cluster:x} {member:x}\n"))
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .and_then(|()| std::fs::File::open(&member_dir)?.sync_all())
+        .map_err(|e| engine::Error::io("write", &path, e))?;
+    Ok((cluster, member))
 }
 
 /// Holds an exclusive `flock` on the data dir for the process lifetime, so
@@ -214,6 +322,7 @@ pub struct NodeStatus {
     pub revision: i64,
     pub compact_revision: i64,
     pub wal_syncs: u64,
+    pub is_learner: bool,
 }
 
 type ReadWaiter = oneshot::Sender<Result<()>>;
@@ -225,8 +334,14 @@ pub struct Node {
     registry: RefCell<Registry>,
     /// The attributes this member publishes through the log.
     my_attrs: MemberRecord,
-    /// `None` for a member without peers.
-    transport: Option<Rc<Transport>>,
+    transport: Rc<Transport>,
+    /// Raft progress (matched index) of every member, on the leader.
+    progress: RefCell<HashMap<u64, u64>>,
+    /// A leader transfer asked by MoveLeader, for the next loop turn.
+    transfer_to: Cell<Option<u64>>,
+    /// This member was removed from the cluster: it stops.
+    removed: Cell<bool>,
+    cluster_token: String,
     /// Messages from peers for the next loop turn.
     inbound: RefCell<Vec<Message>>,
     /// Linearizable reads waiting for the next ReadIndex round.
@@ -236,7 +351,11 @@ pub struct Node {
     /// Reads whose index is known, waiting for the apply loop to reach it.
     reads_applying: RefCell<Vec<(u64, ReadWaiter)>>,
     next_read_ctx: Cell<u64>,
-    voters: Cell<usize>,
+    /// The only voter and no learners: every accepted proposal commits
+    /// here and every applied write is a linearizable read point.
+    solo: Cell<bool>,
+    /// This member is a learner (no writes, no linearizable reads).
+    learner: Cell<bool>,
     was_leader: Cell<bool>,
     request_timeout: Duration,
     mvcc: RefCell<MvccStore<MemoryEngine>>,
@@ -296,25 +415,41 @@ impl Node {
         let initial = cfg
             .initial_members()
             .map_err(|e| ServerError::Startup(e.to_string()))?;
-        let id = cfg.member_id();
+        let (cluster_id, id) = resolve_identity(cfg)?;
         let all_ids: Vec<u64> = initial.iter().map(|m| m.id).collect();
-        let cluster_id = crate::ids::cluster_id(&all_ids);
-        let initial_conf = ConfState {
-            voters: all_ids.clone(),
-            ..Default::default()
+        let joining = cfg.initial_cluster_state == "existing";
+        // A new cluster starts with all of --initial-cluster as voters. A
+        // joining member starts from the membership its peers reported
+        // (the bootstrap voters are in no log entry it could replay); the
+        // leader's log then brings it up to date.
+        let join_roster: Vec<MemberRecord> = if joining {
+            std::fs::read(dirs.root.join("member").join("join-members.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default()
+        } else {
+            Vec::new()
         };
-        let fresh = recovered.entries.is_empty()
-            && recovered.snapshot.is_none()
-            && recovered.state.is_none()
-            && engine_applied == 0;
-        if fresh && cfg.initial_cluster_state == "existing" {
-            return Err(ServerError::Startup(format!(
-                "--initial-cluster-state existing with an empty data dir ({}): joining a running cluster needs \
-                 its data streamed by the leader (etcdctl member add, then a Raft snapshot), which this build \
-                 does not do yet; start all members of a new cluster with --initial-cluster-state new",
-                dirs.root.display()
-            )));
-        }
+        let initial_conf = if joining {
+            ConfState {
+                voters: join_roster
+                    .iter()
+                    .filter(|m| !m.is_learner)
+                    .map(|m| m.id)
+                    .collect(),
+                learners: join_roster
+                    .iter()
+                    .filter(|m| m.is_learner)
+                    .map(|m| m.id)
+                    .collect(),
+                ..Default::default()
+            }
+        } else {
+            ConfState {
+                voters: all_ids.clone(),
+                ..Default::default()
+            }
+        };
         let marker = recovered.snapshot.as_ref().map_or(0, |(i, _)| *i);
         if engine_applied < marker {
             return Err(ServerError::Startup(format!(
@@ -332,9 +467,18 @@ impl Node {
             )));
         }
         let restored = raftlog::restore(&recovered, engine_applied, &initial_conf)?;
+        let mvcc = MvccStore::open(engine.clone())?;
+        // Membership changes applied into the engine are newer than any
+        // WAL snapshot marker (the engine is at or past it).
+        if let Some((_, value)) = mvcc.meta_with_prefix(CONF_META)?.into_iter().next() {
+            let (_, cs) = raftlog::decode_snapshot_meta(engine_applied, &value)?;
+            restored.storage.wl().set_conf_state(cs);
+        }
         let conf = restored.storage.initial_state()?.conf_state;
         let single_voter = conf.voters == [id] && conf.learners.is_empty();
-        if !conf.voters.contains(&id) && !conf.learners.contains(&id) {
+        let in_conf = conf.voters.contains(&id) || conf.learners.contains(&id);
+        let unknown = conf.voters.is_empty() && conf.learners.is_empty();
+        if !in_conf && !unknown {
             return Err(ServerError::Startup(format!(
                 "member {id:x} (from --initial-advertise-peer-urls and --initial-cluster-token) is not in the \
                  cluster this data dir belongs to (members {:x?}); start it with the flags it was created with",
@@ -347,7 +491,6 @@ impl Node {
         } else {
             restored.storage.initial_state()?.hard_state.commit
         };
-        let mvcc = MvccStore::open(engine.clone())?;
         let lessor = restore_leases(&mvcc, crate::lease::min_ttl_secs(cfg.election_timeout))?;
         let wal = Wal::open(
             &dirs.wal,
@@ -381,14 +524,16 @@ impl Node {
         };
         raft_cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let voters = conf.voters.len();
         let mut raw = RawNode::new(&raft_cfg, restored.storage, &logger)?;
         if single_voter {
             // A one-voter group elects itself at once.
             raw.campaign()?;
         }
         let mut registry = Registry::default();
-        for m in &initial {
+        for m in &join_roster {
+            registry.upsert(m.clone());
+        }
+        for m in initial.iter().filter(|_| !joining) {
             registry.upsert(MemberRecord {
                 id: m.id,
                 name: String::new(),
@@ -402,6 +547,11 @@ impl Node {
                 registry.upsert(record);
             }
         }
+        registry.retain(|m| {
+            conf.voters.contains(&m.id)
+                || conf.learners.contains(&m.id)
+                || (conf.voters.is_empty() && conf.learners.is_empty())
+        });
         let my_attrs = MemberRecord {
             id,
             name: cfg.name.clone(),
@@ -422,17 +572,12 @@ impl Node {
         let peer_addrs = cfg
             .peer_listen_addrs()
             .map_err(|e| ServerError::Startup(e.to_string()))?;
-        let transport = (voters > 1 || !peer_addrs.is_empty()).then(|| {
-            let t = Transport::new(id, cluster_id);
-            for m in initial.iter().filter(|m| m.id != id) {
-                let urls = m.peer_urls.join(",");
-                match crate::config::parse_urls("initial-cluster", &urls) {
-                    Ok(addrs) => t.add_peer(m.id, addrs),
-                    Err(e) => log(format_args!("peer {:x}: {e}", m.id)),
-                }
-            }
-            t
-        });
+        // Always there (idle without peers), so a member added later is
+        // reachable; inbound needs --listen-peer-urls on a single member.
+        let transport = Transport::new(id, cluster_id);
+        for m in registry.all() {
+            connect_peer(&transport, &m);
+        }
 
         let boot_nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -443,12 +588,17 @@ impl Node {
             registry: RefCell::new(registry),
             my_attrs,
             transport,
+            progress: RefCell::new(HashMap::new()),
+            transfer_to: Cell::new(None),
+            removed: Cell::new(false),
+            cluster_token: cfg.initial_cluster_token.clone(),
             inbound: RefCell::new(Vec::new()),
             read_queue: RefCell::new(Vec::new()),
             reads_in_flight: RefCell::new(HashMap::new()),
             reads_applying: RefCell::new(Vec::new()),
             next_read_ctx: Cell::new(0),
-            voters: Cell::new(voters),
+            solo: Cell::new(single_voter),
+            learner: Cell::new(conf.learners.contains(&id)),
             was_leader: Cell::new(false),
             request_timeout: REQUEST_TIMEOUT_BASE + Duration::from_millis(2 * cfg.election_timeout),
             mvcc: RefCell::new(mvcc),
@@ -485,7 +635,13 @@ impl Node {
                     node.queue_ready.notify();
                 }
             });
-            peer::listen(addr, id, cluster_id, deliver).map_err(|e| {
+            let weak = Rc::downgrade(&node);
+            let roster: peer::Roster = Rc::new(move || {
+                weak.upgrade()
+                    .map(|node| node.members())
+                    .unwrap_or_default()
+            });
+            peer::listen(addr, id, cluster_id, deliver, roster).map_err(|e| {
                 ServerError::Startup(format!("cannot listen for peers on {addr}: {e}"))
             })?;
         }
@@ -622,8 +778,20 @@ impl Node {
     }
 
     async fn propose(&self, tag: u8, body: &[u8]) -> Result<Applied> {
+        self.propose_with(tag, body, None).await
+    }
+
+    async fn propose_with(
+        &self,
+        tag: u8,
+        body: &[u8],
+        conf: Option<ConfChangeV2>,
+    ) -> Result<Applied> {
         if self.fatal.borrow().is_some() {
             return Err(ServerError::Stopped);
+        }
+        if self.learner.get() && tag != TAG_MEMBER_ATTRS {
+            return Err(ServerError::NotSupportedForLearner);
         }
         if self.queue.borrow().len() >= self.max_pending {
             return Err(ServerError::TooManyRequests);
@@ -643,10 +811,11 @@ impl Node {
         self.queue.borrow_mut().push(Proposal {
             id,
             data,
+            conf,
             reply: tx,
         });
         self.queue_ready.notify();
-        if self.voters.get() <= 1 {
+        if self.solo.get() {
             // A single member answers every proposal it accepted.
             return rx.await.map_err(|_| ServerError::Stopped)?;
         }
@@ -676,7 +845,7 @@ impl Node {
     /// Whether this member's lease clock is the cluster's (the leader's,
     /// or the only member's).
     pub fn leads_leases(&self) -> bool {
-        self.voters.get() <= 1 || self.is_leader()
+        self.solo.get() || self.is_leader()
     }
 
     /// Every member's record, in ID order.
@@ -689,8 +858,11 @@ impl Node {
     /// that follows is linearizable. Immediate on a single member: every
     /// acknowledged write is already applied there.
     pub async fn read_barrier(&self) -> Result<()> {
-        if self.voters.get() <= 1 {
+        if self.solo.get() {
             return Ok(());
+        }
+        if self.learner.get() {
+            return Err(ServerError::NotSupportedForLearner);
         }
         if self.status.get().leader == 0 {
             return Err(ServerError::NoLeader);
@@ -784,10 +956,11 @@ impl Node {
                 }
             }
             self.step_inbound(&mut raw)?;
-            if let Some(t) = &self.transport {
-                for peer in t.take_unreachable() {
-                    raw.report_unreachable(peer);
-                }
+            for peer in self.transport.take_unreachable() {
+                raw.report_unreachable(peer);
+            }
+            if let Some(target) = self.transfer_to.take() {
+                raw.transfer_leader(target);
             }
             self.propose_queued(&mut raw);
             self.start_read_index(&mut raw);
@@ -958,7 +1131,11 @@ impl Node {
         };
         let mut pending = self.pending.borrow_mut();
         for p in batch {
-            match raw.propose(Vec::new(), p.data) {
+            let proposed = match p.conf {
+                Some(cc) => raw.propose_conf_change(p.data, cc),
+                None => raw.propose(Vec::new(), p.data),
+            };
+            match proposed {
                 Ok(()) => {
                     pending.insert(p.id, p.reply);
                 }
@@ -999,7 +1176,7 @@ impl Node {
         for rs in ready.take_read_states() {
             self.read_index_ready(&rs.request_ctx, rs.index, applied);
         }
-        self.apply_entries(ready.take_committed_entries())?;
+        self.apply_entries(raw, ready.take_committed_entries())?;
         if !ready.entries().is_empty() {
             for e in ready.entries() {
                 raftlog::encode_entry(e, buf);
@@ -1025,19 +1202,19 @@ impl Node {
             // Written with the next frame; recovery tolerates a lagging commit.
             wal.append_state(&raftlog::encode_hard_state(&hs));
         }
-        self.apply_entries(light.take_committed_entries())?;
+        self.apply_entries(raw, light.take_committed_entries())?;
         raw.advance_apply();
         self.release_reads(raw.raft.raft_log.applied);
         Ok(())
     }
 
     fn send(&self, msgs: Vec<Message>) {
-        if let (Some(t), false) = (&self.transport, msgs.is_empty()) {
-            t.send(msgs);
+        if !msgs.is_empty() {
+            self.transport.send(msgs);
         }
     }
 
-    fn apply_entries(&self, entries: Vec<Entry>) -> Result<()> {
+    fn apply_entries(&self, raw: &mut RawNode<MemStorage>, entries: Vec<Entry>) -> Result<()> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -1045,7 +1222,16 @@ impl Node {
         let mut pending = self.pending.borrow_mut();
         let mut events = Vec::new();
         for entry in entries {
-            if entry.entry_type != EntryType::EntryNormal || entry.data.is_empty() {
+            if entry.entry_type != EntryType::EntryNormal {
+                let (origin, id, result) = self.apply_membership(raw, &mut mvcc, &entry)?;
+                if origin == self.id {
+                    if let Some(reply) = pending.remove(&id) {
+                        let _ = reply.send(result);
+                    }
+                }
+                continue;
+            }
+            if entry.data.is_empty() {
                 // Leader no-ops (and, later, conf changes) still advance the
                 // applied index so replay stays idempotent.
                 mvcc.apply_noop(entry.index)?;
@@ -1099,6 +1285,33 @@ impl Node {
                         Err(e) => {
                             mvcc.apply_noop(entry.index)?;
                             Err(ServerError::Lease(e))
+                        }
+                    }
+                }
+                Decoded::ConfRecord(_) => {
+                    mvcc.apply_noop(entry.index)?;
+                    Err(ServerError::BadRequest(
+                        "a membership record outside a conf change".into(),
+                    ))
+                }
+                Decoded::MemberPeers(update) => {
+                    let updated = self
+                        .registry
+                        .borrow_mut()
+                        .update_peers(update.id, update.peer_urls);
+                    match updated {
+                        Some(record) => {
+                            mvcc.put_meta(
+                                entry.index,
+                                &members::meta_name(record.id),
+                                bytes::Bytes::from(members::encode(&record)),
+                            )?;
+                            connect_peer(&self.transport, &record);
+                            Ok(Applied::Members(self.registry.borrow().all()))
+                        }
+                        None => {
+                            mvcc.apply_noop(entry.index)?;
+                            Err(ServerError::Membership("etcdserver: member not found"))
                         }
                     }
                 }
@@ -1173,7 +1386,13 @@ impl Node {
             revision: mvcc.current_revision(),
             compact_revision: mvcc.compact_revision(),
             wal_syncs: wal.frames_written(),
+            is_learner: self.learner.get(),
         });
+        let mut progress = self.progress.borrow_mut();
+        progress.clear();
+        if raft.state == raft::StateRole::Leader {
+            progress.extend(raft.prs().iter().map(|(id, pr)| (*id, pr.matched)));
+        }
     }
 
     /// Starts a checkpoint of the engine once `snapshot-count` entries were
@@ -1232,7 +1451,7 @@ impl Node {
         wal.sync().await?;
         // With peers, keep a tail of the log in memory for followers that
         // lag a little (a snapshot transfer would be needed otherwise).
-        let keep_from = if self.voters.get() > 1 {
+        let keep_from = if !self.solo.get() {
             index.saturating_sub(CATCH_UP_ENTRIES)
         } else {
             index
@@ -1246,6 +1465,285 @@ impl Node {
             "snapshot at applied index {index} (term {term}); released {released} WAL segment(s)"
         ));
         Ok(())
+    }
+
+    /// Applies a committed membership change: raft-rs' configuration, the
+    /// member registry, the transport, and the ConfState kept in MVCC
+    /// metadata (so a restart resumes with it). Returns the proposer's
+    /// (member, proposal id) and its answer.
+    fn apply_membership(
+        &self,
+        raw: &mut RawNode<MemStorage>,
+        mvcc: &mut MvccStore<MemoryEngine>,
+        entry: &Entry,
+    ) -> Result<(u64, u64, Result<Applied>)> {
+        let cc = match entry.entry_type {
+            EntryType::EntryConfChange => ConfChange::parse_from_bytes(&entry.data).map(|c| {
+                let mut single = ConfChangeSingle::default();
+                single.set_change_type(c.get_change_type());
+                single.node_id = c.node_id;
+                let mut v2 = ConfChangeV2::default();
+                v2.set_changes(vec![single].into());
+                v2
+            }),
+            _ => ConfChangeV2::parse_from_bytes(&entry.data),
+        };
+        let (origin, id, record) = match decode_proposal(entry.context.clone()) {
+            Some((origin, id, Decoded::ConfRecord(r))) => (origin, id, Some(r)),
+            Some((origin, id, _)) => (origin, id, None),
+            None => (0, 0, None),
+        };
+        let cc = match cc {
+            Ok(cc) if !entry.data.is_empty() => cc,
+            _ => {
+                // An empty conf change (raft-rs' placeholder) changes nothing.
+                mvcc.apply_noop(entry.index)?;
+                return Ok((origin, id, Err(ServerError::Stopped)));
+            }
+        };
+        let cs = match raw.apply_conf_change(&cc) {
+            Ok(cs) => cs,
+            Err(e) => {
+                log(format_args!(
+                    "membership change at index {} refused by raft: {e}",
+                    entry.index
+                ));
+                mvcc.apply_noop(entry.index)?;
+                return Ok((origin, id, Err(ServerError::Raft(e))));
+            }
+        };
+        raw.store().wl().set_conf_state(cs.clone());
+        mvcc.put_meta(
+            entry.index,
+            CONF_META,
+            bytes::Bytes::from(raftlog::encode_snapshot_meta(0, &cs)),
+        )?;
+        let mut registry = self.registry.borrow_mut();
+        for change in cc.get_changes() {
+            let member = change.node_id;
+            match change.get_change_type() {
+                ConfChangeType::AddNode | ConfChangeType::AddLearnerNode => {
+                    let mut rec = record
+                        .clone()
+                        .filter(|r| r.id == member)
+                        .or_else(|| registry.get(member).cloned())
+                        .unwrap_or(MemberRecord {
+                            id: member,
+                            name: String::new(),
+                            peer_urls: Vec::new(),
+                            client_urls: Vec::new(),
+                            is_learner: false,
+                        });
+                    if let Some(known) = registry.get(member) {
+                        // A promotion keeps what the member published.
+                        rec.name = known.name.clone();
+                        rec.client_urls = known.client_urls.clone();
+                    }
+                    rec.is_learner = change.get_change_type() == ConfChangeType::AddLearnerNode;
+                    mvcc.put_meta(
+                        entry.index,
+                        &members::meta_name(member),
+                        bytes::Bytes::from(members::encode(&rec)),
+                    )?;
+                    connect_peer(&self.transport, &rec);
+                    registry.upsert(rec);
+                }
+                ConfChangeType::RemoveNode => {
+                    registry.remove(member);
+                    mvcc.delete_meta(entry.index, &members::meta_name(member))?;
+                    self.transport.remove_peer(member);
+                    if member == self.id {
+                        self.removed.set(true);
+                    }
+                }
+            }
+        }
+        self.solo
+            .set(cs.voters == [self.id] && cs.learners.is_empty());
+        self.learner.set(cs.learners.contains(&self.id));
+        log(format_args!(
+            "membership at index {}: voters {:x?}, learners {:x?}",
+            entry.index, cs.voters, cs.learners
+        ));
+        if self.removed.get() {
+            log(format_args!(
+                "this member ({:x}) was removed from the cluster; stopping",
+                self.id
+            ));
+            // Let the answer to the client go out first.
+            glommio::spawn_local(async {
+                glommio::timer::sleep(Duration::from_millis(500)).await;
+                std::process::exit(0);
+            })
+            .detach();
+        }
+        Ok((origin, id, Ok(Applied::Members(registry.all()))))
+    }
+
+    /// MemberAdd: a new voter or learner with these peer URLs; its ID is
+    /// derived as etcd's (peer URLs, cluster token and the current time).
+    pub async fn member_add(
+        &self,
+        peer_urls: Vec<String>,
+        is_learner: bool,
+    ) -> Result<(MemberRecord, Vec<MemberRecord>)> {
+        if peer_urls.is_empty()
+            || crate::config::parse_urls("peer-urls", &peer_urls.join(",")).is_err()
+        {
+            return Err(ServerError::Membership(
+                "etcdserver: given member URLs are invalid",
+            ));
+        }
+        let members = self.members();
+        if members
+            .iter()
+            .any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u)))
+        {
+            return Err(ServerError::Membership(
+                "etcdserver: Peer URLs already exists",
+            ));
+        }
+        if is_learner && members.iter().filter(|m| m.is_learner).count() >= MAX_LEARNERS {
+            return Err(ServerError::Membership(
+                "etcdserver: too many learner members in cluster",
+            ));
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let urls: Vec<&str> = peer_urls.iter().map(String::as_str).collect();
+        let id = crate::ids::member_id(&urls, &format!("{}{now}", self.cluster_token));
+        if members.iter().any(|m| m.id == id) {
+            return Err(ServerError::Membership(
+                "etcdserver: member ID already exist",
+            ));
+        }
+        let record = MemberRecord {
+            id,
+            name: String::new(),
+            peer_urls,
+            client_urls: Vec::new(),
+            is_learner,
+        };
+        let kind = if is_learner {
+            ConfChangeType::AddLearnerNode
+        } else {
+            ConfChangeType::AddNode
+        };
+        let all = self.change_membership(kind, &record).await?;
+        Ok((record, all))
+    }
+
+    /// MemberRemove.
+    pub async fn member_remove(&self, id: u64) -> Result<Vec<MemberRecord>> {
+        let record = self.known_member(id)?;
+        self.change_membership(ConfChangeType::RemoveNode, &record)
+            .await
+    }
+
+    /// MemberPromote: a learner becomes a voter once it has caught up (etcd's
+    /// rule: its log within 10% of the leader's). Decided on the leader.
+    pub async fn member_promote(&self, id: u64) -> Result<Vec<MemberRecord>> {
+        let record = self.known_member(id)?;
+        if !record.is_learner {
+            return Err(ServerError::Membership(
+                "etcdserver: can only promote a learner member",
+            ));
+        }
+        if !self.is_leader() {
+            return Err(ServerError::NotLeader);
+        }
+        let ready = {
+            let progress = self.progress.borrow();
+            let leader = progress.get(&self.id).copied().unwrap_or(0);
+            let learner = progress.get(&id).copied().unwrap_or(0);
+            learner as f64 >= leader as f64 * 0.9 && learner > 0
+        };
+        if !ready {
+            return Err(ServerError::Membership(
+                "etcdserver: can only promote a learner member which is in sync with leader",
+            ));
+        }
+        self.change_membership(ConfChangeType::AddNode, &record)
+            .await
+    }
+
+    /// MemberUpdate: new peer URLs (no Raft configuration change).
+    pub async fn member_update(
+        &self,
+        id: u64,
+        peer_urls: Vec<String>,
+    ) -> Result<Vec<MemberRecord>> {
+        let mut record = self.known_member(id)?;
+        if peer_urls.is_empty()
+            || crate::config::parse_urls("peer-urls", &peer_urls.join(",")).is_err()
+        {
+            return Err(ServerError::Membership(
+                "etcdserver: given member URLs are invalid",
+            ));
+        }
+        record.peer_urls = peer_urls;
+        match self
+            .propose(TAG_MEMBER_PEERS, &members::encode(&record))
+            .await?
+        {
+            Applied::Members(all) => Ok(all),
+            _ => Err(ServerError::Stopped),
+        }
+    }
+
+    /// MoveLeader: hands leadership to `target` and waits (bounded) until
+    /// it leads.
+    pub async fn move_leader(&self, target: u64) -> Result<()> {
+        if !self.is_leader() {
+            return Err(ServerError::NotLeader);
+        }
+        match self.registry.borrow().get(target) {
+            Some(m) if !m.is_learner => {}
+            _ => return Err(ServerError::Membership("etcdserver: bad leader transferee")),
+        }
+        if target == self.id {
+            return Ok(());
+        }
+        self.transfer_to.set(Some(target));
+        self.queue_ready.notify();
+        let deadline = Instant::now() + self.request_timeout;
+        while Instant::now() < deadline {
+            if self.status.get().leader == target {
+                return Ok(());
+            }
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+        Err(ServerError::Membership(
+            "etcdserver: request timed out, leader transfer took too long",
+        ))
+    }
+
+    fn known_member(&self, id: u64) -> Result<MemberRecord> {
+        self.registry
+            .borrow()
+            .get(id)
+            .cloned()
+            .ok_or(ServerError::Membership("etcdserver: member not found"))
+    }
+
+    async fn change_membership(
+        &self,
+        kind: ConfChangeType,
+        record: &MemberRecord,
+    ) -> Result<Vec<MemberRecord>> {
+        let mut single = ConfChangeSingle::default();
+        single.set_change_type(kind);
+        single.node_id = record.id;
+        let mut cc = ConfChangeV2::default();
+        cc.set_changes(vec![single].into());
+        match self
+            .propose_with(TAG_CONF_RECORD, &members::encode(record), Some(cc))
+            .await?
+        {
+            Applied::Members(all) => Ok(all),
+            _ => Err(ServerError::Stopped),
+        }
     }
 
     /// Data directories (for tests and tooling).
@@ -1365,5 +1863,16 @@ async fn publish_attributes(node: Rc<Node>) {
             }
         }
         glommio::timer::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Points the transport at a member's peer URLs (not at this member).
+fn connect_peer(transport: &Rc<Transport>, member: &MemberRecord) {
+    if member.peer_urls.is_empty() {
+        return;
+    }
+    match crate::config::parse_urls("peer-urls", &member.peer_urls.join(",")) {
+        Ok(addrs) => transport.add_peer(member.id, addrs),
+        Err(e) => log(format_args!("member {:x}: {e}", member.id)),
     }
 }

@@ -24,6 +24,7 @@ use glommio::net::{TcpListener, TcpStream};
 use protobuf::Message as _;
 use raft::eraftpb::Message;
 
+use crate::members::MemberRecord;
 use crate::notify::Notify;
 
 const MAGIC: &[u8; 8] = b"metcdpr1";
@@ -31,6 +32,9 @@ const HELLO_BYTES: usize = 32;
 const ACCEPTED: u8 = 0;
 const WRONG_CLUSTER: u8 = 1;
 const WRONG_MEMBER: u8 = 2;
+/// Answer to a probe (cluster 0, member 0): followed by the cluster ID and
+/// the members (`len u32 | JSON`).
+const PROBED: u8 = 3;
 /// Largest frame accepted: a full append of max_size_per_msg plus slack.
 const MAX_FRAME_BYTES: usize = 256 << 20;
 /// Messages queued for an unreachable peer beyond this are dropped (Raft
@@ -42,6 +46,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Where messages received from peers go (the Raft loop's inbox).
 pub type Deliver = Rc<dyn Fn(Message)>;
+/// The current members, for a joining member's probe.
+pub type Roster = Rc<dyn Fn() -> Vec<MemberRecord>>;
 
 fn log(msg: std::fmt::Arguments<'_>) {
     eprintln!("metcd: peer: {msg}");
@@ -239,12 +245,49 @@ fn encode_frame(m: &Message, buf: &mut Vec<u8>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Asks the members at `addrs` for their cluster ID and members (blocking;
+/// used once, before the executors start, by a member joining a running
+/// cluster).
+pub fn probe_cluster(addrs: &[SocketAddr], limit: Duration) -> Option<(u64, Vec<MemberRecord>)> {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        for addr in addrs {
+            let Ok(mut s) = std::net::TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) else {
+                continue;
+            };
+            let _ = s.set_read_timeout(Some(CONNECT_TIMEOUT));
+            let mut hello = Vec::with_capacity(HELLO_BYTES);
+            hello.extend_from_slice(MAGIC);
+            hello.extend_from_slice(&[0u8; 24]);
+            let mut answer = [0u8; 13];
+            if s.write_all(&hello).is_ok()
+                && s.read_exact(&mut answer).is_ok()
+                && answer[0] == PROBED
+            {
+                let mut id = [0u8; 8];
+                id.copy_from_slice(&answer[1..9]);
+                let len = u32::from_le_bytes([answer[9], answer[10], answer[11], answer[12]]);
+                let mut body = vec![0u8; (len as usize).min(MAX_FRAME_BYTES)];
+                if s.read_exact(&mut body).is_err() {
+                    continue;
+                }
+                let members = serde_json::from_slice(&body).unwrap_or_default();
+                return Some((u64::from_le_bytes(id), members));
+            }
+        }
+        std::thread::sleep(BACKOFF_MAX / 4);
+    }
+    None
+}
+
 /// Accepts peer connections on `addr` and hands every message to `deliver`.
 pub fn listen(
     addr: SocketAddr,
     self_id: u64,
     cluster_id: u64,
     deliver: Deliver,
+    roster: Roster,
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr)?;
     glommio::spawn_local(async move {
@@ -252,8 +295,10 @@ pub fn listen(
             match listener.accept().await {
                 Ok(stream) => {
                     let deliver = deliver.clone();
+                    let roster = roster.clone();
                     glommio::spawn_local(async move {
-                        if let Err(e) = receive(stream, self_id, cluster_id, deliver).await {
+                        if let Err(e) = receive(stream, self_id, cluster_id, deliver, roster).await
+                        {
                             if e.kind() != std::io::ErrorKind::UnexpectedEof {
                                 log(format_args!("inbound connection: {e}"));
                             }
@@ -277,6 +322,7 @@ async fn receive(
     self_id: u64,
     cluster_id: u64,
     deliver: Deliver,
+    roster: Roster,
 ) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
     let mut stream = futures_lite::io::BufReader::with_capacity(256 << 10, stream);
@@ -291,6 +337,16 @@ async fn receive(
         return Err(std::io::Error::other("not a metcd peer (bad hello)"));
     }
     let (their_cluster, from, to) = (field(8), field(16), field(24));
+    if their_cluster == 0 && to == 0 {
+        // A joining member asks which cluster it is joining.
+        let members = serde_json::to_vec(&roster()).unwrap_or_default();
+        let mut answer = vec![PROBED];
+        answer.extend_from_slice(&cluster_id.to_le_bytes());
+        answer.extend_from_slice(&(members.len() as u32).to_le_bytes());
+        answer.extend_from_slice(&members);
+        stream.get_mut().write_all(&answer).await?;
+        return Ok(());
+    }
     let verdict = if their_cluster != cluster_id {
         WRONG_CLUSTER
     } else if to != self_id {

@@ -57,6 +57,17 @@ pub enum Command {
     Leases,
     Status,
     Members,
+    MemberAdd {
+        peer_urls: Vec<String>,
+        is_learner: bool,
+    },
+    MemberRemove(u64),
+    MemberPromote(u64),
+    MemberUpdate {
+        id: u64,
+        peer_urls: Vec<String>,
+    },
+    MoveLeader(u64),
 }
 
 /// The owner's answer; `term` is the Raft term when it was produced (for
@@ -83,8 +94,18 @@ pub enum Reply {
         db_size: u64,
     },
     Members(Vec<crate::members::MemberRecord>, u64),
+    /// A membership change: the member added (MemberAdd) and all members.
+    MemberChange(Result<MemberChange>, u64),
+    MoveLeader(Result<()>, u64),
     /// A command refused before it ran (e.g. a lease query on a follower).
     Failed(ServerError),
+}
+
+/// What a membership change answers.
+#[derive(Debug)]
+pub struct MemberChange {
+    pub added: Option<crate::members::MemberRecord>,
+    pub members: Vec<crate::members::MemberRecord>,
 }
 
 /// Answers of the leader-local lease queries.
@@ -95,6 +116,14 @@ pub enum LeaseInfo {
     /// (remaining, granted, keys), `None` for an unknown lease.
     TimeToLive(Option<(i64, i64, Vec<bytes::Bytes>)>),
     List(Vec<i64>),
+}
+
+fn member_change(node: &Node, result: Result<Vec<crate::members::MemberRecord>>) -> Reply {
+    let result = result.map(|members| MemberChange {
+        added: None,
+        members,
+    });
+    Reply::MemberChange(result, node.status().term)
 }
 
 fn lease_reply(node: &Node, info: LeaseInfo) -> Reply {
@@ -178,6 +207,28 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             node.status().term,
         ),
         Command::Members => Reply::Members(node.members(), node.status().term),
+        Command::MemberAdd {
+            peer_urls,
+            is_learner,
+        } => {
+            let result = node
+                .member_add(peer_urls, is_learner)
+                .await
+                .map(|(added, members)| MemberChange {
+                    added: Some(added),
+                    members,
+                });
+            Reply::MemberChange(result, node.status().term)
+        }
+        Command::MemberRemove(id) => member_change(node, node.member_remove(id).await),
+        Command::MemberPromote(id) => member_change(node, node.member_promote(id).await),
+        Command::MemberUpdate { id, peer_urls } => {
+            member_change(node, node.member_update(id, peer_urls).await)
+        }
+        Command::MoveLeader(target) => {
+            let result = node.move_leader(target).await;
+            Reply::MoveLeader(result, node.status().term)
+        }
         Command::Status => Reply::Status {
             status: node.status(),
             healthy: node.is_healthy(),
@@ -280,18 +331,19 @@ pub fn run(cfg: Config) -> Result<()> {
     for addr in addrs.iter().chain(&grpc_addrs) {
         probe_port(*addr)?;
     }
+    let _lock = crate::node::lock_data_dir(&cfg.data_dir())?;
+    let (cluster_id, member_id) = crate::node::resolve_identity(&cfg)?;
     let listeners = Listeners {
         http: addrs.clone(),
         grpc: grpc_addrs.clone(),
         http_limits: HttpLimits {
             max_request_bytes: cfg.max_request_bytes,
         },
-        member: member_info(&cfg),
+        member: member_info(&cfg, cluster_id, member_id),
         // etcd accepts gRPC messages up to --max-request-bytes plus 512 KiB
         // of overhead, then checks the request itself against the limit.
         max_grpc_message_bytes: cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
     };
-    let _lock = crate::node::lock_data_dir(&cfg.data_dir())?;
     let cpus = glommio::CpuSet::online().map(|s| s.len()).unwrap_or(1);
     let mut owner_side = Vec::new();
     let mut remote_side = Vec::new();
@@ -443,7 +495,7 @@ impl Listeners {
     }
 }
 
-fn member_info(cfg: &Config) -> MemberInfo {
+fn member_info(cfg: &Config, cluster_id: u64, member_id: u64) -> MemberInfo {
     let split = |s: &str| -> Vec<String> {
         s.split(',')
             .map(str::trim)
@@ -451,14 +503,9 @@ fn member_info(cfg: &Config) -> MemberInfo {
             .map(String::from)
             .collect()
     };
-    let member_id = cfg.member_id();
-    let all_ids: Vec<u64> = cfg
-        .initial_members()
-        .map(|ms| ms.iter().map(|m| m.id).collect())
-        .unwrap_or_else(|_| vec![member_id]);
     MemberInfo {
         name: cfg.name.clone(),
-        cluster_id: crate::ids::cluster_id(&all_ids),
+        cluster_id,
         member_id,
         peer_urls: split(&cfg.initial_advertise_peer_urls),
         client_urls: split(

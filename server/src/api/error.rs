@@ -11,6 +11,7 @@ use crate::mvcc::MvccError;
 pub enum GrpcCode {
     Unknown = 2,
     InvalidArgument = 3,
+    DeadlineExceeded = 4,
     NotFound = 5,
     ResourceExhausted = 8,
     FailedPrecondition = 9,
@@ -48,8 +49,21 @@ pub fn to_wire(e: &ServerError) -> WireError {
         | ServerError::NoLeader
         | ServerError::Timeout
         | ServerError::LeaderChanged
-        | ServerError::NotLeader => (Unavailable, 503, e.to_string()),
+        | ServerError::NotLeader
+        | ServerError::NotSupportedForLearner => (Unavailable, 503, e.to_string()),
         ServerError::BadRequest(_) => (InvalidArgument, 400, e.to_string()),
+        ServerError::Membership(m) => {
+            let code = if m.contains("not found") {
+                NotFound
+            } else if m.contains("invalid") {
+                InvalidArgument
+            } else if m.contains("timed out") {
+                DeadlineExceeded
+            } else {
+                FailedPrecondition
+            };
+            (code, 409, e.to_string())
+        }
         _ => (Unknown, 500, e.to_string()),
     };
     WireError {

@@ -14,7 +14,8 @@ const ELECTION_TIMEOUT_MS: u64 = 1000;
 
 struct Cluster {
     members: Vec<Server>,
-    _dir: tempfile::TempDir,
+    initial: String,
+    dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -58,7 +59,11 @@ impl Cluster {
         for m in &mut members {
             m.wait_healthy();
         }
-        Cluster { members, _dir: dir }
+        Cluster {
+            members,
+            initial,
+            dir,
+        }
     }
 }
 
@@ -394,4 +399,216 @@ fn etcdctl_sees_every_member() {
         "leader {} not among {ids:?}",
         leaders[0]
     );
+}
+
+fn cluster_flags(name: &str, peer_url: &str, initial: &str, state: &str) -> Vec<String> {
+    [
+        "--name",
+        name,
+        "--initial-advertise-peer-urls",
+        peer_url,
+        "--initial-cluster",
+        initial,
+        "--initial-cluster-state",
+        state,
+        "--initial-cluster-token",
+        "test-cluster",
+        "--heartbeat-interval",
+        "100",
+        "--election-timeout",
+        "1000",
+        "--shards",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn ctl(ep: &str, args: &[&str]) -> (bool, String) {
+    let out = crate::etcd_peer::etcdctl(ep, args);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// (member id, leader id) as `etcdctl endpoint status -w json` reports them.
+fn ctl_status(ep: &str) -> Option<(u64, u64)> {
+    let out = crate::etcd_peer::etcdctl(ep, &["endpoint", "status", "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let st = &v.as_array()?.first()?["Status"];
+    Some((
+        st["header"]["member_id"].as_u64()?,
+        st["leader"].as_u64().unwrap_or(0),
+    ))
+}
+
+/// Seed 003's learner flow, with etcdctl: add a learner, start it, it gets
+/// the data but refuses writes and linearizable reads, promote it, remove
+/// another member (which stops), move the leadership to the new member.
+#[test]
+fn learner_added_promoted_and_member_removed_with_etcdctl() {
+    crate::etcd_peer::require_etcd();
+    let mut cluster = Cluster::start(3);
+    let eps: Vec<String> = cluster
+        .members
+        .iter()
+        .map(|m| m.client_endpoint())
+        .collect();
+    for i in 0..20 {
+        let (ok, text) = ctl(&eps[0], &["put", &format!("k{i:02}"), &format!("v{i}")]);
+        assert!(ok, "{text}");
+    }
+    let leader_ep = |eps: &[String]| -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            for ep in eps {
+                if let Some((me, leader)) = ctl_status(ep) {
+                    if me == leader {
+                        return ep.clone();
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader among {eps:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let leader = leader_ep(&eps);
+
+    // Add n4 as a learner; etcdctl prints what to start it with.
+    let peer4 = format!("http://127.0.0.1:{}", free_port());
+    let (ok, text) = ctl(
+        &leader,
+        &[
+            "member",
+            "add",
+            "n4",
+            "--learner",
+            &format!("--peer-urls={peer4}"),
+        ],
+    );
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\""),
+        "{text}"
+    );
+    let initial4 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ETCD_INITIAL_CLUSTER="))
+        .unwrap()
+        .trim_matches('"')
+        .to_string();
+    assert!(initial4.contains(&format!("n4={peer4}")), "{initial4}");
+    for part in cluster.initial.split(',') {
+        assert!(initial4.contains(part), "{part} missing from {initial4}");
+    }
+    let (_, list) = ctl(&leader, &["member", "list"]);
+    assert!(
+        list.contains(&format!(", unstarted, , {peer4}, , true")),
+        "{list}"
+    );
+
+    let flags = cluster_flags("n4", &peer4, &initial4, "existing");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut n4 = Server::start_unchecked(&cluster.dir.path().join("n4"), &flags);
+    n4.wait_healthy();
+    let ep4 = n4.client_endpoint();
+    // The learner receives the data (bounded wait) ...
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, text) = ctl(&ep4, &["get", "k19", "--consistency=s"]);
+        if ok && text == "k19\nv19\n" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "learner never got the data: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // ... but refuses what needs a voter, with etcd's error.
+    for args in [&["put", "x", "y"][..], &["get", "k19"][..]] {
+        let (ok, text) = ctl(&ep4, args);
+        assert!(!ok, "{args:?} succeeded on a learner");
+        assert!(
+            text.contains("Error: etcdserver: rpc not supported for learner"),
+            "{text}"
+        );
+    }
+    let (_, list) = ctl(&leader, &["member", "list"]);
+    let line4 = list
+        .lines()
+        .find(|l| l.contains(", n4, "))
+        .unwrap()
+        .to_string();
+    assert!(line4.ends_with(", true"), "{line4}");
+    let id4 = line4.split(',').next().unwrap().to_string();
+
+    // Promote (retried while the leader says it is not in sync yet).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, text) = ctl(&leader, &["member", "promote", &id4]);
+        if ok {
+            assert!(
+                text.contains(&format!("Member {id4} promoted in cluster")),
+                "{text}"
+            );
+            break;
+        }
+        assert!(text.contains("in sync with leader"), "{text}");
+        assert!(
+            Instant::now() < deadline,
+            "promotion never accepted: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (ok, text) = ctl(&ep4, &["put", "x", "from-n4"]);
+    assert!(ok, "{text}");
+    let (ok, text) = ctl(&leader, &["member", "promote", &id4]);
+    assert!(
+        !ok && text.contains("etcdserver: can only promote a learner member"),
+        "{text}"
+    );
+
+    // Remove a member that is not the leader: it stops by itself.
+    let victim = (0..3).find(|i| eps[*i] != leader).unwrap();
+    let (victim_id, _) = ctl_status(&eps[victim]).unwrap();
+    let (ok, text) = ctl(&leader, &["member", "remove", &format!("{victim_id:x}")]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains(&format!("Member {victim_id:x} removed from cluster")),
+        "{text}"
+    );
+    let status = cluster.members[victim].wait_exit(Duration::from_secs(20));
+    assert!(status.is_some(), "a removed member kept running");
+    assert!(cluster.members[victim]
+        .log_text()
+        .contains("was removed from the cluster"));
+    let (ok, text) = ctl(&leader, &["member", "remove", &format!("{victim_id:x}")]);
+    assert!(
+        !ok && text.contains("etcdserver: member not found"),
+        "{text}"
+    );
+
+    // Three voters remain, n4 among them, and they all serve.
+    let (_, list) = ctl(&leader, &["member", "list"]);
+    assert_eq!(list.lines().count(), 3, "{list}");
+    assert!(list.lines().all(|l| l.ends_with(", false")), "{list}");
+    assert!(list.contains(", n4, "), "{list}");
+    let live: Vec<String> = (0..3)
+        .filter(|i| *i != victim)
+        .map(|i| eps[i].clone())
+        .chain([ep4.clone()])
+        .collect();
+    for ep in &live {
+        let (ok, text) = ctl(ep, &["get", "x"]);
+        assert!(ok && text == "x\nfrom-n4\n", "{ep}: {text}");
+    }
+
+    // Hand the leadership to n4.
+    let (ok, text) = ctl(&leader, &["move-leader", &id4]);
+    assert!(ok, "{text}");
+    assert!(text.contains(&format!("to {id4}")), "{text}");
+    assert_eq!(leader_ep(&live), ep4);
+    cluster.members.push(n4);
 }

@@ -553,6 +553,19 @@ impl pb::lease_server::Lease for LeaseService {
 
 pub struct ClusterService(Shared);
 
+impl ClusterService {
+    async fn change(
+        &self,
+        cmd: Command,
+    ) -> Result<(crate::shard::MemberChange, Option<pb::ResponseHeader>), Status> {
+        match self.0.call(cmd).await {
+            Reply::MemberChange(Ok(change), term) => Ok((change, self.0.header(term).header(0))),
+            Reply::MemberChange(Err(e), _) | Reply::Failed(e) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+}
+
 fn member_pb(m: crate::members::MemberRecord) -> pb::Member {
     pb::Member {
         id: m.id,
@@ -567,23 +580,50 @@ fn member_pb(m: crate::members::MemberRecord) -> pb::Member {
 impl pb::cluster_server::Cluster for ClusterService {
     async fn member_add(
         &self,
-        _: Request<pb::MemberAddRequest>,
+        request: Request<pb::MemberAddRequest>,
     ) -> Result<Response<pb::MemberAddResponse>, Status> {
-        Err(not_yet("MemberAdd (multi-member clusters)"))
+        let r = request.into_inner();
+        let (change, header) = self
+            .change(Command::MemberAdd {
+                peer_urls: r.peer_ur_ls,
+                is_learner: r.is_learner,
+            })
+            .await?;
+        Ok(Response::new(pb::MemberAddResponse {
+            header,
+            member: change.added.map(member_pb),
+            members: change.members.into_iter().map(member_pb).collect(),
+        }))
     }
 
     async fn member_remove(
         &self,
-        _: Request<pb::MemberRemoveRequest>,
+        request: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
-        Err(not_yet("MemberRemove (multi-member clusters)"))
+        let (change, header) = self
+            .change(Command::MemberRemove(request.into_inner().id))
+            .await?;
+        Ok(Response::new(pb::MemberRemoveResponse {
+            header,
+            members: change.members.into_iter().map(member_pb).collect(),
+        }))
     }
 
     async fn member_update(
         &self,
-        _: Request<pb::MemberUpdateRequest>,
+        request: Request<pb::MemberUpdateRequest>,
     ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
-        Err(not_yet("MemberUpdate (multi-member clusters)"))
+        let r = request.into_inner();
+        let (change, header) = self
+            .change(Command::MemberUpdate {
+                id: r.id,
+                peer_urls: r.peer_ur_ls,
+            })
+            .await?;
+        Ok(Response::new(pb::MemberUpdateResponse {
+            header,
+            members: change.members.into_iter().map(member_pb).collect(),
+        }))
     }
 
     async fn member_list(
@@ -602,9 +642,15 @@ impl pb::cluster_server::Cluster for ClusterService {
 
     async fn member_promote(
         &self,
-        _: Request<pb::MemberPromoteRequest>,
+        request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
-        Err(not_yet("MemberPromote (multi-member clusters)"))
+        let (change, header) = self
+            .change(Command::MemberPromote(request.into_inner().id))
+            .await?;
+        Ok(Response::new(pb::MemberPromoteResponse {
+            header,
+            members: change.members.into_iter().map(member_pb).collect(),
+        }))
     }
 }
 
@@ -651,7 +697,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
             raft_applied_index: status.applied_index,
             errors: Vec::new(),
             db_size_in_use: db_size,
-            is_learner: false,
+            is_learner: status.is_learner,
         }))
     }
 
@@ -723,9 +769,16 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn move_leader(
         &self,
-        _: Request<pb::MoveLeaderRequest>,
+        request: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
-        Err(not_yet("MoveLeader (multi-member clusters)"))
+        let target = request.into_inner().target_id;
+        match self.0.call(Command::MoveLeader(target)).await {
+            Reply::MoveLeader(Ok(()), term) => Ok(Response::new(pb::MoveLeaderResponse {
+                header: self.0.header(term).header(0),
+            })),
+            Reply::MoveLeader(Err(e), _) | Reply::Failed(e) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
     }
 
     async fn downgrade(
