@@ -129,9 +129,10 @@ pub struct Recovered {
 impl Recovered {
     /// Index of the last entry, or of the snapshot marker if no entry follows it.
     pub fn last_index(&self) -> u64 {
+        let snapshot = self.snapshot.as_ref().map_or(0, |(index, _)| *index);
         match self.entries.last() {
-            Some((index, _)) => *index,
-            None => self.snapshot.as_ref().map_or(0, |(index, _)| *index),
+            Some((index, _)) => (*index).max(snapshot),
+            None => snapshot,
         }
     }
 }
@@ -421,6 +422,12 @@ fn apply_records(
             KIND_SNAPSHOT => {
                 let newer = out.snapshot.as_ref().is_none_or(|(i, _)| index >= *i);
                 if newer {
+                    // A snapshot installed from a leader can be ahead of the
+                    // whole log: every entry is then covered by it, and the
+                    // log continues at index + 1.
+                    if out.entries.last().is_some_and(|(last, _)| *last < index) {
+                        out.entries.clear();
+                    }
                     out.snapshot = Some((index, data));
                 }
             }
@@ -555,6 +562,8 @@ impl Wal {
     pub fn append_snapshot(&mut self, index: u64, meta: &[u8]) {
         encode_record(&mut self.pending, KIND_SNAPSHOT, index, meta);
         self.last_snapshot = Some((index, Bytes::copy_from_slice(meta)));
+        // A snapshot from the leader may be ahead of this log.
+        self.last_index = self.last_index.max(index);
     }
 
     /// Bytes queued for the next sync.

@@ -80,6 +80,9 @@ pub struct Config {
     /// How often watchers that asked for progress notifications get one
     /// (a duration such as `10m`, `5s`; `0s` disables). etcd's default: 10m.
     pub experimental_watch_progress_notify_interval: String,
+    /// Test-only: a file of member IDs whose peer traffic is dropped (see
+    /// `peer::Faults`). Never set in production.
+    pub experimental_peer_fault_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -113,6 +116,7 @@ impl Default for Config {
             spin_before_park_us: 0,
             quota_backend_bytes: 2 << 30,
             experimental_watch_progress_notify_interval: "10m".into(),
+            experimental_peer_fault_file: None,
         }
     }
 }
@@ -186,6 +190,8 @@ pub struct Flags {
     pub quota_backend_bytes: Option<u64>,
     #[arg(long)]
     pub experimental_watch_progress_notify_interval: Option<String>,
+    #[arg(long, hide = true)]
+    pub experimental_peer_fault_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -235,6 +241,9 @@ impl Config {
         }
         if let Some(urls) = flags.advertise_client_urls.take() {
             cfg.advertise_client_urls = Some(urls);
+        }
+        if let Some(path) = flags.experimental_peer_fault_file.take() {
+            cfg.experimental_peer_fault_file = Some(path);
         }
         if let Some(urls) = flags.listen_peer_urls.take() {
             cfg.listen_peer_urls = Some(urls);

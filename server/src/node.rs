@@ -574,7 +574,8 @@ impl Node {
             .map_err(|e| ServerError::Startup(e.to_string()))?;
         // Always there (idle without peers), so a member added later is
         // reachable; inbound needs --listen-peer-urls on a single member.
-        let transport = Transport::new(id, cluster_id);
+        let faults = peer::Faults::new(cfg.experimental_peer_fault_file.clone());
+        let transport = Transport::new(id, cluster_id, faults.clone());
         for m in registry.all() {
             connect_peer(&transport, &m);
         }
@@ -641,7 +642,7 @@ impl Node {
                     .map(|node| node.members())
                     .unwrap_or_default()
             });
-            peer::listen(addr, id, cluster_id, deliver, roster).map_err(|e| {
+            peer::listen(addr, id, cluster_id, deliver, roster, faults.clone()).map_err(|e| {
                 ServerError::Startup(format!("cannot listen for peers on {addr}: {e}"))
             })?;
         }

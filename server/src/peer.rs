@@ -44,6 +44,51 @@ const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_millis(1000);
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Test-only fault injection (`--experimental-peer-fault-file`): the file
+/// lists member IDs (hex, one per line) whose traffic this member drops in
+/// both directions, re-read every 100 ms. A partition is every member's
+/// file naming the members across the cut.
+#[derive(Default)]
+pub struct Faults {
+    path: Option<std::path::PathBuf>,
+    blocked: RefCell<std::collections::HashSet<u64>>,
+}
+
+impl Faults {
+    pub fn new(path: Option<std::path::PathBuf>) -> Rc<Faults> {
+        let faults = Rc::new(Faults {
+            path,
+            blocked: RefCell::new(Default::default()),
+        });
+        if faults.path.is_some() {
+            let watched = faults.clone();
+            glommio::spawn_local(async move {
+                loop {
+                    watched.reload();
+                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .detach();
+        }
+        faults
+    }
+
+    fn reload(&self) {
+        let Some(path) = &self.path else {
+            return;
+        };
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        *self.blocked.borrow_mut() = text
+            .split_whitespace()
+            .filter_map(|t| u64::from_str_radix(t, 16).ok())
+            .collect();
+    }
+
+    pub fn blocks(&self, peer: u64) -> bool {
+        self.path.is_some() && self.blocked.borrow().contains(&peer)
+    }
+}
+
 /// Where messages received from peers go (the Raft loop's inbox).
 pub type Deliver = Rc<dyn Fn(Message)>;
 /// The current members, for a joining member's probe.
@@ -65,15 +110,17 @@ struct Link {
 pub struct Transport {
     self_id: u64,
     cluster_id: u64,
+    faults: Rc<Faults>,
     links: RefCell<HashMap<u64, Rc<Link>>>,
     unreachable: RefCell<Vec<u64>>,
 }
 
 impl Transport {
-    pub fn new(self_id: u64, cluster_id: u64) -> Rc<Transport> {
+    pub fn new(self_id: u64, cluster_id: u64, faults: Rc<Faults>) -> Rc<Transport> {
         Rc::new(Transport {
             self_id,
             cluster_id,
+            faults,
             links: RefCell::new(HashMap::new()),
             unreachable: RefCell::new(Vec::new()),
         })
@@ -113,6 +160,9 @@ impl Transport {
             let Some(link) = links.get(&m.to) else {
                 continue;
             };
+            if self.faults.blocks(m.to) {
+                continue;
+            }
             let mut queue = link.queue.borrow_mut();
             if queue.len() < MAX_QUEUED {
                 queue.push(m);
@@ -288,6 +338,7 @@ pub fn listen(
     cluster_id: u64,
     deliver: Deliver,
     roster: Roster,
+    faults: Rc<Faults>,
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr)?;
     glommio::spawn_local(async move {
@@ -296,7 +347,13 @@ pub fn listen(
                 Ok(stream) => {
                     let deliver = deliver.clone();
                     let roster = roster.clone();
+                    let faults = faults.clone();
                     glommio::spawn_local(async move {
+                        let deliver: Deliver = Rc::new(move |m: Message| {
+                            if !faults.blocks(m.from) {
+                                deliver(m);
+                            }
+                        });
                         if let Err(e) = receive(stream, self_id, cluster_id, deliver, roster).await
                         {
                             if e.kind() != std::io::ErrorKind::UnexpectedEof {

@@ -128,6 +128,38 @@ fn fdatasync_mode_survives_reopen_too() {
     assert!(recovered.segments.len() > 1);
 }
 
+/// A follower that installs a leader's snapshot ahead of its own log
+/// records the marker past its last entry; the log then continues after
+/// the snapshot, across a reopen.
+#[test]
+fn snapshot_marker_ahead_of_the_log_restarts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let last = write_batches(dir.path(), WalOptions::default(), 1, 5);
+    assert_eq!(last, 5);
+    let d = dir.path().to_path_buf();
+    run_async(move || async move {
+        let recovered = wal::recover(&d).unwrap();
+        let mut w = Wal::open(&d, WalOptions::default(), &recovered)
+            .await
+            .unwrap();
+        w.append_snapshot(100, b"meta-100");
+        w.sync().await.unwrap();
+        assert_eq!(w.last_index(), 100);
+        w.close().await.unwrap();
+    });
+    let recovered = wal::recover(dir.path()).unwrap();
+    assert_eq!(recovered.last_index(), 100);
+    assert!(
+        recovered.entries.is_empty(),
+        "entries below the snapshot are covered"
+    );
+    let last = write_batches(dir.path(), WalOptions::default(), 2, 3);
+    assert_eq!(last, 106);
+    let recovered = wal::recover(dir.path()).unwrap();
+    assert_entries(&recovered, 101, 106);
+    assert_eq!(recovered.snapshot.as_ref().map(|(i, _)| *i), Some(100));
+}
+
 #[test]
 fn torn_tail_is_truncated_and_earlier_frames_kept() {
     let dir = tempfile::tempdir().unwrap();

@@ -35,6 +35,8 @@ impl Cluster {
             .map(|(i, p)| {
                 let name = format!("n{}", i + 1);
                 let peer_url = format!("http://127.0.0.1:{p}");
+                let faults = dir.path().join(format!("{name}.faults"));
+                let faults = faults.to_str().unwrap().to_string();
                 Server::start_unchecked(
                     &dir.path().join(&name),
                     &[
@@ -52,6 +54,8 @@ impl Cluster {
                         &election,
                         "--shards",
                         "1",
+                        "--experimental-peer-fault-file",
+                        &faults,
                     ],
                 )
             })
@@ -611,4 +615,140 @@ fn learner_added_promoted_and_member_removed_with_etcdctl() {
     assert!(text.contains(&format!("to {id4}")), "{text}");
     assert_eq!(leader_ep(&live), ep4);
     cluster.members.push(n4);
+}
+
+impl Cluster {
+    /// Cuts member `i` off from every other member (both directions), or
+    /// heals every cut with `None`.
+    fn isolate(&self, i: Option<usize>, ids: &[u64]) {
+        for (j, _) in self.members.iter().enumerate() {
+            let blocked: Vec<String> = match i {
+                Some(i) if i == j => ids
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, _)| *k != i)
+                    .map(|(_, id)| format!("{id:x}"))
+                    .collect(),
+                Some(i) => vec![format!("{:x}", ids[i])],
+                None => Vec::new(),
+            };
+            let path = self.dir.path().join(format!("n{}.faults", j + 1));
+            std::fs::write(path, blocked.join("\n")).unwrap();
+        }
+    }
+}
+
+/// A partition (the transport's fault injection, both directions): the
+/// isolated leader steps down and cannot commit, the majority elects a
+/// leader and keeps serving, and after healing every member converges on
+/// the same log (same revision, same KV hash).
+#[test]
+fn partitioned_leader_steps_down_and_logs_converge_after_healing() {
+    let cluster = Cluster::start(3);
+    runtime().block_on(async {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for (i, m) in cluster.members.iter().enumerate() {
+            let mut c = connect(m).await;
+            let st = within("status", c.status()).await.unwrap();
+            let me = st.header().unwrap().member_id();
+            if st.leader() == me {
+                leader = Some(i);
+            }
+            ids.push(me);
+        }
+        let old = leader.expect("no leader");
+        let mut c_old = connect(&cluster.members[old]).await;
+        for i in 0..10 {
+            within("put", c_old.put(format!("before/{i}"), "v", None))
+                .await
+                .unwrap();
+        }
+
+        cluster.isolate(Some(old), &ids);
+        // The isolated leader notices it lost its quorum (check-quorum).
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (lead, _) = status(&cluster.members[old]).await.unwrap();
+            if lead != ids[old] {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the isolated leader never stepped down"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // It cannot commit anything.
+        let put = tokio::time::timeout(
+            Duration::from_secs(3),
+            c_old.put("isolated", "never-acknowledged", None),
+        )
+        .await;
+        assert!(
+            !matches!(put, Ok(Ok(_))),
+            "the isolated member acknowledged a write"
+        );
+
+        // The majority elects a leader among themselves and serves.
+        let majority: Vec<usize> = (0..3).filter(|i| *i != old).collect();
+        let mut c_new = connect(&cluster.members[majority[0]]).await;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut acked = 0;
+        while acked < 20 {
+            assert!(
+                Instant::now() < deadline,
+                "the majority never served writes"
+            );
+            match tokio::time::timeout(
+                Duration::from_secs(1),
+                c_new.put(format!("during/{acked}"), "v", None),
+            )
+            .await
+            {
+                Ok(Ok(_)) => acked += 1,
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        let (lead, _) = status(&cluster.members[majority[1]]).await.unwrap();
+        assert!(lead != 0 && lead != ids[old], "majority leader {lead:x}");
+
+        // Heal: the old leader follows the new one and catches up.
+        cluster.isolate(None, &ids);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let revision = loop {
+            let mut revs = Vec::new();
+            for m in &cluster.members {
+                revs.push(status(m).await.map(|s| s.1));
+            }
+            if let Some(Some(r)) = revs.first() {
+                if revs.iter().all(|x| *x == Some(*r)) {
+                    break *r;
+                }
+            }
+            assert!(Instant::now() < deadline, "logs never converged: {revs:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let mut hashes = Vec::new();
+        for m in &cluster.members {
+            let mut c = connect(m).await;
+            hashes.push(within("hashkv", c.hash_kv(revision)).await.unwrap().hash());
+        }
+        assert!(hashes.iter().all(|h| *h == hashes[0]), "{hashes:?}");
+        let mut c = connect(&cluster.members[old]).await;
+        let got = within(
+            "get during",
+            c.get(
+                "during/",
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            got.count(),
+            20,
+            "the healed member misses the majority's writes"
+        );
+    });
 }
