@@ -583,6 +583,34 @@ impl MemoryEngine {
         Ok(index)
     }
 
+    /// Adopts a complete snapshot file received from elsewhere (a Raft
+    /// leader): verifies it, makes it `dir`'s newest snapshot durably and
+    /// returns an engine holding exactly its state. Older snapshot files in
+    /// `dir` are deleted. The caller swaps the returned engine in for the
+    /// old one; the old one is not modified.
+    pub async fn install_snapshot_file(dir: &Path, file: &Path) -> Result<MemoryEngine> {
+        let data = snapfile::read(file)?;
+        let index = data.applied_index;
+        let final_path = dir.join(snapshot_name(index));
+        glommio::io::rename(file, &final_path)
+            .await
+            .map_err(|e| Error::glommio("rename received snapshot into place", &final_path, e))?;
+        sync_dir(dir).await?;
+        if let Ok(files) = list_dir(dir) {
+            for (file_name, path) in files {
+                if parse_snapshot_name(&file_name).is_some_and(|other| other != index) {
+                    let _ = glommio::io::remove(&path).await;
+                }
+            }
+        }
+        let engine = MemoryEngine::from_snapshot_data(data);
+        engine
+            .inner
+            .durable_applied_index
+            .store(index, Ordering::Release);
+        Ok(engine)
+    }
+
     /// Number of live (non-deleted) keys in the latest state.
     pub fn len_hint(&self) -> usize {
         self.inner.live_keys.load(Ordering::Relaxed)

@@ -83,6 +83,10 @@ pub struct Config {
     /// Test-only: a file of member IDs whose peer traffic is dropped (see
     /// `peer::Faults`). Never set in production.
     pub experimental_peer_fault_file: Option<PathBuf>,
+    /// Log entries a member keeps in memory behind its last snapshot so a
+    /// lagging follower catches up from the log instead of a snapshot
+    /// (etcd's `--experimental-snapshot-catchup-entries`).
+    pub experimental_snapshot_catchup_entries: u64,
 }
 
 impl Default for Config {
@@ -117,6 +121,7 @@ impl Default for Config {
             quota_backend_bytes: 2 << 30,
             experimental_watch_progress_notify_interval: "10m".into(),
             experimental_peer_fault_file: None,
+            experimental_snapshot_catchup_entries: 5000,
         }
     }
 }
@@ -192,6 +197,8 @@ pub struct Flags {
     pub experimental_watch_progress_notify_interval: Option<String>,
     #[arg(long, hide = true)]
     pub experimental_peer_fault_file: Option<PathBuf>,
+    #[arg(long)]
+    pub experimental_snapshot_catchup_entries: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -276,6 +283,7 @@ impl Config {
             spin_before_park_us,
             quota_backend_bytes,
             experimental_watch_progress_notify_interval,
+            experimental_snapshot_catchup_entries,
         );
         cfg.validate()?;
         Ok(cfg)

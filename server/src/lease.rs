@@ -64,6 +64,10 @@ impl Lessor {
         }
     }
 
+    pub fn min_ttl(&self) -> i64 {
+        self.min_ttl
+    }
+
     pub fn exists(&self, id: i64) -> bool {
         self.leases.contains_key(&id)
     }

@@ -147,9 +147,6 @@ const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
 /// How long start-up may take to re-apply the recovered log.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
-/// Log entries kept in memory behind a snapshot so a briefly lagging
-/// follower catches up from the log (etcd: SnapshotCatchUpEntries).
-const CATCH_UP_ENTRIES: u64 = 5000;
 /// Where the applied membership (ConfState) is kept in MVCC metadata.
 const CONF_META: &[u8] = b"raft/conf";
 /// etcd allows one learner at a time.
@@ -359,7 +356,17 @@ pub struct Node {
     was_leader: Cell<bool>,
     request_timeout: Duration,
     mvcc: RefCell<MvccStore<MemoryEngine>>,
-    engine: MemoryEngine,
+    /// Replaced wholesale when a leader's snapshot is installed.
+    engine: RefCell<MemoryEngine>,
+    /// The Raft log storage (shared with the RawNode), for snapshot terms.
+    raft_store: MemStorage,
+    /// Snapshot files received from the leader, by snapshot index.
+    incoming_snapshots: RefCell<HashMap<u64, PathBuf>>,
+    /// Peers a snapshot is being streamed to.
+    snapshot_sends: RefCell<std::collections::HashSet<u64>>,
+    /// Finished snapshot sends, for raft-rs' report_snapshot.
+    snapshot_reports: RefCell<Vec<(u64, bool)>>,
+    catch_up_entries: u64,
     dirs: DataDirs,
     queue: RefCell<Vec<Proposal>>,
     queue_ready: Notify,
@@ -524,6 +531,7 @@ impl Node {
         };
         raft_cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raft_store = restored.storage.clone();
         let mut raw = RawNode::new(&raft_cfg, restored.storage, &logger)?;
         if single_voter {
             // A one-voter group elects itself at once.
@@ -603,7 +611,12 @@ impl Node {
             was_leader: Cell::new(false),
             request_timeout: REQUEST_TIMEOUT_BASE + Duration::from_millis(2 * cfg.election_timeout),
             mvcc: RefCell::new(mvcc),
-            engine,
+            engine: RefCell::new(engine),
+            raft_store: raft_store.clone(),
+            incoming_snapshots: RefCell::new(HashMap::new()),
+            snapshot_sends: RefCell::new(Default::default()),
+            snapshot_reports: RefCell::new(Vec::new()),
+            catch_up_entries: cfg.experimental_snapshot_catchup_entries,
             last_snapshot_index: Cell::new(engine_applied),
             dirs,
             queue: RefCell::new(Vec::new()),
@@ -628,21 +641,39 @@ impl Node {
             tick_interval: Duration::from_millis(cfg.heartbeat_interval),
         });
         node.refresh_status(&raw, &wal);
-        for addr in peer_addrs {
-            let weak = Rc::downgrade(&node);
-            let deliver: peer::Deliver = Rc::new(move |m: Message| {
-                if let Some(node) = weak.upgrade() {
-                    node.inbound.borrow_mut().push(m);
-                    node.queue_ready.notify();
+        let weak = Rc::downgrade(&node);
+        let deliver: peer::Deliver = Rc::new(move |m: Message| {
+            if let Some(node) = weak.upgrade() {
+                node.inbound.borrow_mut().push(m);
+                node.queue_ready.notify();
+            }
+        });
+        let weak = Rc::downgrade(&node);
+        let roster: peer::Roster = Rc::new(move || {
+            weak.upgrade()
+                .map(|node| node.members())
+                .unwrap_or_default()
+        });
+        let weak = Rc::downgrade(&node);
+        let deliver_snapshot = Rc::new(move |m: Message, file: PathBuf| {
+            if let Some(node) = weak.upgrade() {
+                let index = m.get_snapshot().get_metadata().index;
+                if let Some(old) = node.incoming_snapshots.borrow_mut().insert(index, file) {
+                    let _ = std::fs::remove_file(old);
                 }
-            });
-            let weak = Rc::downgrade(&node);
-            let roster: peer::Roster = Rc::new(move || {
-                weak.upgrade()
-                    .map(|node| node.members())
-                    .unwrap_or_default()
-            });
-            peer::listen(addr, id, cluster_id, deliver, roster, faults.clone()).map_err(|e| {
+                node.inbound.borrow_mut().push(m);
+                node.queue_ready.notify();
+            }
+        });
+        let inbound = Rc::new(peer::Inbound {
+            deliver,
+            roster,
+            faults: faults.clone(),
+            snapshot_dir: node.dirs.snap.clone(),
+            deliver_snapshot,
+        });
+        for addr in peer_addrs {
+            peer::listen(addr, id, cluster_id, inbound.clone()).map_err(|e| {
                 ServerError::Startup(format!("cannot listen for peers on {addr}: {e}"))
             })?;
         }
@@ -892,7 +923,7 @@ impl Node {
     /// the file when sent.
     pub async fn write_backup(&self) -> Result<(PathBuf, u64, i64)> {
         let revision = self.status.get().revision;
-        let snapshot = self.engine.snapshot();
+        let snapshot = self.engine.borrow().snapshot();
         let n = self.next_id.get().wrapping_add(1);
         self.next_id.set(n);
         let path = self.dirs.snap.join(format!("backup-{n:016x}.stream"));
@@ -963,6 +994,14 @@ impl Node {
             if let Some(target) = self.transfer_to.take() {
                 raw.transfer_leader(target);
             }
+            for (peer, ok) in std::mem::take(&mut *self.snapshot_reports.borrow_mut()) {
+                let status = if ok {
+                    raft::SnapshotStatus::Finish
+                } else {
+                    raft::SnapshotStatus::Failure
+                };
+                raw.report_snapshot(peer, status);
+            }
             self.propose_queued(&mut raw);
             self.start_read_index(&mut raw);
             self.finish_snapshot(&mut raw, &mut wal).await?;
@@ -1000,16 +1039,18 @@ impl Node {
                 )));
             }
             if m.get_msg_type() == MessageType::MsgSnapshot {
-                // Its data would be empty: raft-rs' MemStorage snapshots hold
-                // metadata only. Applying it would diverge; stay behind.
-                if !self.warned_snapshot.replace(true) {
-                    log(format_args!(
-                        "leader {:x} sent a Raft snapshot (this member is behind its log); snapshot \
-                         transfer is not implemented yet, so this member stays behind",
-                        m.from
-                    ));
+                // Only with its data on disk (the snapshot stream delivers
+                // both); a bare one would make us adopt a state we lack.
+                let index = m.get_snapshot().get_metadata().index;
+                if !self.incoming_snapshots.borrow().contains_key(&index) {
+                    if !self.warned_snapshot.replace(true) {
+                        log(format_args!(
+                            "dropped a snapshot message from {:x} without its data",
+                            m.from
+                        ));
+                    }
+                    continue;
                 }
-                continue;
             }
             match raw.step(m) {
                 Ok(()) | Err(raft::Error::StepPeerNotFound) | Err(raft::Error::StepLocalMsg) => {}
@@ -1155,7 +1196,7 @@ impl Node {
     }
 
     async fn handle_ready(
-        &self,
+        self: &Rc<Self>,
         raw: &mut RawNode<MemStorage>,
         wal: &mut Wal,
         buf: &mut Vec<u8>,
@@ -1168,10 +1209,8 @@ impl Node {
         // leader counts itself only once its own entries are persisted).
         self.send(ready.take_messages());
         if !ready.snapshot().is_empty() {
-            // step_inbound never lets a snapshot message through.
-            return Err(ServerError::Startup(
-                "raft produced a snapshot to apply, which this build cannot do".into(),
-            ));
+            self.install_snapshot(raw, wal, ready.snapshot().clone())
+                .await?;
         }
         let applied = raw.raft.raft_log.applied;
         for rs in ready.take_read_states() {
@@ -1209,10 +1248,156 @@ impl Node {
         Ok(())
     }
 
-    fn send(&self, msgs: Vec<Message>) {
-        if !msgs.is_empty() {
-            self.transport.send(msgs);
+    /// Adopts a leader's snapshot: its data file becomes the engine (and
+    /// the newest checkpoint on disk), MVCC, leases and members are rebuilt
+    /// from it, raft-rs' storage restarts at its index, and the WAL gets a
+    /// marker there (written with this Ready's sync).
+    async fn install_snapshot(
+        &self,
+        raw: &mut RawNode<MemStorage>,
+        wal: &mut Wal,
+        snap: raft::eraftpb::Snapshot,
+    ) -> Result<()> {
+        let meta = snap.get_metadata().clone();
+        let index = meta.index;
+        let Some(file) = self.incoming_snapshots.borrow_mut().remove(&index) else {
+            return Err(ServerError::Startup(format!(
+                "raft applies a snapshot at index {index} whose data never arrived"
+            )));
+        };
+        let engine = MemoryEngine::install_snapshot_file(&self.dirs.snap, &file).await?;
+        if engine.applied_index() != index {
+            return Err(ServerError::Startup(format!(
+                "the snapshot for index {index} holds applied index {}",
+                engine.applied_index()
+            )));
         }
+        let mvcc = MvccStore::open(engine.clone())?;
+        let lessor = restore_leases(&mvcc, self.lessor.borrow().min_ttl())?;
+        let conf = meta.get_conf_state().clone();
+        let mut registry = Registry::default();
+        for (_, value) in mvcc.meta_with_prefix(members::META_PREFIX)? {
+            if let Some(record) = members::decode(&value) {
+                registry.upsert(record);
+            }
+        }
+        // Bootstrap members that never published have no record yet: keep
+        // what this member knew of them.
+        for m in self.registry.borrow().all() {
+            if registry.get(m.id).is_none() {
+                registry.upsert(m);
+            }
+        }
+        registry.retain(|m| conf.voters.contains(&m.id) || conf.learners.contains(&m.id));
+        for m in registry.all() {
+            connect_peer(&self.transport, &m);
+        }
+        *self.engine.borrow_mut() = engine;
+        *self.mvcc.borrow_mut() = mvcc;
+        *self.lessor.borrow_mut() = lessor;
+        *self.registry.borrow_mut() = registry;
+        self.solo
+            .set(conf.voters == [self.id] && conf.learners.is_empty());
+        self.learner.set(conf.learners.contains(&self.id));
+        raw.store().wl().apply_snapshot(snap)?;
+        wal.append_snapshot(index, &raftlog::encode_snapshot_meta(meta.term, &conf));
+        self.last_snapshot_index.set(index);
+        let stale: Vec<u64> = self
+            .incoming_snapshots
+            .borrow()
+            .keys()
+            .copied()
+            .filter(|i| *i < index)
+            .collect();
+        for i in stale {
+            if let Some(path) = self.incoming_snapshots.borrow_mut().remove(&i) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        log(format_args!(
+            "installed the leader's snapshot at index {index} (term {}); watchers on this member \
+             may have missed the events it covers",
+            meta.term
+        ));
+        Ok(())
+    }
+
+    fn send(self: &Rc<Self>, mut msgs: Vec<Message>) {
+        if msgs.is_empty() {
+            return;
+        }
+        if msgs
+            .iter()
+            .any(|m| m.get_msg_type() == MessageType::MsgSnapshot)
+        {
+            let (snapshots, rest): (Vec<Message>, Vec<Message>) = msgs
+                .into_iter()
+                .partition(|m| m.get_msg_type() == MessageType::MsgSnapshot);
+            msgs = rest;
+            for m in snapshots {
+                self.start_snapshot_send(m);
+            }
+        }
+        self.transport.send(msgs);
+    }
+
+    /// raft-rs asked for a snapshot to a follower that lags behind the log
+    /// kept in memory. Its data is a snapshot file of the engine at its
+    /// applied index (the metadata is rewritten to that index, term and
+    /// membership), streamed on its own connection by a separate task.
+    fn start_snapshot_send(self: &Rc<Self>, msg: Message) {
+        let to = msg.to;
+        if !self.snapshot_sends.borrow_mut().insert(to) {
+            return;
+        }
+        let node = self.clone();
+        glommio::spawn_local(async move {
+            let path = node.dirs.snap.join(format!("outgoing-{to:016x}.snap.tmp"));
+            let result = node.send_snapshot(msg, &path).await;
+            let _ = std::fs::remove_file(&path);
+            match &result {
+                Ok(index) => log(format_args!("sent a snapshot at index {index} to {to:x}")),
+                Err(e) => log(format_args!("sending a snapshot to {to:x} failed: {e}")),
+            }
+            node.snapshot_sends.borrow_mut().remove(&to);
+            node.snapshot_reports
+                .borrow_mut()
+                .push((to, result.is_ok()));
+            node.queue_ready.notify();
+        })
+        .detach();
+    }
+
+    async fn send_snapshot(&self, mut msg: Message, path: &Path) -> Result<u64> {
+        // raft-rs names the commit index; the engine has applied it, or
+        // will within a loop turn.
+        let wanted = msg.get_snapshot().get_metadata().index;
+        let deadline = Instant::now() + self.request_timeout;
+        while self.engine.borrow().applied_index() < wanted {
+            if Instant::now() > deadline {
+                return Err(ServerError::Timeout);
+            }
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+        // No await between these: the engine view, the term and the
+        // membership all describe the same applied index.
+        let snapshot = self.engine.borrow().snapshot();
+        let index = engine::EngineSnapshot::applied_index(&snapshot);
+        let term = self.raft_store.term(index)?;
+        let conf = self.raft_store.initial_state()?.conf_state;
+        {
+            let meta = msg.mut_snapshot().mut_metadata();
+            meta.index = index;
+            meta.term = term;
+            meta.set_conf_state(conf);
+        }
+        engine::snapfile::write(&snapshot, path).await?;
+        drop(snapshot);
+        self.transport
+            .send_snapshot(&msg, path)
+            .await
+            .map_err(|e| ServerError::Startup(format!("snapshot stream: {e}")))?;
+        Ok(index)
     }
 
     fn apply_entries(&self, raw: &mut RawNode<MemStorage>, entries: Vec<Entry>) -> Result<()> {
@@ -1400,7 +1585,7 @@ impl Node {
     /// applied since the last one. It runs as its own task (it yields while
     /// writing), so the loop keeps committing.
     fn maybe_snapshot(self: &Rc<Self>) {
-        let applied = self.engine.applied_index();
+        let applied = self.engine.borrow().applied_index();
         if self.snapshot_in_flight.get()
             || applied < self.last_snapshot_index.get() + self.snapshot_count
             || self
@@ -1413,9 +1598,9 @@ impl Node {
         self.snapshot_retry_at.set(None);
         self.snapshot_in_flight.set(true);
         let node = self.clone();
+        let engine = self.engine.borrow().clone();
         glommio::spawn_local(async move {
-            let result = node
-                .engine
+            let result = engine
                 .checkpoint(&node.dirs.snap)
                 .await
                 .map_err(ServerError::from);
@@ -1453,7 +1638,7 @@ impl Node {
         // With peers, keep a tail of the log in memory for followers that
         // lag a little (a snapshot transfer would be needed otherwise).
         let keep_from = if !self.solo.get() {
-            index.saturating_sub(CATCH_UP_ENTRIES)
+            index.saturating_sub(self.catch_up_entries)
         } else {
             index
         };

@@ -8,6 +8,9 @@
 //! eraftpb.Message (protobuf)`. Each peer has one outbound connection; all
 //! messages queued for it while the previous write ran go out in one write.
 //!
+//! Raft snapshots travel on a connection of their own (hello magic
+//! `"metcdsn1"`), so appends and heartbeats keep flowing meanwhile.
+//!
 //! Delivery is best effort, as Raft expects: a lost connection drops what
 //! was queued, the peer is reported unreachable and the link reconnects
 //! with backoff. Must never: block the Raft loop (it only enqueues), or
@@ -28,6 +31,10 @@ use crate::members::MemberRecord;
 use crate::notify::Notify;
 
 const MAGIC: &[u8; 8] = b"metcdpr1";
+/// A connection carrying one Raft snapshot: the MsgSnapshot frame, then
+/// `len u64 | file bytes | crc32c u32`, answered with one byte (0 = kept).
+const SNAPSHOT_MAGIC: &[u8; 8] = b"metcdsn1";
+const SNAPSHOT_CHUNK: usize = 1 << 20;
 const HELLO_BYTES: usize = 32;
 const ACCEPTED: u8 = 0;
 const WRONG_CLUSTER: u8 = 1;
@@ -93,6 +100,18 @@ impl Faults {
 pub type Deliver = Rc<dyn Fn(Message)>;
 /// The current members, for a joining member's probe.
 pub type Roster = Rc<dyn Fn() -> Vec<MemberRecord>>;
+
+/// What the listener does with what arrives.
+pub struct Inbound {
+    pub deliver: Deliver,
+    pub roster: Roster,
+    pub faults: Rc<Faults>,
+    /// Where received snapshot files are written (`*.snap.tmp` until
+    /// installed, so a crash leaves nothing the engine would load).
+    pub snapshot_dir: std::path::PathBuf,
+    /// A complete, checksummed snapshot: its MsgSnapshot and data file.
+    pub deliver_snapshot: Rc<dyn Fn(Message, std::path::PathBuf)>,
+}
 
 fn log(msg: std::fmt::Arguments<'_>) {
     eprintln!("metcd: peer: {msg}");
@@ -196,7 +215,7 @@ impl Transport {
         let mut logged_down = false;
         let mut buf = Vec::with_capacity(64 << 10);
         while self.is_current(peer, &link) {
-            match self.connect(peer, &link.addrs).await {
+            match self.connect(MAGIC, peer, &link.addrs).await {
                 Ok(mut stream) => {
                     if logged_down {
                         log(format_args!("connected to {peer:x}"));
@@ -224,14 +243,19 @@ impl Transport {
         }
     }
 
-    async fn connect(&self, peer: u64, addrs: &[SocketAddr]) -> std::io::Result<TcpStream> {
+    async fn connect(
+        &self,
+        magic: &[u8; 8],
+        peer: u64,
+        addrs: &[SocketAddr],
+    ) -> std::io::Result<TcpStream> {
         let mut last = std::io::Error::other("no address");
         for addr in addrs {
             match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT).await {
                 Ok(mut stream) => {
                     let _ = stream.set_nodelay(true);
                     let mut hello = Vec::with_capacity(HELLO_BYTES);
-                    hello.extend_from_slice(MAGIC);
+                    hello.extend_from_slice(magic);
                     hello.extend_from_slice(&self.cluster_id.to_le_bytes());
                     hello.extend_from_slice(&self.self_id.to_le_bytes());
                     hello.extend_from_slice(&peer.to_le_bytes());
@@ -252,6 +276,47 @@ impl Transport {
             }
         }
         Err(last)
+    }
+
+    /// Streams a MsgSnapshot and its data file to `msg.to` on a connection
+    /// of its own; returns once the peer has the file safely on disk.
+    pub async fn send_snapshot(
+        &self,
+        msg: &Message,
+        file: &std::path::Path,
+    ) -> std::io::Result<()> {
+        use std::io::Read;
+        let addrs = self
+            .links
+            .borrow()
+            .get(&msg.to)
+            .map(|l| l.addrs.clone())
+            .ok_or_else(|| std::io::Error::other(format!("no address for {:x}", msg.to)))?;
+        let mut stream = self.connect(SNAPSHOT_MAGIC, msg.to, &addrs).await?;
+        let mut head = Vec::new();
+        encode_frame(msg, &mut head)?;
+        let mut f = std::fs::File::open(file)?;
+        head.extend_from_slice(&f.metadata()?.len().to_le_bytes());
+        stream.write_all(&head).await?;
+        let mut chunk = vec![0u8; SNAPSHOT_CHUNK];
+        let mut crc = 0u32;
+        loop {
+            let n = f.read(&mut chunk)?;
+            if n == 0 {
+                break;
+            }
+            crc = crc32c::crc32c_append(crc, &chunk[..n]);
+            stream.write_all(&chunk[..n]).await?;
+        }
+        stream.write_all(&crc.to_le_bytes()).await?;
+        let mut ack = [0u8; 1];
+        stream.read_exact(&mut ack).await?;
+        if ack[0] != 0 {
+            return Err(std::io::Error::other(
+                "the peer could not keep the snapshot",
+            ));
+        }
+        Ok(())
     }
 
     /// Writes everything queued for `peer`, batch by batch, until the
@@ -336,26 +401,16 @@ pub fn listen(
     addr: SocketAddr,
     self_id: u64,
     cluster_id: u64,
-    deliver: Deliver,
-    roster: Roster,
-    faults: Rc<Faults>,
+    inbound: Rc<Inbound>,
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr)?;
     glommio::spawn_local(async move {
         loop {
             match listener.accept().await {
                 Ok(stream) => {
-                    let deliver = deliver.clone();
-                    let roster = roster.clone();
-                    let faults = faults.clone();
+                    let inbound = inbound.clone();
                     glommio::spawn_local(async move {
-                        let deliver: Deliver = Rc::new(move |m: Message| {
-                            if !faults.blocks(m.from) {
-                                deliver(m);
-                            }
-                        });
-                        if let Err(e) = receive(stream, self_id, cluster_id, deliver, roster).await
-                        {
+                        if let Err(e) = receive(stream, self_id, cluster_id, &inbound).await {
                             if e.kind() != std::io::ErrorKind::UnexpectedEof {
                                 log(format_args!("inbound connection: {e}"));
                             }
@@ -378,8 +433,7 @@ async fn receive(
     stream: TcpStream,
     self_id: u64,
     cluster_id: u64,
-    deliver: Deliver,
-    roster: Roster,
+    inbound: &Inbound,
 ) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
     let mut stream = futures_lite::io::BufReader::with_capacity(256 << 10, stream);
@@ -390,13 +444,14 @@ async fn receive(
         b.copy_from_slice(&hello[i..i + 8]);
         u64::from_le_bytes(b)
     };
-    if &hello[..8] != MAGIC {
+    let snapshot_stream = &hello[..8] == SNAPSHOT_MAGIC;
+    if &hello[..8] != MAGIC && !snapshot_stream {
         return Err(std::io::Error::other("not a metcd peer (bad hello)"));
     }
     let (their_cluster, from, to) = (field(8), field(16), field(24));
     if their_cluster == 0 && to == 0 {
         // A joining member asks which cluster it is joining.
-        let members = serde_json::to_vec(&roster()).unwrap_or_default();
+        let members = serde_json::to_vec(&(inbound.roster)()).unwrap_or_default();
         let mut answer = vec![PROBED];
         answer.extend_from_slice(&cluster_id.to_le_bytes());
         answer.extend_from_slice(&(members.len() as u32).to_le_bytes());
@@ -422,33 +477,108 @@ async fn receive(
             }
         )));
     }
-    let mut header = [0u8; 8];
+    if inbound.faults.blocks(from) {
+        return Ok(());
+    }
+    if snapshot_stream {
+        return receive_snapshot(stream, from, self_id, inbound).await;
+    }
     let mut body = Vec::new();
     loop {
-        stream.read_exact(&mut header).await?;
-        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
-        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        if len > MAX_FRAME_BYTES {
-            return Err(std::io::Error::other(format!(
-                "frame of {len} bytes from {from:x} exceeds the limit"
-            )));
+        let msg = read_frame(&mut stream, from, self_id, &mut body).await?;
+        if !inbound.faults.blocks(from) {
+            (inbound.deliver)(msg);
         }
-        body.resize(len, 0);
-        stream.read_exact(&mut body).await?;
-        if crc32c::crc32c(&body) != crc {
-            return Err(std::io::Error::other(format!(
-                "checksum mismatch in a frame from {from:x}"
-            )));
-        }
-        let msg = Message::parse_from_bytes(&body).map_err(std::io::Error::other)?;
-        if msg.from != from || msg.to != self_id {
-            return Err(std::io::Error::other(format!(
-                "message from {:x} to {:x} on the link from {from:x}",
-                msg.from, msg.to
-            )));
-        }
-        deliver(msg);
     }
+}
+
+async fn read_frame(
+    stream: &mut futures_lite::io::BufReader<TcpStream>,
+    from: u64,
+    self_id: u64,
+    body: &mut Vec<u8>,
+) -> std::io::Result<Message> {
+    let mut header = [0u8; 8];
+    stream.read_exact(&mut header).await?;
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    if len > MAX_FRAME_BYTES {
+        return Err(std::io::Error::other(format!(
+            "frame of {len} bytes from {from:x} exceeds the limit"
+        )));
+    }
+    body.resize(len, 0);
+    stream.read_exact(&mut body[..]).await?;
+    if crc32c::crc32c(body) != crc {
+        return Err(std::io::Error::other(format!(
+            "checksum mismatch in a frame from {from:x}"
+        )));
+    }
+    let msg = Message::parse_from_bytes(body).map_err(std::io::Error::other)?;
+    if msg.from != from || msg.to != self_id {
+        return Err(std::io::Error::other(format!(
+            "message from {:x} to {:x} on the link from {from:x}",
+            msg.from, msg.to
+        )));
+    }
+    Ok(msg)
+}
+
+/// Receives one snapshot: its message, then its data into a temporary file
+/// (checksummed, fsync'd) that the Raft loop installs.
+async fn receive_snapshot(
+    mut stream: futures_lite::io::BufReader<TcpStream>,
+    from: u64,
+    self_id: u64,
+    inbound: &Inbound,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut body = Vec::new();
+    let msg = read_frame(&mut stream, from, self_id, &mut body).await?;
+    if msg.get_msg_type() != raft::eraftpb::MessageType::MsgSnapshot {
+        return Err(std::io::Error::other(
+            "a snapshot stream without a snapshot",
+        ));
+    }
+    let index = msg.get_snapshot().get_metadata().index;
+    let mut len = [0u8; 8];
+    stream.read_exact(&mut len).await?;
+    let mut left = u64::from_le_bytes(len);
+    let path = inbound
+        .snapshot_dir
+        .join(format!("incoming-{from:016x}-{index:016x}.snap.tmp"));
+    let result = async {
+        let mut file = std::fs::File::create(&path)?;
+        let mut chunk = vec![0u8; SNAPSHOT_CHUNK];
+        let mut crc = 0u32;
+        while left > 0 {
+            let n = (left as usize).min(SNAPSHOT_CHUNK);
+            stream.read_exact(&mut chunk[..n]).await?;
+            crc = crc32c::crc32c_append(crc, &chunk[..n]);
+            file.write_all(&chunk[..n])?;
+            left -= n as u64;
+        }
+        let mut sent_crc = [0u8; 4];
+        stream.read_exact(&mut sent_crc).await?;
+        if u32::from_le_bytes(sent_crc) != crc {
+            return Err(std::io::Error::other("snapshot data checksum mismatch"));
+        }
+        file.sync_all()?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&path);
+        let _ = stream.get_mut().write_all(&[1]).await;
+        return Err(e);
+    }
+    stream.get_mut().write_all(&[0]).await?;
+    log(format_args!(
+        "received a snapshot at index {index} from {from:x} ({} bytes)",
+        u64::from_le_bytes(len)
+    ));
+    (inbound.deliver_snapshot)(msg, path);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -20,6 +20,10 @@ struct Cluster {
 
 impl Cluster {
     fn start(n: usize) -> Cluster {
+        Cluster::start_with(n, &[])
+    }
+
+    fn start_with(n: usize, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let peers: Vec<u16> = (0..n).map(|_| free_port()).collect();
         let initial = peers
@@ -56,7 +60,11 @@ impl Cluster {
                         "1",
                         "--experimental-peer-fault-file",
                         &faults,
-                    ],
+                    ]
+                    .iter()
+                    .chain(extra)
+                    .copied()
+                    .collect::<Vec<&str>>(),
                 )
             })
             .collect();
@@ -554,7 +562,8 @@ fn learner_added_promoted_and_member_removed_with_etcdctl() {
         let (ok, text) = ctl(&leader, &["member", "promote", &id4]);
         if ok {
             assert!(
-                text.contains(&format!("Member {id4} promoted in cluster")),
+                // etcdctl prints IDs as %16x: space-padded.
+                text.contains(&format!("Member {id4:>16} promoted in cluster")),
                 "{text}"
             );
             break;
@@ -580,7 +589,7 @@ fn learner_added_promoted_and_member_removed_with_etcdctl() {
     let (ok, text) = ctl(&leader, &["member", "remove", &format!("{victim_id:x}")]);
     assert!(ok, "{text}");
     assert!(
-        text.contains(&format!("Member {victim_id:x} removed from cluster")),
+        text.contains(&format!("Member {victim_id:16x} removed from cluster")),
         "{text}"
     );
     let status = cluster.members[victim].wait_exit(Duration::from_secs(20));
@@ -751,4 +760,123 @@ fn partitioned_leader_steps_down_and_logs_converge_after_healing() {
             "the healed member misses the majority's writes"
         );
     });
+}
+
+fn released_segments(log: &str) -> u64 {
+    log.lines()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once("released ")?;
+            rest.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// A follower that was down while the leader snapshotted and trimmed its
+/// log catches up through a streamed Raft snapshot; every member releases
+/// WAL segments behind its snapshots.
+#[test]
+fn lagging_follower_gets_a_snapshot_and_wal_segments_are_released() {
+    let mut cluster = Cluster::start_with(
+        3,
+        &[
+            "--snapshot-count",
+            "200",
+            "--experimental-snapshot-catchup-entries",
+            "50",
+            "--wal-segment-bytes",
+            "65536",
+        ],
+    );
+    let value = "v".repeat(256);
+    runtime().block_on(async {
+        let mut leader = None;
+        for (i, m) in cluster.members.iter().enumerate() {
+            let mut c = connect(m).await;
+            let st = within("status", c.status()).await.unwrap();
+            if st.leader() == st.header().unwrap().member_id() {
+                leader = Some(i);
+            }
+        }
+        let leader = leader.expect("no leader");
+        let lagging = (0..3).find(|i| *i != leader).unwrap();
+        cluster.members[lagging].kill9();
+        let mut c = connect(&cluster.members[leader]).await;
+        for i in 0..1200 {
+            within("put", c.put(format!("bulk/{i:05}"), value.clone(), None))
+                .await
+                .unwrap();
+        }
+        cluster.members[lagging].respawn_unchecked();
+        cluster.members[lagging].wait_healthy();
+        let target = status(&cluster.members[leader]).await.unwrap().1;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if status(&cluster.members[lagging]).await.map(|s| s.1) == Some(target) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the lagging member never caught up"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let log = cluster.members[lagging].log_text();
+        assert!(log.contains("installed the leader's snapshot"), "{log}");
+        assert!(
+            cluster.members[leader]
+                .log_text()
+                .contains("sent a snapshot"),
+            "{}",
+            cluster.members[leader].log_text()
+        );
+        // More writes: the member that installed the snapshot keeps
+        // applying the log after it and snapshots on its own.
+        for i in 0..400 {
+            within("put", c.put(format!("after/{i:05}"), value.clone(), None))
+                .await
+                .unwrap();
+        }
+        let target = status(&cluster.members[leader]).await.unwrap().1;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for m in &cluster.members {
+            while status(m).await.map(|s| s.1) != Some(target) {
+                assert!(Instant::now() < deadline, "members never converged");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let mut hashes = Vec::new();
+        for m in &cluster.members {
+            let mut c = connect(m).await;
+            hashes.push(within("hashkv", c.hash_kv(target)).await.unwrap().hash());
+            let got = within(
+                "count",
+                c.get(
+                    "",
+                    Some(
+                        GetOptions::new()
+                            .with_from_key()
+                            .with_count_only()
+                            .with_serializable(),
+                    ),
+                ),
+            )
+            .await
+            .unwrap();
+            assert_eq!(got.count(), 1600, "{}", m.client_endpoint());
+        }
+        assert!(hashes.iter().all(|h| *h == hashes[0]), "{hashes:?}");
+    });
+    // Bounded wait for the last checkpoints' segment releases to be logged.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for m in &cluster.members {
+        while released_segments(&m.log_text()) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} released no WAL segment:\n{}",
+                m.client_endpoint(),
+                m.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
