@@ -547,20 +547,7 @@ impl MemoryEngine {
         // snapfile::write cleans up its own partial file on failure; the
         // versions the snapshot pinned are collected incrementally by later
         // writes once it is dropped there.
-        let tmp = tmp_path.clone();
-        let err_path = tmp_path.clone();
-        let executor_error =
-            move |e: String| Error::io("checkpoint executor", &err_path, std::io::Error::other(e));
-        glommio::executor()
-            .spawn_blocking(move || -> Result<u64> {
-                let handle = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-                    .name("metcd-checkpoint")
-                    .io_memory(CHECKPOINT_IO_MEMORY)
-                    .spawn(move || async move { snapfile::write(&snapshot, &tmp).await })
-                    .map_err(|e| executor_error(e.to_string()))?;
-                handle.join().map_err(|e| executor_error(e.to_string()))?
-            })
-            .await?;
+        write_snapshot_file_off_core(snapshot, &tmp_path).await?;
 
         glommio::io::rename(&tmp_path, &final_path)
             .await
@@ -632,6 +619,28 @@ impl MemoryEngine {
             self.inner.collect_garbage(&mut writer);
         }
     }
+}
+
+/// Writes `snapshot` to `path` (as [`snapfile::write`]) on a short-lived,
+/// unpinned executor thread: serialising a large engine is seconds of CPU
+/// that must not run on the caller's core, which keeps committing. The
+/// caller's executor only waits (on its blocking pool). Returns the file's
+/// length.
+pub async fn write_snapshot_file_off_core(snapshot: MemorySnapshot, path: &Path) -> Result<u64> {
+    let tmp = path.to_path_buf();
+    let err_path = path.to_path_buf();
+    let executor_error =
+        move |e: String| Error::io("snapshot executor", &err_path, std::io::Error::other(e));
+    glommio::executor()
+        .spawn_blocking(move || -> Result<u64> {
+            let handle = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .name("metcd-snapshot")
+                .io_memory(CHECKPOINT_IO_MEMORY)
+                .spawn(move || async move { snapfile::write(&snapshot, &tmp).await })
+                .map_err(|e| executor_error(e.to_string()))?;
+            handle.join().map_err(|e| executor_error(e.to_string()))?
+        })
+        .await
 }
 
 /// Locked I/O memory of the short-lived checkpoint executor (its buffers

@@ -927,7 +927,7 @@ impl Node {
         let n = self.next_id.get().wrapping_add(1);
         self.next_id.set(n);
         let path = self.dirs.snap.join(format!("backup-{n:016x}.stream"));
-        let bytes = engine::snapfile::write(&snapshot, &path).await?;
+        let bytes = engine::memory::write_snapshot_file_off_core(snapshot, &path).await?;
         Ok((path, bytes, revision))
     }
 
@@ -1391,8 +1391,7 @@ impl Node {
             meta.term = term;
             meta.set_conf_state(conf);
         }
-        engine::snapfile::write(&snapshot, path).await?;
-        drop(snapshot);
+        engine::memory::write_snapshot_file_off_core(snapshot, path).await?;
         self.transport
             .send_snapshot(&msg, path)
             .await

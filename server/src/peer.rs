@@ -563,7 +563,10 @@ async fn receive_snapshot(
         if u32::from_le_bytes(sent_crc) != crc {
             return Err(std::io::Error::other("snapshot data checksum mismatch"));
         }
-        file.sync_all()?;
+        // fsync on the blocking pool: the owner core keeps committing.
+        glommio::executor()
+            .spawn_blocking(move || file.sync_all())
+            .await?;
         Ok(())
     }
     .await;
