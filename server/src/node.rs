@@ -665,12 +665,18 @@ impl Node {
                 node.queue_ready.notify();
             }
         });
+        let weak = Rc::downgrade(&node);
+        let lease = Rc::new(move |q: peer::LeaseQuery| match weak.upgrade() {
+            Some(node) => node.answer_lease(q),
+            None => peer::LeaseAnswer::NotLeader,
+        });
         let inbound = Rc::new(peer::Inbound {
             deliver,
             roster,
             faults: faults.clone(),
             snapshot_dir: node.dirs.snap.clone(),
             deliver_snapshot,
+            lease,
         });
         for addr in peer_addrs {
             peer::listen(addr, id, cluster_id, inbound.clone()).map_err(|e| {
@@ -791,6 +797,47 @@ impl Node {
         let state = lessor.get(id)?;
         let remaining = lessor.remaining(id, Instant::now()).unwrap_or(state.ttl);
         Some((remaining, state.ttl, state.keys.iter().cloned().collect()))
+    }
+
+    /// A follower's forwarded lease question, answered by the leader.
+    fn answer_lease(&self, q: peer::LeaseQuery) -> peer::LeaseAnswer {
+        if !self.leads_leases() {
+            return peer::LeaseAnswer::NotLeader;
+        }
+        match q {
+            peer::LeaseQuery::KeepAlive(id) => {
+                peer::LeaseAnswer::KeepAlive(self.lease_keepalive(id))
+            }
+            peer::LeaseQuery::TimeToLive(id) => peer::LeaseAnswer::TimeToLive(
+                self.lease_time_to_live(id)
+                    .map(|(remaining, granted, keys)| {
+                        (
+                            remaining,
+                            granted,
+                            keys.into_iter().map(|k| k.to_vec()).collect(),
+                        )
+                    }),
+            ),
+        }
+    }
+
+    /// Asks the leader a lease question (from a follower).
+    pub async fn forward_lease(&self, q: peer::LeaseQuery) -> Result<peer::LeaseAnswer> {
+        let leader = self.status.get().leader;
+        if leader == 0 {
+            return Err(ServerError::NoLeader);
+        }
+        let call = async {
+            self.transport
+                .lease_call(leader, &q)
+                .await
+                .map_err(|_| ServerError::NotLeader)
+        };
+        let timed_out = async {
+            glommio::timer::sleep(self.request_timeout).await;
+            Err(ServerError::Timeout)
+        };
+        futures_lite::future::or(call, timed_out).await
     }
 
     pub fn leases(&self) -> Vec<i64> {

@@ -35,6 +35,28 @@ const MAGIC: &[u8; 8] = b"metcdpr1";
 /// `len u64 | file bytes | crc32c u32`, answered with one byte (0 = kept).
 const SNAPSHOT_MAGIC: &[u8; 8] = b"metcdsn1";
 const SNAPSHOT_CHUNK: usize = 1 << 20;
+/// A connection carrying lease questions a follower forwards to the leader:
+/// `len u32 | JSON LeaseQuery` answered with `len u32 | JSON LeaseAnswer`.
+const LEASE_MAGIC: &[u8; 8] = b"metcdls1";
+const MAX_LEASE_MESSAGE: usize = 64 << 20;
+
+/// A lease question only the leader can answer (its lessor's clock is the
+/// cluster's): what etcd forwards from followers over HTTP.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub enum LeaseQuery {
+    KeepAlive(i64),
+    TimeToLive(i64),
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub enum LeaseAnswer {
+    /// The TTL after the refresh; `None` for an unknown lease.
+    KeepAlive(Option<i64>),
+    /// (remaining, granted, keys); `None` for an unknown lease.
+    TimeToLive(Option<(i64, i64, Vec<Vec<u8>>)>),
+    /// The member asked is not the leader (any more).
+    NotLeader,
+}
 const HELLO_BYTES: usize = 32;
 const ACCEPTED: u8 = 0;
 const WRONG_CLUSTER: u8 = 1;
@@ -111,6 +133,8 @@ pub struct Inbound {
     pub snapshot_dir: std::path::PathBuf,
     /// A complete, checksummed snapshot: its MsgSnapshot and data file.
     pub deliver_snapshot: Rc<dyn Fn(Message, std::path::PathBuf)>,
+    /// Answers a follower's forwarded lease question.
+    pub lease: Rc<dyn Fn(LeaseQuery) -> LeaseAnswer>,
 }
 
 fn log(msg: std::fmt::Arguments<'_>) {
@@ -276,6 +300,29 @@ impl Transport {
             }
         }
         Err(last)
+    }
+
+    /// Asks `leader` a lease question (one connection per question: keep-
+    /// alives come once per TTL/3 per lease, far from a hot path).
+    pub async fn lease_call(
+        &self,
+        leader: u64,
+        query: &LeaseQuery,
+    ) -> std::io::Result<LeaseAnswer> {
+        let addrs = self
+            .links
+            .borrow()
+            .get(&leader)
+            .map(|l| l.addrs.clone())
+            .ok_or_else(|| std::io::Error::other(format!("no address for {leader:x}")))?;
+        let mut stream = self.connect(LEASE_MAGIC, leader, &addrs).await?;
+        let body = serde_json::to_vec(query).map_err(std::io::Error::other)?;
+        let mut out = Vec::with_capacity(4 + body.len());
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
+        stream.write_all(&out).await?;
+        let answer = read_json_message(&mut stream).await?;
+        serde_json::from_slice(&answer).map_err(std::io::Error::other)
     }
 
     /// Streams a MsgSnapshot and its data file to `msg.to` on a connection
@@ -445,7 +492,8 @@ async fn receive(
         u64::from_le_bytes(b)
     };
     let snapshot_stream = &hello[..8] == SNAPSHOT_MAGIC;
-    if &hello[..8] != MAGIC && !snapshot_stream {
+    let lease_stream = &hello[..8] == LEASE_MAGIC;
+    if &hello[..8] != MAGIC && !snapshot_stream && !lease_stream {
         return Err(std::io::Error::other("not a metcd peer (bad hello)"));
     }
     let (their_cluster, from, to) = (field(8), field(16), field(24));
@@ -483,6 +531,23 @@ async fn receive(
     if snapshot_stream {
         return receive_snapshot(stream, from, self_id, inbound).await;
     }
+    if lease_stream {
+        loop {
+            let query = match read_json_message(&mut stream).await {
+                Ok(q) => q,
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            let query: LeaseQuery =
+                serde_json::from_slice(&query).map_err(std::io::Error::other)?;
+            let answer =
+                serde_json::to_vec(&(inbound.lease)(query)).map_err(std::io::Error::other)?;
+            let mut out = Vec::with_capacity(4 + answer.len());
+            out.extend_from_slice(&(answer.len() as u32).to_le_bytes());
+            out.extend_from_slice(&answer);
+            stream.get_mut().write_all(&out).await?;
+        }
+    }
     let mut body = Vec::new();
     loop {
         let msg = read_frame(&mut stream, from, self_id, &mut body).await?;
@@ -490,6 +555,21 @@ async fn receive(
             (inbound.deliver)(msg);
         }
     }
+}
+
+/// One `len u32 | bytes` message of a lease stream.
+async fn read_json_message<S: futures_lite::AsyncRead + Unpin>(
+    stream: &mut S,
+) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_LEASE_MESSAGE {
+        return Err(std::io::Error::other("lease message too large"));
+    }
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).await?;
+    Ok(body)
 }
 
 async fn read_frame(

@@ -186,10 +186,38 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             let result = node.write_backup().await;
             Reply::Backup(result, node.status().term)
         }
-        // The leader's lessor is the only one whose clock counts; etcd
-        // forwards these to the leader, which we do not do yet.
-        Command::LeaseKeepAlive(_) | Command::LeaseTimeToLive(_) if !node.leads_leases() => {
-            Reply::Failed(ServerError::NotLeader)
+        // The leader's lessor is the only one whose clock counts: a
+        // follower forwards these to it, as etcd does.
+        Command::LeaseKeepAlive(id) if !node.leads_leases() => {
+            match node
+                .forward_lease(crate::peer::LeaseQuery::KeepAlive(id))
+                .await
+            {
+                Ok(crate::peer::LeaseAnswer::KeepAlive(ttl)) => {
+                    lease_reply(node, LeaseInfo::KeepAlive(ttl))
+                }
+                Ok(_) => Reply::Failed(ServerError::NotLeader),
+                Err(e) => Reply::Failed(e),
+            }
+        }
+        Command::LeaseTimeToLive(id) if !node.leads_leases() => {
+            match node
+                .forward_lease(crate::peer::LeaseQuery::TimeToLive(id))
+                .await
+            {
+                Ok(crate::peer::LeaseAnswer::TimeToLive(found)) => {
+                    let found = found.map(|(remaining, granted, keys)| {
+                        (
+                            remaining,
+                            granted,
+                            keys.into_iter().map(bytes::Bytes::from).collect(),
+                        )
+                    });
+                    lease_reply(node, LeaseInfo::TimeToLive(found))
+                }
+                Ok(_) => Reply::Failed(ServerError::NotLeader),
+                Err(e) => Reply::Failed(e),
+            }
         }
         Command::LeaseKeepAlive(id) => {
             lease_reply(node, LeaseInfo::KeepAlive(node.lease_keepalive(id)))

@@ -880,3 +880,71 @@ fn lagging_follower_gets_a_snapshot_and_wal_segments_are_released() {
         }
     }
 }
+
+/// Leases used through a follower (as any client balancing over endpoints
+/// does): grant and attach go through the log; keep-alive and time-to-live
+/// are forwarded to the leader, whose clock expires the lease once they stop.
+#[test]
+fn leases_work_through_a_follower() {
+    use etcd_client::{LeaseTimeToLiveOptions, PutOptions};
+    let cluster = Cluster::start(3);
+    runtime().block_on(async {
+        let mut follower = None;
+        for (i, m) in cluster.members.iter().enumerate() {
+            let mut c = connect(m).await;
+            let st = within("status", c.status()).await.unwrap();
+            if st.leader() != st.header().unwrap().member_id() {
+                follower = Some(i);
+            }
+        }
+        let f = follower.expect("no follower");
+        let mut c = connect(&cluster.members[f]).await;
+        let id = within("grant", c.lease_grant(3, None)).await.unwrap().id();
+        within(
+            "put",
+            c.put("leased", "v", Some(PutOptions::new().with_lease(id))),
+        )
+        .await
+        .unwrap();
+        // Kept alive through the follower for longer than its TTL.
+        let (mut keeper, mut answers) = within("keepalive", c.lease_keep_alive(id)).await.unwrap();
+        for _ in 0..5 {
+            within("keep", keeper.keep_alive()).await.unwrap();
+            let resp = within("answer", answers.message()).await.unwrap().unwrap();
+            assert_eq!((resp.id(), resp.ttl()), (id, 3));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let ttl = within(
+            "ttl",
+            c.lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys())),
+        )
+        .await
+        .unwrap();
+        assert!(ttl.ttl() > 0 && ttl.ttl() <= 3, "ttl {}", ttl.ttl());
+        assert_eq!(ttl.keys(), [b"leased".to_vec()]);
+        drop(keeper);
+        drop(answers);
+        // Unrefreshed, the leader expires it; every member loses the key.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for m in &cluster.members {
+            let mut cm = connect(m).await;
+            loop {
+                let got = within(
+                    "get",
+                    cm.get("leased", Some(GetOptions::new().with_serializable())),
+                )
+                .await
+                .unwrap();
+                if got.count() == 0 {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the lease never expired");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let ttl = within("ttl after", c.lease_time_to_live(id, None))
+            .await
+            .unwrap();
+        assert_eq!(ttl.ttl(), -1);
+    });
+}
