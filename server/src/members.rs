@@ -47,19 +47,15 @@ impl Registry {
         self.members.insert(record.id, record);
     }
 
-    /// Merges published attributes (name, client URLs) into a record,
-    /// keeping the peer URLs the cluster knows.
-    pub fn publish(&mut self, attrs: MemberRecord) -> MemberRecord {
-        let merged = match self.members.get(&attrs.id) {
-            Some(known) => MemberRecord {
-                name: attrs.name,
-                client_urls: attrs.client_urls,
-                ..known.clone()
-            },
-            None => attrs,
-        };
-        self.members.insert(merged.id, merged.clone());
-        merged
+    /// Merges published attributes (name, client URLs) into a member's
+    /// record, keeping the peer URLs the cluster knows. `None` (nothing
+    /// changed) for a member that is not in the cluster (any more): a late
+    /// publish must not bring a removed member back.
+    pub fn publish(&mut self, attrs: MemberRecord) -> Option<MemberRecord> {
+        let known = self.members.get_mut(&attrs.id)?;
+        known.name = attrs.name;
+        known.client_urls = attrs.client_urls;
+        Some(known.clone())
     }
 
     pub fn retain(&mut self, keep: impl Fn(&MemberRecord) -> bool) {
@@ -107,7 +103,7 @@ mod tests {
         r.upsert(rec(1, "", &[]));
         let mut attrs = rec(1, "n1", &["http://127.0.0.1:2379"]);
         attrs.peer_urls = vec!["http://elsewhere:1".into()];
-        let merged = r.publish(attrs);
+        let merged = r.publish(attrs).unwrap();
         assert_eq!(merged.name, "n1");
         assert_eq!(merged.peer_urls, vec!["http://127.0.0.1:1".to_string()]);
         assert_eq!(
@@ -115,5 +111,11 @@ mod tests {
             vec!["http://127.0.0.1:2379".to_string()]
         );
         assert_eq!(decode(&encode(&merged)), Some(merged));
+        assert_eq!(
+            r.publish(rec(2, "gone", &[])),
+            None,
+            "unknown members stay out"
+        );
+        assert!(r.get(2).is_none());
     }
 }

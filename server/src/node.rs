@@ -1549,11 +1549,14 @@ impl Node {
                 }
                 Decoded::MemberAttrs(attrs) => {
                     let merged = self.registry.borrow_mut().publish(attrs);
-                    mvcc.put_meta(
-                        entry.index,
-                        &members::meta_name(merged.id),
-                        bytes::Bytes::from(members::encode(&merged)),
-                    )?;
+                    match merged {
+                        Some(merged) => mvcc.put_meta(
+                            entry.index,
+                            &members::meta_name(merged.id),
+                            bytes::Bytes::from(members::encode(&merged)),
+                        )?,
+                        None => mvcc.apply_noop(entry.index)?,
+                    }
                     Ok(Applied::Published)
                 }
                 Decoded::LeaseRevoke { id: lease } => match lessor.revoke(lease) {
@@ -1710,12 +1713,13 @@ impl Node {
         entry: &Entry,
     ) -> Result<(u64, u64, Result<Applied>)> {
         let cc = match entry.entry_type {
+            EntryType::EntryConfChange if entry.data.is_empty() => {
+                mvcc.apply_noop(entry.index)?;
+                return Ok((0, 0, Err(ServerError::Stopped)));
+            }
             EntryType::EntryConfChange => ConfChange::parse_from_bytes(&entry.data).map(|c| {
-                let mut single = ConfChangeSingle::default();
-                single.set_change_type(c.get_change_type());
-                single.node_id = c.node_id;
                 let mut v2 = ConfChangeV2::default();
-                v2.set_changes(vec![single].into());
+                v2.set_changes(vec![single_change(c.get_change_type(), c.node_id)].into());
                 v2
             }),
             _ => ConfChangeV2::parse_from_bytes(&entry.data),
@@ -1725,10 +1729,15 @@ impl Node {
             Some((origin, id, _)) => (origin, id, None),
             None => (0, 0, None),
         };
+        // An empty ConfChangeV2 is raft-rs' "leave the joint configuration"
+        // (proposed by the leader after a joint change): applied like any.
         let cc = match cc {
-            Ok(cc) if !entry.data.is_empty() => cc,
-            _ => {
-                // An empty conf change (raft-rs' placeholder) changes nothing.
+            Ok(cc) => cc,
+            Err(e) => {
+                log(format_args!(
+                    "undecodable membership change at index {}: {e}",
+                    entry.index
+                ));
                 mvcc.apply_noop(entry.index)?;
                 return Ok((origin, id, Err(ServerError::Stopped)));
             }
@@ -1783,19 +1792,39 @@ impl Node {
                 ConfChangeType::RemoveNode => {
                     registry.remove(member);
                     mvcc.delete_meta(entry.index, &members::meta_name(member))?;
-                    self.transport.remove_peer(member);
-                    if member == self.id {
-                        self.removed.set(true);
-                    }
                 }
             }
+        }
+        // A member leaving through a joint configuration still counts for
+        // the outgoing quorum until the joint state is left: keep talking to
+        // it (and keep running, if it is us) until then.
+        let in_conf = |m: u64| {
+            cs.voters.contains(&m)
+                || cs.learners.contains(&m)
+                || cs.voters_outgoing.contains(&m)
+                || cs.learners_next.contains(&m)
+        };
+        for peer in self.transport.peers() {
+            if !in_conf(peer) {
+                self.transport.remove_peer(peer);
+            }
+        }
+        if !in_conf(self.id) {
+            self.removed.set(true);
         }
         self.solo
             .set(cs.voters == [self.id] && cs.learners.is_empty());
         self.learner.set(cs.learners.contains(&self.id));
         log(format_args!(
-            "membership at index {}: voters {:x?}, learners {:x?}",
-            entry.index, cs.voters, cs.learners
+            "membership at index {}: voters {:x?}, learners {:x?}{}",
+            entry.index,
+            cs.voters,
+            cs.learners,
+            if cs.voters_outgoing.is_empty() {
+                String::new()
+            } else {
+                format!(" (joint with outgoing voters {:x?})", cs.voters_outgoing)
+            }
         ));
         if self.removed.get() {
             log(format_args!(
@@ -1819,6 +1848,19 @@ impl Node {
         peer_urls: Vec<String>,
         is_learner: bool,
     ) -> Result<(MemberRecord, Vec<MemberRecord>)> {
+        let record = self.new_member_record(peer_urls, is_learner)?;
+        let kind = if is_learner {
+            ConfChangeType::AddLearnerNode
+        } else {
+            ConfChangeType::AddNode
+        };
+        let all = self.change_membership(kind, &record).await?;
+        Ok((record, all))
+    }
+
+    /// Validates a new member's peer URLs (etcd's checks and messages) and
+    /// derives its ID.
+    fn new_member_record(&self, peer_urls: Vec<String>, is_learner: bool) -> Result<MemberRecord> {
         if peer_urls.is_empty()
             || crate::config::parse_urls("peer-urls", &peer_urls.join(",")).is_err()
         {
@@ -1850,20 +1892,13 @@ impl Node {
                 "etcdserver: member ID already exist",
             ));
         }
-        let record = MemberRecord {
+        Ok(MemberRecord {
             id,
             name: String::new(),
             peer_urls,
             client_urls: Vec::new(),
             is_learner,
-        };
-        let kind = if is_learner {
-            ConfChangeType::AddLearnerNode
-        } else {
-            ConfChangeType::AddNode
-        };
-        let all = self.change_membership(kind, &record).await?;
-        Ok((record, all))
+        })
     }
 
     /// MemberRemove.
@@ -1898,6 +1933,37 @@ impl Node {
         }
         self.change_membership(ConfChangeType::AddNode, &record)
             .await
+    }
+
+    /// Replaces a voter with a new one in a single joint-consensus step
+    /// (ConfChangeV2 entering `old ∪ new` and leaving it automatically):
+    /// the cluster never runs with fewer voters than before. The new member
+    /// starts with `--initial-cluster-state existing`; until it has caught
+    /// up the joint quorum needs it, so start it right away.
+    pub async fn member_replace(
+        &self,
+        old: u64,
+        peer_urls: Vec<String>,
+    ) -> Result<(MemberRecord, Vec<MemberRecord>)> {
+        let leaving = self.known_member(old)?;
+        if leaving.is_learner {
+            return Err(ServerError::Membership(
+                "etcdserver: can only replace a voting member",
+            ));
+        }
+        let record = self.new_member_record(peer_urls, false)?;
+        let add = single_change(ConfChangeType::AddNode, record.id);
+        let remove = single_change(ConfChangeType::RemoveNode, old);
+        let mut cc = ConfChangeV2::default();
+        cc.set_transition(raft::eraftpb::ConfChangeTransition::Auto);
+        cc.set_changes(vec![add, remove].into());
+        match self
+            .propose_with(TAG_CONF_RECORD, &members::encode(&record), Some(cc))
+            .await?
+        {
+            Applied::Members(all) => Ok((record, all)),
+            _ => Err(ServerError::Stopped),
+        }
     }
 
     /// MemberUpdate: new peer URLs (no Raft configuration change).
@@ -1964,11 +2030,8 @@ impl Node {
         kind: ConfChangeType,
         record: &MemberRecord,
     ) -> Result<Vec<MemberRecord>> {
-        let mut single = ConfChangeSingle::default();
-        single.set_change_type(kind);
-        single.node_id = record.id;
         let mut cc = ConfChangeV2::default();
-        cc.set_changes(vec![single].into());
+        cc.set_changes(vec![single_change(kind, record.id)].into());
         match self
             .propose_with(TAG_CONF_RECORD, &members::encode(record), Some(cc))
             .await?
@@ -2107,4 +2170,11 @@ fn connect_peer(transport: &Rc<Transport>, member: &MemberRecord) {
         Ok(addrs) => transport.add_peer(member.id, addrs),
         Err(e) => log(format_args!("member {:x}: {e}", member.id)),
     }
+}
+
+fn single_change(kind: ConfChangeType, member: u64) -> ConfChangeSingle {
+    let mut single = ConfChangeSingle::default();
+    single.set_change_type(kind);
+    single.node_id = member;
+    single
 }

@@ -189,6 +189,11 @@ impl Transport {
         glommio::spawn_local(self.clone().run_link(peer, link)).detach();
     }
 
+    /// The peers with a link.
+    pub fn peers(&self) -> Vec<u64> {
+        self.links.borrow().keys().copied().collect()
+    }
+
     /// Stops sending to `peer` (removed from the cluster).
     pub fn remove_peer(&self, peer: u64) {
         if let Some(link) = self.links.borrow_mut().remove(&peer) {

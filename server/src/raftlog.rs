@@ -95,6 +95,14 @@ pub fn encode_snapshot_meta(term: u64, cs: &ConfState) -> Vec<u8> {
     cs.voters.iter().for_each(|v| out.put_u64_le(*v));
     out.put_u32_le(cs.learners.len() as u32);
     cs.learners.iter().for_each(|v| out.put_u64_le(*v));
+    // A joint configuration (optional tail; absent in older markers).
+    if !cs.voters_outgoing.is_empty() || !cs.learners_next.is_empty() {
+        out.put_u32_le(cs.voters_outgoing.len() as u32);
+        cs.voters_outgoing.iter().for_each(|v| out.put_u64_le(*v));
+        out.put_u32_le(cs.learners_next.len() as u32);
+        cs.learners_next.iter().for_each(|v| out.put_u64_le(*v));
+        out.put_u8(u8::from(cs.auto_leave));
+    }
     out
 }
 
@@ -119,11 +127,19 @@ pub fn decode_snapshot_meta(index: u64, mut b: &[u8]) -> Result<(u64, ConfState)
     let term = b.get_u64_le();
     let voters = read_ids(&mut b)?;
     let learners = read_ids(&mut b)?;
-    let cs = ConfState {
+    let mut cs = ConfState {
         voters,
         learners,
         ..Default::default()
     };
+    if b.has_remaining() {
+        cs.voters_outgoing = read_ids(&mut b)?;
+        cs.learners_next = read_ids(&mut b)?;
+        if b.remaining() != 1 {
+            return Err(err());
+        }
+        cs.auto_leave = b.get_u8() != 0;
+    }
     Ok((term, cs))
 }
 
@@ -256,5 +272,14 @@ mod tests {
         let b = encode_snapshot_meta(5, &cs);
         assert_eq!(decode_snapshot_meta(10, &b).unwrap(), (5, cs));
         assert!(decode_snapshot_meta(10, &b[..b.len() - 1]).is_err());
+        let joint = ConfState {
+            voters: vec![1, 2, 4],
+            voters_outgoing: vec![1, 2, 3],
+            auto_leave: true,
+            ..Default::default()
+        };
+        let b = encode_snapshot_meta(6, &joint);
+        assert_eq!(decode_snapshot_meta(11, &b).unwrap(), (6, joint));
+        assert!(decode_snapshot_meta(11, &b[..b.len() - 1]).is_err());
     }
 }

@@ -68,6 +68,11 @@ pub enum Command {
         peer_urls: Vec<String>,
     },
     MoveLeader(u64),
+    /// metcd's joint-consensus replacement of a voter (HTTP admin API).
+    MemberReplace {
+        old: u64,
+        peer_urls: Vec<String>,
+    },
 }
 
 /// The owner's answer; `term` is the Raft term when it was produced (for
@@ -241,6 +246,16 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         } => {
             let result = node
                 .member_add(peer_urls, is_learner)
+                .await
+                .map(|(added, members)| MemberChange {
+                    added: Some(added),
+                    members,
+                });
+            Reply::MemberChange(result, node.status().term)
+        }
+        Command::MemberReplace { old, peer_urls } => {
+            let result = node
+                .member_replace(old, peer_urls)
                 .await
                 .map(|(added, members)| MemberChange {
                     added: Some(added),

@@ -7,6 +7,9 @@
 //! GET    /<key>?range_end=<end> | ?from_key      -> 200 JSON {header, kvs, more, count}
 //! DELETE /<key>[?prefix|range_end=<end>|from_key][&prev_kv] -> 200 JSON {header, deleted}
 //! POST   /-/compact?revision=N                   -> 200 JSON {header}
+//! POST   /-/members/replace?member=<hex id>&peer-urls=<url>[,<url>]
+//!                                                -> 200 JSON {member, members}
+//!        (replaces a voter in one joint-consensus step; metcd only)
 //! GET    /health, /version
 //! ```
 //!
@@ -107,6 +110,9 @@ async fn route(
             ))
         }
         "/-/compact" if req.method() == Method::POST => return compact(backend, &query).await,
+        "/-/members/replace" if req.method() == Method::POST => {
+            return replace_member(backend, &query).await
+        }
         p if p.starts_with("/-/") => {
             return Err(ServerError::BadRequest(format!(
                 "unknown admin endpoint {p}"
@@ -196,6 +202,47 @@ async fn compact(backend: &Backend, query: &Query) -> Result<HttpResponse, Serve
         &json!({"header": {"revision": rev.to_string()}}),
         Some(rev),
     ))
+}
+
+async fn replace_member(backend: &Backend, query: &Query) -> Result<HttpResponse, ServerError> {
+    let member = query
+        .str("member")?
+        .ok_or_else(|| ServerError::BadRequest("missing ?member=<hex member id>".into()))?;
+    let old = u64::from_str_radix(&member, 16).map_err(|_| {
+        ServerError::BadRequest(format!("member {member:?} is not a hex member id"))
+    })?;
+    let peer_urls: Vec<String> = query
+        .str("peer-urls")?
+        .ok_or_else(|| ServerError::BadRequest("missing &peer-urls=<url>[,<url>]".into()))?
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(String::from)
+        .collect();
+    let render = |m: &crate::members::MemberRecord| {
+        json!({
+            "id": format!("{:x}", m.id),
+            "name": m.name,
+            "peer_urls": m.peer_urls,
+            "client_urls": m.client_urls,
+            "is_learner": m.is_learner,
+        })
+    };
+    match backend
+        .call(Command::MemberReplace { old, peer_urls })
+        .await
+    {
+        Reply::MemberChange(Ok(change), _) => Ok(json_response(
+            StatusCode::OK,
+            &json!({
+                "member": change.added.as_ref().map(render),
+                "members": change.members.iter().map(render).collect::<Vec<_>>(),
+            }),
+            None,
+        )),
+        Reply::MemberChange(Err(e), _) | Reply::Failed(e) => Err(e),
+        _ => Err(ServerError::Stopped),
+    }
 }
 
 async fn write(backend: &Backend, req: mvcc::Request) -> Result<mvcc::Response, ServerError> {

@@ -948,3 +948,117 @@ fn leases_work_through_a_follower() {
         assert_eq!(ttl.ttl(), -1);
     });
 }
+
+/// metcd's admin endpoint replaces a voter in one joint-consensus step
+/// (ConfChangeV2 `{n1,n2,n3} ∪ {n1,n2,n4}`, left automatically): the old
+/// member stops, the new one joins with `--initial-cluster-state existing`,
+/// the cluster serves throughout and ends with three voters.
+#[test]
+fn a_voter_is_replaced_in_one_joint_consensus_step() {
+    let mut cluster = Cluster::start(3);
+    let mut leader = None;
+    let mut ids = Vec::new();
+    runtime().block_on(async {
+        for (i, m) in cluster.members.iter().enumerate() {
+            let mut c = connect(m).await;
+            let st = within("status", c.status()).await.unwrap();
+            let me = st.header().unwrap().member_id();
+            if st.leader() == me {
+                leader = Some(i);
+            }
+            ids.push(me);
+            within("put", c.put(format!("before/{i}"), "v", None))
+                .await
+                .unwrap();
+        }
+    });
+    let leader = leader.expect("no leader");
+    let victim = (0..3).find(|i| *i != leader).unwrap();
+    let peer4 = format!("http://127.0.0.1:{}", free_port());
+    let path = format!(
+        "/-/members/replace?member={:x}&peer-urls={peer4}",
+        ids[victim]
+    );
+    let resp = cluster.members[leader]
+        .conn()
+        .request("POST", &path, b"")
+        .unwrap();
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let body = resp.json();
+    let members = body["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3, "{body}");
+    assert!(
+        members
+            .iter()
+            .all(|m| m["id"] != format!("{:x}", ids[victim])),
+        "{body}"
+    );
+    assert_eq!(body["member"]["peer_urls"][0], peer4.as_str());
+
+    // The replaced member leaves by itself once the joint state is left.
+    let status = cluster.members[victim].wait_exit(Duration::from_secs(20));
+    assert!(
+        status.is_some(),
+        "the replaced member kept running:\n{}",
+        cluster.members[victim].log_text()
+    );
+    assert!(cluster.members[leader]
+        .log_text()
+        .contains("joint with outgoing voters"));
+
+    // The new member joins with the flags etcd would print for it.
+    let victim_entry = format!("n{}=", victim + 1);
+    let initial: Vec<String> = cluster
+        .initial
+        .split(',')
+        .filter(|e| !e.starts_with(&victim_entry))
+        .map(String::from)
+        .chain([format!("n4={peer4}")])
+        .collect();
+    let flags = cluster_flags("n4", &peer4, &initial.join(","), "existing");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut n4 = Server::start_unchecked(&cluster.dir.path().join("n4"), &flags);
+    n4.wait_healthy();
+    let live: Vec<&Server> = (0..3)
+        .filter(|i| *i != victim)
+        .map(|i| &cluster.members[i])
+        .chain([&n4])
+        .collect();
+    runtime().block_on(async {
+        let mut c4 = connect(&n4).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match tokio::time::timeout(Duration::from_secs(2), c4.put("after", "n4", None)).await {
+                Ok(Ok(_)) => break,
+                _ => {
+                    assert!(Instant::now() < deadline, "n4 never served a write");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        for m in &live {
+            let mut c = connect(m).await;
+            let got = within("get", c.get("", Some(GetOptions::new().with_from_key())))
+                .await
+                .unwrap();
+            let keys: Vec<&[u8]> = got.kvs().iter().map(|kv| kv.key()).collect();
+            assert_eq!(
+                keys,
+                vec![&b"after"[..], b"before/0", b"before/1", b"before/2"],
+                "{}",
+                m.client_endpoint()
+            );
+            let list = within("members", c.member_list()).await.unwrap();
+            assert_eq!(
+                list.members().len(),
+                3,
+                "{}: {:?}\n{}",
+                m.client_endpoint(),
+                list.members(),
+                m.log_text()
+            );
+            assert!(list.members().iter().all(|m| !m.is_learner()));
+        }
+    });
+    cluster.members.push(n4);
+}
