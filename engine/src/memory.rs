@@ -496,12 +496,7 @@ impl MemoryEngine {
                 ),
             });
         }
-        let engine = MemoryEngine::from_snapshot_data(data);
-        engine
-            .inner
-            .durable_applied_index
-            .store(index, Ordering::Release);
-        Ok(engine)
+        Ok(MemoryEngine::durable_from(data, index))
     }
 
     /// An engine holding exactly `data` (e.g. a snapshot received from a
@@ -526,6 +521,16 @@ impl MemoryEngine {
         MemoryEngine {
             inner: Arc::new(inner),
         }
+    }
+
+    /// An engine holding `data`, read from a durable snapshot file at `index`.
+    fn durable_from(data: SnapshotData, index: u64) -> MemoryEngine {
+        let engine = MemoryEngine::from_snapshot_data(data);
+        engine
+            .inner
+            .durable_applied_index
+            .store(index, Ordering::Release);
+        engine
     }
 
     /// Writes a snapshot of the current state to
@@ -590,12 +595,7 @@ impl MemoryEngine {
                 }
             }
         }
-        let engine = MemoryEngine::from_snapshot_data(data);
-        engine
-            .inner
-            .durable_applied_index
-            .store(index, Ordering::Release);
-        Ok(engine)
+        Ok(MemoryEngine::durable_from(data, index))
     }
 
     /// Number of live (non-deleted) keys in the latest state.

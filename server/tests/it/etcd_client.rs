@@ -11,7 +11,7 @@ use etcd_client::{
 
 use crate::support::Server;
 
-fn runtime() -> tokio::runtime::Runtime {
+pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -19,14 +19,14 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-async fn connect(s: &Server) -> Client {
+pub async fn connect(s: &Server) -> Client {
     Client::connect([format!("http://{}", s.client_endpoint())], None)
         .await
         .unwrap()
 }
 
 /// Bounds every await: a hung server fails the test instead of hanging CI.
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(30), f)
         .await
         .unwrap_or_else(|_| panic!("{what}: timed out"))
