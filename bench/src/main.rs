@@ -1,16 +1,33 @@
-//! `metcd-bench`: load generation against metcd (and, from the gRPC issue
-//! on, real etcd). A client only: it never imports server internals.
+//! `metcd-bench`: load generation against metcd (and real etcd). A client
+//! only: it never imports server internals.
 //!
-//! Subcommands so far:
-//! - `put`, `range`: etcd's benchmark cases over the etcd v3 gRPC API
-//!   (`--conns` HTTP/2 connections shared by `--clients` concurrent
-//!   clients), against metcd or real etcd alike.
+//! Subcommands, modelled on etcd's `benchmark` tool. The gRPC ones share
+//! the global load flags (`--endpoints` (alias `--endpoint`), `--conns`
+//! HTTP/2 connections shared by `--clients` concurrent clients, `--total`,
+//! `--duration`, `--rate`, `--target-leader`, `--output text|json`,
+//! `--cpu`):
+//! - `put`: puts of random (or `--sequential-keys`) keys, zero-padded
+//!   decimal of `--key-size` digits from `--key-space-size`.
+//! - `range`: one range request (`--key`, `--end`, `--limit`), linearizable
+//!   (l) or serializable (s).
+//! - `txn-put`: Kubernetes' create, a Txn putting a key under `--prefix`
+//!   only if its mod revision is 0; counts succeeded and failed.
+//! - `txn-mixed`: reads and puts of random keys, `--rw-ratio` reads per
+//!   write; one histogram each.
+//! - `mixed-expensive`: puts while `--scan-clients` scan a `--prefill`ed
+//!   prefix, to compare put latency with and without expensive reads.
+//! - `lease-keepalive`: keep-alives on LeaseKeepAlive streams, one per
+//!   client, over leases granted before timing.
+//!
+//! And two that are not gRPC:
 //! - `http-put`: durable 256-byte writes through the seed's curl API at a
 //!   list of concurrency levels; prints writes/s and p50/p90/p99/p99.9/max.
 //! - `fsync`: the physical floor, 4 KiB O_DIRECT write + fdatasync per op on
 //!   the disk holding `--dir`.
 //!
-//! Every run is bounded by `--total` and `--duration`, whichever ends first.
+//! Every run is bounded by `--total` and `--duration`, whichever ends first;
+//! connections are set up before timing. Modules: `load` (flags, load loop),
+//! `ops` (workloads), `grpc` (client), `keys`, `rate`, `report`.
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -20,10 +37,17 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 
 mod grpc;
+mod keys;
+mod load;
+mod ops;
+mod rate;
+mod report;
+
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
-use glommio::{LocalExecutorBuilder, Placement};
 use hdrhistogram::Histogram;
+use load::run_on_executor;
+use report::{new_hist, Report};
 
 #[derive(Parser)]
 #[command(name = "metcd-bench", about = "Load generator for metcd and etcd")]
@@ -32,46 +56,23 @@ struct Cli {
     cmd: Cmd,
 }
 
-#[derive(clap::Args, Clone)]
-struct Load {
-    /// host:port of the etcd v3 gRPC API.
-    #[arg(long, default_value = "127.0.0.1:2379")]
-    endpoint: String,
-    #[arg(long, default_value_t = 1)]
-    conns: usize,
-    #[arg(long, default_value_t = 1)]
-    clients: usize,
-    /// Requests (upper bound).
-    #[arg(long, default_value_t = 10_000)]
-    total: u64,
-    /// Seconds (upper bound).
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
-    /// CPU to pin the client to (none: unpinned).
-    #[arg(long)]
-    cpu: Option<usize>,
-}
-
 #[derive(Subcommand)]
 enum Cmd {
-    /// etcd benchmark `put`: random keys from a key space, fixed-size values.
-    Put {
-        #[command(flatten)]
-        load: Load,
-        #[arg(long, default_value_t = 256)]
-        val_size: usize,
-        #[arg(long, default_value_t = 100_000)]
-        key_space_size: u64,
-    },
-    /// etcd benchmark `range` of one key, linearizable (l) or serializable (s).
-    Range {
-        #[command(flatten)]
-        load: Load,
-        #[arg(long, default_value = "foo")]
-        key: String,
-        #[arg(long, default_value = "l")]
-        consistency: String,
-    },
+    /// etcd benchmark `put`: random (or sequential) keys from a key space,
+    /// fixed-size values.
+    Put(ops::PutArgs),
+    /// etcd benchmark `range`: one key or [key, end), linearizable (l) or
+    /// serializable (s).
+    Range(ops::RangeArgs),
+    /// Kubernetes' create: Txn{mod_revision(key) == 0 ? put : range} on
+    /// distinct sequential keys under --prefix.
+    TxnPut(ops::TxnPutArgs),
+    /// Ranges of one random key and puts, --rw-ratio reads per write.
+    TxnMixed(ops::TxnMixedArgs),
+    /// Puts while --scan-clients scan a prefilled prefix.
+    MixedExpensive(ops::MixedExpensiveArgs),
+    /// Back-to-back keep-alives on LeaseKeepAlive streams.
+    LeaseKeepalive(ops::LeaseKeepAliveArgs),
     /// Durable PUTs over the HTTP API at several concurrency levels.
     HttpPut {
         #[arg(long, default_value = "127.0.0.1:3379")]
@@ -138,84 +139,17 @@ fn main() {
             total,
             duration,
         } => fsync_floor(dir, total, Duration::from_secs_f64(duration)),
-        Cmd::Put {
-            load,
-            val_size,
-            key_space_size,
-        } => grpc_load(
-            load,
-            Op::Put {
-                value: vec![b'v'; val_size].into(),
-                key_space: key_space_size.max(1),
-            },
-        ),
-        Cmd::Range {
-            load,
-            key,
-            consistency,
-        } => match consistency.as_str() {
-            "l" | "s" => grpc_load(
-                load,
-                Op::Range {
-                    key: key.into_bytes().into(),
-                    serializable: consistency == "s",
-                },
-            ),
-            other => Err(format!("--consistency {other:?}: expected l or s")),
-        },
+        Cmd::Put(args) => ops::put_cmd(args),
+        Cmd::Range(args) => ops::range_cmd(args),
+        Cmd::TxnPut(args) => ops::txn_put_cmd(args),
+        Cmd::TxnMixed(args) => ops::txn_mixed_cmd(args),
+        Cmd::MixedExpensive(args) => ops::mixed_expensive_cmd(args),
+        Cmd::LeaseKeepalive(args) => ops::lease_keepalive_cmd(args),
     };
     if let Err(e) = result {
         eprintln!("metcd-bench: {e}");
         std::process::exit(1);
     }
-}
-
-struct Report {
-    label: String,
-    ops: u64,
-    errors: u64,
-    elapsed: Duration,
-    hist: Histogram<u64>,
-}
-
-impl Report {
-    fn print(&self) {
-        let q = |p: f64| self.hist.value_at_quantile(p) as f64 / 1000.0;
-        println!(
-            "{:<28} {:>9} ops {:>6} err {:>11.0} ops/s  p50 {:>8.3} ms  p90 {:>8.3} ms  p99 {:>8.3} ms  p99.9 {:>8.3} ms  max {:>8.3} ms",
-            self.label,
-            self.ops,
-            self.errors,
-            self.ops as f64 / self.elapsed.as_secs_f64(),
-            q(0.5),
-            q(0.9),
-            q(0.99),
-            q(0.999),
-            self.hist.max() as f64 / 1000.0,
-        );
-    }
-}
-
-fn new_hist() -> Result<Histogram<u64>, String> {
-    // Microseconds, up to 60 s, 3 significant digits.
-    Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())
-}
-
-fn run_on_executor<T: Send + 'static, F, Fut>(cpu: Option<usize>, f: F) -> Result<T, String>
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T> + 'static,
-{
-    let placement = match cpu {
-        Some(c) => Placement::Fixed(c),
-        None => Placement::Unbound,
-    };
-    LocalExecutorBuilder::new(placement)
-        .io_memory(1 << 20)
-        .spawn(f)
-        .map_err(|e| e.to_string())?
-        .join()
-        .map_err(|e| e.to_string())
 }
 
 fn http_put(
@@ -233,7 +167,7 @@ fn http_put(
         let report = run_on_executor(cpu, move || async move {
             put_level(endpoint, clients, total, duration, value_size, key_space).await
         })??;
-        report.print();
+        println!("{}", report.summary_line());
     }
     Ok(())
 }
@@ -254,14 +188,6 @@ impl Shared {
         self.issued += 1;
         true
     }
-}
-
-/// xorshift64: cheap, deterministic per client, good enough for key choice.
-fn next_rand(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
 }
 
 async fn put_level(
@@ -302,7 +228,7 @@ async fn put_level(
                 if !shared.borrow_mut().claim(total, deadline) {
                     break;
                 }
-                let key = next_rand(&mut rng) % key_space;
+                let key = keys::next_rand(&mut rng) % key_space;
                 req.clear();
                 req.extend_from_slice(
                     format!(
@@ -334,13 +260,14 @@ async fn put_level(
     }
     let elapsed = start.elapsed();
     let s = shared.borrow();
-    Ok(Report {
-        label: format!("put clients={clients}"),
-        ops: s.done,
-        errors: s.errors,
+    Ok(Report::new(
+        format!("put clients={clients}"),
+        s.issued,
+        s.done,
+        s.errors,
         elapsed,
-        hist: s.hist.clone(),
-    })
+        s.hist.clone(),
+    ))
 }
 
 /// Reads one response with no body (a 204) or a small one; returns the status.
@@ -404,136 +331,15 @@ fn fsync_floor(dir: PathBuf, total: u64, duration: Duration) -> Result<(), Strin
         let elapsed = start.elapsed();
         let _ = file.close().await;
         let _ = std::fs::remove_file(&path);
-        Ok::<_, String>(Report {
-            label: "4KiB write+fdatasync".into(),
+        Ok::<_, String>(Report::new(
+            "4KiB write+fdatasync".into(),
             ops,
-            errors: 0,
+            ops,
+            0,
             elapsed,
             hist,
-        })
+        ))
     })??;
-    report.print();
+    println!("{}", report.summary_line());
     Ok(())
-}
-
-#[derive(Clone)]
-enum Op {
-    Put {
-        value: bytes::Bytes,
-        key_space: u64,
-    },
-    Range {
-        key: bytes::Bytes,
-        serializable: bool,
-    },
-}
-
-impl Op {
-    async fn run(&self, conn: &mut grpc::Conn, rng: &mut u64) -> Result<(), String> {
-        use grpc::pb::etcdserverpb as pb;
-        match self {
-            Op::Put { value, key_space } => {
-                let req = pb::PutRequest {
-                    key: format!("{:08}", next_rand(rng) % key_space).into_bytes(),
-                    value: value.to_vec(),
-                    ..Default::default()
-                };
-                conn.unary::<_, pb::PutResponse>("/etcdserverpb.KV/Put", &req)
-                    .await
-                    .map(|_| ())
-            }
-            Op::Range { key, serializable } => {
-                let req = pb::RangeRequest {
-                    key: key.to_vec(),
-                    serializable: *serializable,
-                    ..Default::default()
-                };
-                conn.unary::<_, pb::RangeResponse>("/etcdserverpb.KV/Range", &req)
-                    .await
-                    .map(|_| ())
-            }
-        }
-    }
-
-    fn label(&self) -> String {
-        match self {
-            Op::Put { .. } => "put".into(),
-            Op::Range {
-                serializable: true, ..
-            } => "range (serializable)".into(),
-            Op::Range { .. } => "range (linearizable)".into(),
-        }
-    }
-}
-
-fn grpc_load(load: Load, op: Op) -> Result<(), String> {
-    let cpu = load.cpu;
-    let report = run_on_executor(cpu, move || async move { grpc_level(load, op).await })??;
-    report.print();
-    Ok(())
-}
-
-async fn grpc_level(load: Load, op: Op) -> Result<Report, String> {
-    // Connections are set up before timing starts.
-    let mut conns = Vec::with_capacity(load.conns.max(1));
-    for _ in 0..load.conns.max(1) {
-        conns.push(grpc::Conn::connect(&load.endpoint).await?);
-    }
-    let shared = Rc::new(RefCell::new(Shared {
-        issued: 0,
-        done: 0,
-        errors: 0,
-        hist: new_hist()?,
-    }));
-    let first_error: Rc<RefCell<Option<String>>> = Rc::default();
-    let start = Instant::now();
-    let deadline = start + Duration::from_secs_f64(load.duration);
-    let mut tasks = Vec::new();
-    for c in 0..load.clients.max(1) {
-        let mut conn = conns[c % conns.len()].clone();
-        let (shared, op, first_error) = (shared.clone(), op.clone(), first_error.clone());
-        let total = load.total;
-        tasks.push(glommio::spawn_local(async move {
-            let mut rng = (c as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            loop {
-                if !shared.borrow_mut().claim(total, deadline) {
-                    break;
-                }
-                let t0 = Instant::now();
-                let result = op.run(&mut conn, &mut rng).await;
-                let us = t0.elapsed().as_micros() as u64;
-                let mut s = shared.borrow_mut();
-                match result {
-                    Ok(()) => {
-                        s.done += 1;
-                        let _ = s.hist.record(us.max(1));
-                    }
-                    Err(e) => {
-                        s.errors += 1;
-                        first_error.borrow_mut().get_or_insert(e);
-                    }
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        t.await;
-    }
-    let elapsed = start.elapsed();
-    if let Some(e) = first_error.borrow().as_ref() {
-        eprintln!("metcd-bench: first error: {e}");
-    }
-    let s = shared.borrow();
-    Ok(Report {
-        label: format!(
-            "{} conns={} clients={}",
-            op.label(),
-            load.conns,
-            load.clients
-        ),
-        ops: s.done,
-        errors: s.errors,
-        elapsed,
-        hist: s.hist.clone(),
-    })
 }
