@@ -19,6 +19,13 @@
 //! - `lease-keepalive`: keep-alives on LeaseKeepAlive streams, one per
 //!   client, over leases granted before timing.
 //!
+//! - `watch`: `--watchers` watches of a prefix over `--streams` Watch
+//!   streams while `--clients` put under it at `--put-rate`; the latency
+//!   from each put's send to each event's arrival.
+//! - `compare`: starts real etcd and metcd (1 and 3 members) itself and
+//!   runs etcd's published benchmark cases on both (`--suite etcd-docs`);
+//!   a markdown table per topology and an SVG scatter plot.
+//!
 //! And two that are not gRPC:
 //! - `http-put`: durable 256-byte writes through the seed's curl API at a
 //!   list of concurrency levels; prints writes/s and p50/p90/p99/p99.9/max.
@@ -27,7 +34,8 @@
 //!
 //! Every run is bounded by `--total` and `--duration`, whichever ends first;
 //! connections are set up before timing. Modules: `load` (flags, load loop),
-//! `ops` (workloads), `grpc` (client), `keys`, `rate`, `report`.
+//! `ops` (workloads), `grpc` (client), `keys`, `rate`, `report`,
+//! `watch`, `compare` (the etcd/metcd suite) and `plot` (its figure).
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -36,12 +44,15 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 
+mod compare;
 mod grpc;
 mod keys;
 mod load;
 mod ops;
+mod plot;
 mod rate;
 mod report;
+mod watch;
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpStream;
@@ -73,6 +84,11 @@ enum Cmd {
     MixedExpensive(ops::MixedExpensiveArgs),
     /// Back-to-back keep-alives on LeaseKeepAlive streams.
     LeaseKeepalive(ops::LeaseKeepAliveArgs),
+    /// Starts real etcd and metcd clusters and runs a suite of cases on
+    /// both; writes a markdown report and an SVG plot.
+    Compare(compare::CompareArgs),
+    /// Event latency of watches on a prefix while keys under it are put.
+    Watch(watch::WatchArgs),
     /// Durable PUTs over the HTTP API at several concurrency levels.
     HttpPut {
         #[arg(long, default_value = "127.0.0.1:3379")]
@@ -145,6 +161,8 @@ fn main() {
         Cmd::TxnMixed(args) => ops::txn_mixed_cmd(args),
         Cmd::MixedExpensive(args) => ops::mixed_expensive_cmd(args),
         Cmd::LeaseKeepalive(args) => ops::lease_keepalive_cmd(args),
+        Cmd::Compare(args) => compare::compare_cmd(args),
+        Cmd::Watch(args) => watch::watch_cmd(args),
     };
     if let Err(e) = result {
         eprintln!("metcd-bench: {e}");

@@ -237,7 +237,7 @@ impl Worker for Client {
     }
 }
 
-async fn put(
+pub(crate) async fn put(
     conn: &mut grpc::Conn,
     key: Vec<u8>,
     value: Vec<u8>,
@@ -337,21 +337,31 @@ fn consistency_name(serializable: bool) -> &'static str {
     }
 }
 
-/// Runs `f` (setup, then the timed run) on a fresh executor and prints its
-/// reports.
-fn execute<F, Fut>(load: &LoadArgs, f: F) -> Result<(), String>
+/// Runs `f` (setup, then the timed run) on a fresh executor and returns
+/// its reports.
+fn execute<F, Fut>(load: &LoadArgs, f: F) -> Result<Vec<Report>, String>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<Vec<Report>, String>> + 'static,
 {
-    let reports = load::run_on_executor(load.cpu, f)??;
-    for r in &reports {
+    load::run_on_executor(load.cpu, f)?
+}
+
+/// Prints `reports` in the `--output` format of `load`.
+fn print_all(load: &LoadArgs, reports: Result<Vec<Report>, String>) -> Result<(), String> {
+    for r in &reports? {
         r.print(load.output)?;
     }
     Ok(())
 }
 
 pub fn put_cmd(args: PutArgs) -> Result<(), String> {
+    let load = args.load.clone();
+    print_all(&load, put_reports(args))
+}
+
+/// The reports of a `put` run, not printed.
+pub fn put_reports(args: PutArgs) -> Result<Vec<Report>, String> {
     let spec = keys::KeySpec {
         prefix: b"".to_vec(),
         width: args.key_size,
@@ -376,6 +386,12 @@ pub fn put_cmd(args: PutArgs) -> Result<(), String> {
 }
 
 pub fn range_cmd(args: RangeArgs) -> Result<(), String> {
+    let load = args.load.clone();
+    print_all(&load, range_reports(args))
+}
+
+/// The reports of a `range` run, not printed.
+pub fn range_reports(args: RangeArgs) -> Result<Vec<Report>, String> {
     let serializable = serializable(&args.consistency)?;
     let load = args.load.clone();
     execute(&args.load, move || async move {
@@ -400,6 +416,12 @@ pub fn range_cmd(args: RangeArgs) -> Result<(), String> {
 }
 
 pub fn txn_put_cmd(args: TxnPutArgs) -> Result<(), String> {
+    let load = args.load.clone();
+    print_all(&load, txn_put_reports(args))
+}
+
+/// The reports of a `txn-put` run, not printed.
+pub fn txn_put_reports(args: TxnPutArgs) -> Result<Vec<Report>, String> {
     let width = args
         .key_size
         .max(keys::digits(args.load.total.saturating_sub(1)));
@@ -437,6 +459,12 @@ pub fn txn_put_cmd(args: TxnPutArgs) -> Result<(), String> {
 }
 
 pub fn txn_mixed_cmd(args: TxnMixedArgs) -> Result<(), String> {
+    let load = args.load.clone();
+    print_all(&load, txn_mixed_reports(args))
+}
+
+/// The reports of a `txn-mixed` run, not printed.
+pub fn txn_mixed_reports(args: TxnMixedArgs) -> Result<Vec<Report>, String> {
     let serializable = serializable(&args.consistency)?;
     if !(args.rw_ratio >= 0.0 && args.rw_ratio.is_finite()) {
         return Err(format!(
@@ -516,6 +544,12 @@ async fn prefill(
 }
 
 pub fn mixed_expensive_cmd(args: MixedExpensiveArgs) -> Result<(), String> {
+    let load = args.load.clone();
+    print_all(&load, mixed_expensive_reports(args))
+}
+
+/// The reports of a `mixed-expensive` run, not printed.
+pub fn mixed_expensive_reports(args: MixedExpensiveArgs) -> Result<Vec<Report>, String> {
     let spec = keys::KeySpec {
         prefix: b"".to_vec(),
         width: args.key_size,
@@ -572,6 +606,12 @@ pub fn mixed_expensive_cmd(args: MixedExpensiveArgs) -> Result<(), String> {
 }
 
 pub fn lease_keepalive_cmd(args: LeaseKeepAliveArgs) -> Result<(), String> {
+    let load = args.load.clone();
+    print_all(&load, lease_keepalive_reports(args))
+}
+
+/// The reports of a `lease-keepalive` run, not printed.
+pub fn lease_keepalive_reports(args: LeaseKeepAliveArgs) -> Result<Vec<Report>, String> {
     let load = args.load.clone();
     let leases = args.leases.unwrap_or(load.clients()).max(1);
     execute(&args.load, move || async move {

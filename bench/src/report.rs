@@ -102,11 +102,11 @@ impl Report {
         us as f64 / 1000.0
     }
 
-    fn quantile_ms(&self, q: f64) -> f64 {
+    pub fn quantile_ms(&self, q: f64) -> f64 {
         Self::ms(self.hist.value_at_quantile(q))
     }
 
-    fn ops_per_sec(&self) -> f64 {
+    pub fn ops_per_sec(&self) -> f64 {
         let s = self.elapsed.as_secs_f64();
         if s > 0.0 {
             self.ops as f64 / s

@@ -149,6 +149,8 @@ const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
 /// Where the applied membership (ConfState) is kept in MVCC metadata.
 const CONF_META: &[u8] = b"raft/conf";
+/// Prefix of the metadata records of removed members.
+const REMOVED_META: &[u8] = b"removed/";
 /// etcd allows one learner at a time.
 const MAX_LEARNERS: usize = 1;
 const READ_INDEX_RETRY: Duration = Duration::from_millis(500);
@@ -338,6 +340,9 @@ pub struct Node {
     transfer_to: Cell<Option<u64>>,
     /// This member was removed from the cluster: it stops.
     removed: Cell<bool>,
+    /// Members removed from the cluster (kept in MVCC metadata under
+    /// `removed/<id>`): their peer connections are refused as removed.
+    removed_members: RefCell<std::collections::HashSet<u64>>,
     cluster_token: String,
     /// Messages from peers for the next loop turn.
     inbound: RefCell<Vec<Message>>,
@@ -531,6 +536,14 @@ impl Node {
         };
         raft_cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let removed_members: std::collections::HashSet<u64> = mvcc
+            .meta_with_prefix(REMOVED_META)?
+            .into_iter()
+            .filter_map(|(name, _)| {
+                let id: [u8; 8] = name.get(REMOVED_META.len()..)?.try_into().ok()?;
+                Some(u64::from_be_bytes(id))
+            })
+            .collect();
         let raft_store = restored.storage.clone();
         let mut raw = RawNode::new(&raft_cfg, restored.storage, &logger)?;
         if single_voter {
@@ -600,6 +613,7 @@ impl Node {
             progress: RefCell::new(HashMap::new()),
             transfer_to: Cell::new(None),
             removed: Cell::new(false),
+            removed_members: RefCell::new(removed_members),
             cluster_token: cfg.initial_cluster_token.clone(),
             inbound: RefCell::new(Vec::new()),
             read_queue: RefCell::new(Vec::new()),
@@ -670,7 +684,13 @@ impl Node {
             Some(node) => node.answer_lease(q),
             None => peer::LeaseAnswer::NotLeader,
         });
+        let weak = Rc::downgrade(&node);
+        let is_removed = Rc::new(move |member: u64| {
+            weak.upgrade()
+                .is_some_and(|node| node.removed_members.borrow().contains(&member))
+        });
         let inbound = Rc::new(peer::Inbound {
+            is_removed,
             deliver,
             roster,
             faults: faults.clone(),
@@ -1037,6 +1057,17 @@ impl Node {
             self.step_inbound(&mut raw)?;
             for peer in self.transport.take_unreachable() {
                 raw.report_unreachable(peer);
+            }
+            if self.transport.told_removed() && !self.removed.replace(true) {
+                log(format_args!(
+                    "a peer says this member ({:x}) was removed from the cluster; stopping",
+                    self.id
+                ));
+                glommio::spawn_local(async {
+                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                    std::process::exit(0);
+                })
+                .detach();
             }
             if let Some(target) = self.transfer_to.take() {
                 raw.transfer_leader(target);
@@ -1742,6 +1773,7 @@ impl Node {
                 return Ok((origin, id, Err(ServerError::Stopped)));
             }
         };
+        let before = raw.store().initial_state()?.conf_state;
         let cs = match raw.apply_conf_change(&cc) {
             Ok(cs) => cs,
             Err(e) => {
@@ -1808,6 +1840,23 @@ impl Node {
             if !in_conf(peer) {
                 self.transport.remove_peer(peer);
             }
+        }
+        // Whoever left every configuration is gone for good: its peer
+        // connections are refused as removed from now on.
+        let left = before
+            .voters
+            .iter()
+            .chain(&before.learners)
+            .chain(&before.voters_outgoing)
+            .chain(&before.learners_next)
+            .copied()
+            .filter(|m| !in_conf(*m))
+            .collect::<std::collections::BTreeSet<u64>>();
+        for member in left {
+            let mut name = REMOVED_META.to_vec();
+            name.extend_from_slice(&member.to_be_bytes());
+            mvcc.put_meta(entry.index, &name, bytes::Bytes::new())?;
+            self.removed_members.borrow_mut().insert(member);
         }
         if !in_conf(self.id) {
             self.removed.set(true);

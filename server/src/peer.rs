@@ -61,6 +61,9 @@ const HELLO_BYTES: usize = 32;
 const ACCEPTED: u8 = 0;
 const WRONG_CLUSTER: u8 = 1;
 const WRONG_MEMBER: u8 = 2;
+/// The connecting member was removed from the cluster: it must stop
+/// (etcd's peers answer such a member 410 Gone).
+const REMOVED: u8 = 4;
 /// Answer to a probe (cluster 0, member 0): followed by the cluster ID and
 /// the members (`len u32 | JSON`).
 const PROBED: u8 = 3;
@@ -135,6 +138,8 @@ pub struct Inbound {
     pub deliver_snapshot: Rc<dyn Fn(Message, std::path::PathBuf)>,
     /// Answers a follower's forwarded lease question.
     pub lease: Rc<dyn Fn(LeaseQuery) -> LeaseAnswer>,
+    /// Whether a member ID was removed from the cluster.
+    pub is_removed: Rc<dyn Fn(u64) -> bool>,
 }
 
 fn log(msg: std::fmt::Arguments<'_>) {
@@ -156,6 +161,8 @@ pub struct Transport {
     faults: Rc<Faults>,
     links: RefCell<HashMap<u64, Rc<Link>>>,
     unreachable: RefCell<Vec<u64>>,
+    /// A peer said this member was removed from the cluster.
+    told_removed: Cell<bool>,
 }
 
 impl Transport {
@@ -166,6 +173,7 @@ impl Transport {
             faults,
             links: RefCell::new(HashMap::new()),
             unreachable: RefCell::new(Vec::new()),
+            told_removed: Cell::new(false),
         })
     }
 
@@ -218,6 +226,11 @@ impl Transport {
             drop(queue);
             link.ready.notify();
         }
+    }
+
+    /// Whether a peer refused this member as removed from the cluster.
+    pub fn told_removed(&self) -> bool {
+        self.told_removed.get()
     }
 
     /// Peers whose connection failed since the last call.
@@ -293,6 +306,12 @@ impl Transport {
                     stream.read_exact(&mut answer).await?;
                     return match answer[0] {
                         ACCEPTED => Ok(stream),
+                        REMOVED => {
+                            self.told_removed.set(true);
+                            Err(std::io::Error::other(format!(
+                                "{addr} says this member was removed from the cluster"
+                            )))
+                        }
                         WRONG_CLUSTER => Err(std::io::Error::other(format!(
                             "{addr} belongs to another cluster (cluster ID mismatch; check --initial-cluster and --initial-cluster-token)"
                         ))),
@@ -514,6 +533,8 @@ async fn receive(
     }
     let verdict = if their_cluster != cluster_id {
         WRONG_CLUSTER
+    } else if (inbound.is_removed)(from) {
+        REMOVED
     } else if to != self_id {
         WRONG_MEMBER
     } else {
@@ -525,6 +546,8 @@ async fn receive(
             "refused member {from:x} of cluster {their_cluster:x}: {}",
             if verdict == WRONG_CLUSTER {
                 format!("this member belongs to cluster {cluster_id:x}")
+            } else if verdict == REMOVED {
+                "it was removed from the cluster".to_string()
             } else {
                 format!("it wanted member {to:x}, this is {self_id:x}")
             }
@@ -556,6 +579,12 @@ async fn receive(
     let mut body = Vec::new();
     loop {
         let msg = read_frame(&mut stream, from, self_id, &mut body).await?;
+        if (inbound.is_removed)(from) {
+            // Dropping the connection makes it reconnect and hear why.
+            return Err(std::io::Error::other(format!(
+                "closing the link of removed member {from:x}"
+            )));
+        }
         if !inbound.faults.blocks(from) {
             (inbound.deliver)(msg);
         }

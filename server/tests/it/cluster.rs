@@ -1093,3 +1093,51 @@ fn a_voter_is_replaced_in_one_joint_consensus_step() {
     });
     cluster.members.push(n4);
 }
+
+/// A member removed while it could not hear about it (partitioned) learns
+/// it from its peers once it reconnects, and stops: the peers refuse it as
+/// removed (etcd answers such a member 410 Gone).
+#[test]
+fn a_member_removed_while_partitioned_stops_when_it_reconnects() {
+    let mut cluster = Cluster::start(3);
+    let mut leader = None;
+    let mut ids = Vec::new();
+    runtime().block_on(async {
+        for (i, m) in cluster.members.iter().enumerate() {
+            let mut c = connect(m).await;
+            let st = within("status", c.status()).await.unwrap();
+            let me = st.header().unwrap().member_id();
+            if st.leader() == me {
+                leader = Some(i);
+            }
+            ids.push(me);
+        }
+    });
+    let leader = leader.expect("no leader");
+    let victim = (0..3).find(|i| *i != leader).unwrap();
+    cluster.isolate(Some(victim), &ids);
+    // Members re-read their fault files every 100 ms.
+    std::thread::sleep(Duration::from_millis(400));
+    runtime().block_on(async {
+        let mut c = connect(&cluster.members[leader]).await;
+        within("remove", c.member_remove(ids[victim]))
+            .await
+            .unwrap();
+        within("put", c.put("after-removal", "v", None))
+            .await
+            .unwrap();
+    });
+    // Still cut off, it cannot know yet.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        cluster.members[victim]
+            .wait_exit(Duration::from_millis(10))
+            .is_none(),
+        "it stopped before it could have heard"
+    );
+    cluster.isolate(None, &ids);
+    let status = cluster.members[victim].wait_exit(Duration::from_secs(20));
+    let log = cluster.members[victim].log_text();
+    assert!(status.is_some(), "the removed member kept running:\n{log}");
+    assert!(log.contains("was removed from the cluster"), "{log}");
+}
