@@ -122,6 +122,13 @@ enum Cmd {
 }
 
 fn main() {
+    // A closed stdout (`metcd-bench ... | head -1`) ends the process quietly,
+    // as for any Unix filter, instead of panicking in println!.
+    // SAFETY: resets one signal's disposition to the default before any
+    // thread starts; no memory is involved.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::HttpPut {
