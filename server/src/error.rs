@@ -44,4 +44,27 @@ pub enum ServerError {
     Decode(#[from] crate::raftlog::DecodeError),
 }
 
+/// etcd's membership messages the leader can answer a forwarded request with.
+const MEMBERSHIP_MESSAGES: &[&str] = &[
+    "etcdserver: can only promote a learner member which is in sync with leader",
+    "etcdserver: can only promote a learner member",
+    "etcdserver: member not found",
+];
+
+impl ServerError {
+    /// The error behind a message the leader sent back for a forwarded
+    /// request (same code and text as if it had happened here).
+    pub fn from_forwarded(message: &str) -> ServerError {
+        if let Some(m) = MEMBERSHIP_MESSAGES.iter().find(|m| **m == message) {
+            return ServerError::Membership(m);
+        }
+        match message {
+            "etcdserver: not leader" => ServerError::NotLeader,
+            "etcdserver: request timed out" => ServerError::Timeout,
+            "etcdserver: no leader" => ServerError::NoLeader,
+            other => ServerError::BadRequest(other.to_string()),
+        }
+    }
+}
+
 pub type Result<T, E = ServerError> = std::result::Result<T, E>;

@@ -680,9 +680,14 @@ impl Node {
             }
         });
         let weak = Rc::downgrade(&node);
-        let lease = Rc::new(move |q: peer::LeaseQuery| match weak.upgrade() {
-            Some(node) => node.answer_lease(q),
-            None => peer::LeaseAnswer::NotLeader,
+        let lease: peer::LeaseHandler = Rc::new(move |q: peer::LeaseQuery| {
+            let node = weak.upgrade();
+            Box::pin(async move {
+                match node {
+                    Some(node) => node.answer_lease(q).await,
+                    None => peer::LeaseAnswer::NotLeader,
+                }
+            })
         });
         let weak = Rc::downgrade(&node);
         let is_removed = Rc::new(move |member: u64| {
@@ -820,7 +825,7 @@ impl Node {
     }
 
     /// A follower's forwarded lease question, answered by the leader.
-    fn answer_lease(&self, q: peer::LeaseQuery) -> peer::LeaseAnswer {
+    async fn answer_lease(&self, q: peer::LeaseQuery) -> peer::LeaseAnswer {
         if !self.leads_leases() {
             return peer::LeaseAnswer::NotLeader;
         }
@@ -837,6 +842,9 @@ impl Node {
                             keys.into_iter().map(|k| k.to_vec()).collect(),
                         )
                     }),
+            ),
+            peer::LeaseQuery::Promote(id) => peer::LeaseAnswer::Promoted(
+                self.member_promote(id).await.map_err(|e| e.to_string()),
             ),
         }
     }

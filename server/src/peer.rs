@@ -40,12 +40,15 @@ const SNAPSHOT_CHUNK: usize = 1 << 20;
 const LEASE_MAGIC: &[u8; 8] = b"metcdls1";
 const MAX_LEASE_MESSAGE: usize = 64 << 20;
 
-/// A lease question only the leader can answer (its lessor's clock is the
-/// cluster's): what etcd forwards from followers over HTTP.
+/// A question only the leader can answer (its lessor's clock is the
+/// cluster's; only it knows a learner's progress): what etcd forwards from
+/// followers over HTTP.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub enum LeaseQuery {
     KeepAlive(i64),
     TimeToLive(i64),
+    /// MemberPromote of this member ID.
+    Promote(u64),
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -54,9 +57,15 @@ pub enum LeaseAnswer {
     KeepAlive(Option<i64>),
     /// (remaining, granted, keys); `None` for an unknown lease.
     TimeToLive(Option<(i64, i64, Vec<Vec<u8>>)>),
+    /// The members after the promotion, or etcd's error message.
+    Promoted(Result<Vec<MemberRecord>, String>),
     /// The member asked is not the leader (any more).
     NotLeader,
 }
+
+/// What answers a forwarded question (it may wait for the log).
+pub type LeaseHandler =
+    Rc<dyn Fn(LeaseQuery) -> std::pin::Pin<Box<dyn std::future::Future<Output = LeaseAnswer>>>>;
 const HELLO_BYTES: usize = 32;
 const ACCEPTED: u8 = 0;
 const WRONG_CLUSTER: u8 = 1;
@@ -137,7 +146,7 @@ pub struct Inbound {
     /// A complete, checksummed snapshot: its MsgSnapshot and data file.
     pub deliver_snapshot: Rc<dyn Fn(Message, std::path::PathBuf)>,
     /// Answers a follower's forwarded lease question.
-    pub lease: Rc<dyn Fn(LeaseQuery) -> LeaseAnswer>,
+    pub lease: LeaseHandler,
     /// Whether a member ID was removed from the cluster.
     pub is_removed: Rc<dyn Fn(u64) -> bool>,
 }
@@ -569,7 +578,7 @@ async fn receive(
             let query: LeaseQuery =
                 serde_json::from_slice(&query).map_err(std::io::Error::other)?;
             let answer =
-                serde_json::to_vec(&(inbound.lease)(query)).map_err(std::io::Error::other)?;
+                serde_json::to_vec(&(inbound.lease)(query).await).map_err(std::io::Error::other)?;
             let mut out = Vec::with_capacity(4 + answer.len());
             out.extend_from_slice(&(answer.len() as u32).to_le_bytes());
             out.extend_from_slice(&answer);

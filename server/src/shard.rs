@@ -264,6 +264,23 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             Reply::MemberChange(result, node.status().term)
         }
         Command::MemberRemove(id) => member_change(node, node.member_remove(id).await),
+        // Only the leader knows how far a learner got: a follower asks it,
+        // as etcd does.
+        Command::MemberPromote(id) if !node.is_leader() => {
+            match node
+                .forward_lease(crate::peer::LeaseQuery::Promote(id))
+                .await
+            {
+                Ok(crate::peer::LeaseAnswer::Promoted(Ok(members))) => {
+                    member_change(node, Ok(members))
+                }
+                Ok(crate::peer::LeaseAnswer::Promoted(Err(message))) => {
+                    Reply::Failed(ServerError::from_forwarded(&message))
+                }
+                Ok(_) => Reply::Failed(ServerError::NotLeader),
+                Err(e) => Reply::Failed(e),
+            }
+        }
         Command::MemberPromote(id) => member_change(node, node.member_promote(id).await),
         Command::MemberUpdate { id, peer_urls } => {
             member_change(node, node.member_update(id, peer_urls).await)

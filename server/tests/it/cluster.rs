@@ -605,10 +605,12 @@ fn learner_added_promoted_and_member_removed_with_etcdctl() {
     assert!(line4.ends_with(", true"), "{line4}");
     let id4 = line4.split(',').next().unwrap().to_string();
 
-    // Promote (retried while the leader says it is not in sync yet).
+    // Promote through a follower, which asks the leader (retried while the
+    // leader says it is not in sync yet).
+    let follower = eps.iter().find(|e| **e != leader).unwrap().clone();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (ok, text) = ctl(&leader, &["member", "promote", &id4]);
+        let (ok, text) = ctl(&follower, &["member", "promote", &id4]);
         if ok {
             assert!(
                 // etcdctl prints IDs as %16x: space-padded.
