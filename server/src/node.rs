@@ -563,11 +563,7 @@ impl Node {
                 is_learner: false,
             });
         }
-        for (_, value) in mvcc.meta_with_prefix(members::META_PREFIX)? {
-            if let Some(record) = members::decode(&value) {
-                registry.upsert(record);
-            }
-        }
+        load_member_records(&mvcc, &mut registry)?;
         registry.retain(|m| {
             conf.voters.contains(&m.id)
                 || conf.learners.contains(&m.id)
@@ -855,17 +851,26 @@ impl Node {
         if leader == 0 {
             return Err(ServerError::NoLeader);
         }
-        let call = async {
+        self.within_request_timeout(async {
             self.transport
                 .lease_call(leader, &q)
                 .await
                 .map_err(|_| ServerError::NotLeader)
-        };
+        })
+        .await
+    }
+
+    /// `answer`, or `etcdserver: request timed out` after etcd's request
+    /// timeout (what may never come back once a peer is involved).
+    async fn within_request_timeout<T>(
+        &self,
+        answer: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
         let timed_out = async {
             glommio::timer::sleep(self.request_timeout).await;
             Err(ServerError::Timeout)
         };
-        futures_lite::future::or(call, timed_out).await
+        futures_lite::future::or(answer, timed_out).await
     }
 
     pub fn leases(&self) -> Vec<i64> {
@@ -927,13 +932,13 @@ impl Node {
             return rx.await.map_err(|_| ServerError::Stopped)?;
         }
         // With peers a forwarded proposal can be lost with a leader change.
-        let answered = async { rx.await.map_err(|_| ServerError::Stopped)? };
-        let timed_out = async {
-            glommio::timer::sleep(self.request_timeout).await;
+        let answer = self
+            .within_request_timeout(async { rx.await.map_err(|_| ServerError::Stopped)? })
+            .await;
+        if answer.is_err() {
             self.pending.borrow_mut().remove(&id);
-            Err(ServerError::Timeout)
-        };
-        futures_lite::future::or(answered, timed_out).await
+        }
+        answer
     }
 
     /// This member's ID.
@@ -977,12 +982,8 @@ impl Node {
         let (tx, rx) = oneshot::channel();
         self.read_queue.borrow_mut().push(tx);
         self.queue_ready.notify();
-        let answered = async { rx.await.map_err(|_| ServerError::Stopped)? };
-        let timed_out = async {
-            glommio::timer::sleep(self.request_timeout).await;
-            Err(ServerError::Timeout)
-        };
-        futures_lite::future::or(answered, timed_out).await
+        self.within_request_timeout(async { rx.await.map_err(|_| ServerError::Stopped)? })
+            .await
     }
 
     /// Serves a read from the applied state on this core. Every write that
@@ -1067,15 +1068,7 @@ impl Node {
                 raw.report_unreachable(peer);
             }
             if self.transport.told_removed() && !self.removed.replace(true) {
-                log(format_args!(
-                    "a peer says this member ({:x}) was removed from the cluster; stopping",
-                    self.id
-                ));
-                glommio::spawn_local(async {
-                    glommio::timer::sleep(Duration::from_millis(100)).await;
-                    std::process::exit(0);
-                })
-                .detach();
+                self.leave("a peer says this member", Duration::from_millis(100));
             }
             if let Some(target) = self.transfer_to.take() {
                 raw.transfer_leader(target);
@@ -1362,11 +1355,7 @@ impl Node {
         let lessor = restore_leases(&mvcc, self.lessor.borrow().min_ttl())?;
         let conf = meta.get_conf_state().clone();
         let mut registry = Registry::default();
-        for (_, value) in mvcc.meta_with_prefix(members::META_PREFIX)? {
-            if let Some(record) = members::decode(&value) {
-                registry.upsert(record);
-            }
-        }
+        load_member_records(&mvcc, &mut registry)?;
         // Bootstrap members that never published have no record yet: keep
         // what this member knew of them.
         for m in self.registry.borrow().all() {
@@ -1884,18 +1873,24 @@ impl Node {
             }
         ));
         if self.removed.get() {
-            log(format_args!(
-                "this member ({:x}) was removed from the cluster; stopping",
-                self.id
-            ));
-            // Let the answer to the client go out first.
-            glommio::spawn_local(async {
-                glommio::timer::sleep(Duration::from_millis(500)).await;
-                std::process::exit(0);
-            })
-            .detach();
+            // Long enough for the answer to the client to go out first.
+            self.leave("this member", Duration::from_millis(500));
         }
         Ok((origin, id, Ok(Applied::Members(registry.all()))))
+    }
+
+    /// Stops the process (status 0) after `grace`: this member was removed
+    /// from the cluster. `who` says how it learned it.
+    fn leave(&self, who: &str, grace: Duration) {
+        log(format_args!(
+            "{who} ({:x}) was removed from the cluster; stopping",
+            self.id
+        ));
+        glommio::spawn_local(async move {
+            glommio::timer::sleep(grace).await;
+            std::process::exit(0);
+        })
+        .detach();
     }
 
     /// MemberAdd: a new voter or learner with these peer URLs; its ID is
@@ -2234,4 +2229,14 @@ fn single_change(kind: ConfChangeType, member: u64) -> ConfChangeSingle {
     single.set_change_type(kind);
     single.node_id = member;
     single
+}
+
+/// Overlays the member records kept in MVCC metadata on `registry`.
+fn load_member_records(mvcc: &MvccStore<MemoryEngine>, registry: &mut Registry) -> Result<()> {
+    for (_, value) in mvcc.meta_with_prefix(members::META_PREFIX)? {
+        if let Some(record) = members::decode(&value) {
+            registry.upsert(record);
+        }
+    }
+    Ok(())
 }

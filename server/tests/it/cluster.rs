@@ -91,6 +91,23 @@ impl Cluster {
     }
 }
 
+/// Which member leads (its position in `members`) and every member's ID,
+/// as each reports them in its Status.
+async fn leader_and_ids(members: &[Server]) -> (usize, Vec<u64>) {
+    let mut leader = None;
+    let mut ids = Vec::new();
+    for (i, m) in members.iter().enumerate() {
+        let mut c = connect(m).await;
+        let st = within("status", c.status()).await.unwrap();
+        let me = st.header().unwrap().member_id();
+        if st.leader() == me {
+            leader = Some(i);
+        }
+        ids.push(me);
+    }
+    (leader.expect("no member leads"), ids)
+}
+
 /// Waits (bounded) until every member reports the same revision; returns it.
 async fn converged_revision(members: &[Server], limit: Duration) -> i64 {
     let deadline = Instant::now() + limit;
@@ -345,16 +362,8 @@ fn wiped_member_refuses_to_run_and_says_what_to_do() {
     });
     // Pick a member that is not the leader, so the others keep a quorum
     // and the leader remembers how far the victim's log went.
-    let victim = runtime().block_on(async {
-        for (i, m) in cluster.members.iter().enumerate() {
-            let mut c = connect(m).await;
-            let st = c.status().await.unwrap();
-            if st.leader() != st.header().unwrap().member_id() {
-                return i;
-            }
-        }
-        panic!("every member claims to lead");
-    });
+    let (leader, _) = runtime().block_on(leader_and_ids(&cluster.members));
+    let victim = (0..3).find(|i| *i != leader).unwrap();
     let m = &mut cluster.members[victim];
     m.kill9();
     std::fs::remove_dir_all(&m.data_dir).unwrap();
@@ -706,18 +715,7 @@ impl Cluster {
 fn partitioned_leader_steps_down_and_logs_converge_after_healing() {
     let cluster = Cluster::start(3);
     runtime().block_on(async {
-        let mut ids = Vec::new();
-        let mut leader = None;
-        for (i, m) in cluster.members.iter().enumerate() {
-            let mut c = connect(m).await;
-            let st = within("status", c.status()).await.unwrap();
-            let me = st.header().unwrap().member_id();
-            if st.leader() == me {
-                leader = Some(i);
-            }
-            ids.push(me);
-        }
-        let old = leader.expect("no leader");
+        let (old, ids) = leader_and_ids(&cluster.members).await;
         let mut c_old = connect(&cluster.members[old]).await;
         for i in 0..10 {
             within("put", c_old.put(format!("before/{i}"), "v", None))
@@ -822,15 +820,7 @@ fn lagging_follower_gets_a_snapshot_and_wal_segments_are_released() {
     );
     let value = "v".repeat(256);
     runtime().block_on(async {
-        let mut leader = None;
-        for (i, m) in cluster.members.iter().enumerate() {
-            let mut c = connect(m).await;
-            let st = within("status", c.status()).await.unwrap();
-            if st.leader() == st.header().unwrap().member_id() {
-                leader = Some(i);
-            }
-        }
-        let leader = leader.expect("no leader");
+        let (leader, _) = leader_and_ids(&cluster.members).await;
         let lagging = (0..3).find(|i| *i != leader).unwrap();
         cluster.members[lagging].kill9();
         let mut c = connect(&cluster.members[leader]).await;
@@ -922,15 +912,8 @@ fn leases_work_through_a_follower() {
     use etcd_client::{LeaseTimeToLiveOptions, PutOptions};
     let cluster = Cluster::start(3);
     runtime().block_on(async {
-        let mut follower = None;
-        for (i, m) in cluster.members.iter().enumerate() {
-            let mut c = connect(m).await;
-            let st = within("status", c.status()).await.unwrap();
-            if st.leader() != st.header().unwrap().member_id() {
-                follower = Some(i);
-            }
-        }
-        let f = follower.expect("no follower");
+        let (leader, _) = leader_and_ids(&cluster.members).await;
+        let f = (0..3).find(|i| *i != leader).unwrap();
         let mut c = connect(&cluster.members[f]).await;
         let id = within("grant", c.lease_grant(3, None)).await.unwrap().id();
         within(
@@ -989,23 +972,15 @@ fn leases_work_through_a_follower() {
 #[test]
 fn a_voter_is_replaced_in_one_joint_consensus_step() {
     let mut cluster = Cluster::start(3);
-    let mut leader = None;
-    let mut ids = Vec::new();
-    runtime().block_on(async {
+    let (leader, ids) = runtime().block_on(async {
         for (i, m) in cluster.members.iter().enumerate() {
             let mut c = connect(m).await;
-            let st = within("status", c.status()).await.unwrap();
-            let me = st.header().unwrap().member_id();
-            if st.leader() == me {
-                leader = Some(i);
-            }
-            ids.push(me);
             within("put", c.put(format!("before/{i}"), "v", None))
                 .await
                 .unwrap();
         }
+        leader_and_ids(&cluster.members).await
     });
-    let leader = leader.expect("no leader");
     let victim = (0..3).find(|i| *i != leader).unwrap();
     let peer4 = format!("http://127.0.0.1:{}", free_port());
     let path = format!(
@@ -1102,20 +1077,7 @@ fn a_voter_is_replaced_in_one_joint_consensus_step() {
 #[test]
 fn a_member_removed_while_partitioned_stops_when_it_reconnects() {
     let mut cluster = Cluster::start(3);
-    let mut leader = None;
-    let mut ids = Vec::new();
-    runtime().block_on(async {
-        for (i, m) in cluster.members.iter().enumerate() {
-            let mut c = connect(m).await;
-            let st = within("status", c.status()).await.unwrap();
-            let me = st.header().unwrap().member_id();
-            if st.leader() == me {
-                leader = Some(i);
-            }
-            ids.push(me);
-        }
-    });
-    let leader = leader.expect("no leader");
+    let (leader, ids) = runtime().block_on(leader_and_ids(&cluster.members));
     let victim = (0..3).find(|i| *i != leader).unwrap();
     cluster.isolate(Some(victim), &ids);
     // Members re-read their fault files every 100 ms.
