@@ -14,6 +14,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A positional read, write or sync failed.
+    #[error("{path} at offset {offset}: {source}")]
+    IoAt {
+        path: PathBuf,
+        offset: u64,
+        #[source]
+        source: std::io::Error,
+    },
     /// A record in the middle of the data failed its checksum or framing:
     /// this is corruption, not a torn tail, so we refuse to go on.
     #[error("corrupt {what} in {path} at offset {offset}: {reason}")]
@@ -35,6 +43,14 @@ impl Error {
         Error::Io {
             op,
             path: path.into(),
+            source,
+        }
+    }
+
+    pub fn io_at(path: impl Into<PathBuf>, offset: u64, source: std::io::Error) -> Self {
+        Error::IoAt {
+            path: path.into(),
+            offset,
             source,
         }
     }

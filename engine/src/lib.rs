@@ -10,9 +10,15 @@
 //! `consistent_index`).
 //!
 //! Only [`wal`] and [`snapfile`]'s writer touch the glommio runtime (io_uring,
-//! direct I/O); everything else is runtime-free so a simulation can drive it.
+//! direct I/O). The on-disk engines ([`btree`], [`lsm`]) do their direct I/O
+//! through [`io`], which owns its own small io_uring rings and needs no
+//! runtime, so a simulation or a plain thread can drive them.
 
+pub mod any;
+pub mod btree;
 pub mod error;
+pub mod io;
+pub mod lsm;
 pub mod memory;
 pub mod snapfile;
 pub mod wal;

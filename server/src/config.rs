@@ -41,7 +41,8 @@ pub struct Config {
     pub listen_peer_urls: Option<String>,
     /// Most operations in one txn (etcd's `--max-txn-ops`).
     pub max_txn_ops: usize,
-    /// Storage engine: `memory` (btree and lsm are tracked in their issue).
+    /// Storage engine: `memory`, `btree` or `lsm` (recorded in the data
+    /// dir at first start; another engine is refused later).
     pub engine: String,
     /// Executor cores; 0 = every core.
     pub shards: usize,
@@ -455,12 +456,8 @@ impl Config {
             value,
             reason: reason.to_string(),
         };
-        if self.engine != "memory" {
-            return Err(invalid(
-                "engine",
-                self.engine.clone(),
-                "only `memory` is available in this build (btree and lsm are not implemented yet)",
-            ));
+        if let Err(reason) = self.engine.parse::<engine::any::EngineKind>() {
+            return Err(invalid("engine", self.engine.clone(), &reason));
         }
         if self.name.is_empty() {
             return Err(invalid("name", self.name.clone(), "must not be empty"));
@@ -665,5 +662,12 @@ mod tests {
                 cfg.validate().unwrap();
             }
         }
+    }
+}
+
+impl Config {
+    /// The storage engine (validated at load).
+    pub fn engine_kind(&self) -> engine::any::EngineKind {
+        self.engine.parse().unwrap_or_default()
     }
 }

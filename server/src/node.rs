@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut};
 use engine::wal::{self, Wal, WalOptions};
-use engine::{Engine, MemoryEngine};
+use engine::any::{AnyEngine, EngineDir};
+use engine::Engine;
 use futures_channel::oneshot;
 use protobuf::Message as _;
 use raft::eraftpb::{
@@ -360,9 +361,10 @@ pub struct Node {
     learner: Cell<bool>,
     was_leader: Cell<bool>,
     request_timeout: Duration,
-    mvcc: RefCell<MvccStore<MemoryEngine>>,
+    mvcc: RefCell<MvccStore<AnyEngine>>,
     /// Replaced wholesale when a leader's snapshot is installed.
-    engine: RefCell<MemoryEngine>,
+    engine: RefCell<AnyEngine>,
+    engine_dir: EngineDir,
     /// The Raft log storage (shared with the RawNode), for snapshot terms.
     raft_store: MemStorage,
     /// Snapshot files received from the leader, by snapshot index.
@@ -415,7 +417,8 @@ impl Node {
                 }
             }
         }
-        let engine = MemoryEngine::open(&dirs.snap)?;
+        let engine_dir = EngineDir::open(&dirs.snap, cfg.engine_kind())?;
+        let engine = engine_dir.open_engine()?;
         let engine_applied = engine.applied_index();
         let recovered = wal::recover(&dirs.wal)?;
         if let Some((path, offset)) = &recovered.truncated {
@@ -622,6 +625,7 @@ impl Node {
             request_timeout: REQUEST_TIMEOUT_BASE + Duration::from_millis(2 * cfg.election_timeout),
             mvcc: RefCell::new(mvcc),
             engine: RefCell::new(engine),
+            engine_dir,
             raft_store: raft_store.clone(),
             incoming_snapshots: RefCell::new(HashMap::new()),
             snapshot_sends: RefCell::new(Default::default()),
@@ -755,17 +759,26 @@ impl Node {
         self.status.get()
     }
 
-    /// Bytes this member's data occupies on disk (snapshot files and WAL
-    /// segments): etcd's "DB SIZE" for the memory engine.
+    /// Bytes this member's data occupies on disk (engine files and WAL
+    /// segments): etcd's "DB SIZE".
     pub fn disk_usage(&self) -> u64 {
-        [&self.dirs.snap, &self.dirs.wal]
-            .iter()
-            .filter_map(|d| std::fs::read_dir(d).ok())
-            .flatten()
-            .filter_map(|e| e.ok()?.metadata().ok())
-            .filter(|m| m.is_file())
-            .map(|m| m.len())
-            .sum()
+        fn bytes_under(dir: &Path, depth: usize) -> u64 {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return 0;
+            };
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let meta = e.metadata().ok()?;
+                    if meta.is_dir() && depth > 0 {
+                        Some(bytes_under(&e.path(), depth - 1))
+                    } else {
+                        meta.is_file().then_some(meta.len())
+                    }
+                })
+                .sum()
+        }
+        bytes_under(&self.dirs.snap, 2) + bytes_under(&self.dirs.wal, 0)
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -1344,7 +1357,7 @@ impl Node {
                 "raft applies a snapshot at index {index} whose data never arrived"
             )));
         };
-        let engine = MemoryEngine::install_snapshot_file(&self.dirs.snap, &file).await?;
+        let engine = self.engine_dir.install_snapshot_file(&file).await?;
         if engine.applied_index() != index {
             return Err(ServerError::Startup(format!(
                 "the snapshot for index {index} holds applied index {}",
@@ -1677,8 +1690,9 @@ impl Node {
         let node = self.clone();
         let engine = self.engine.borrow().clone();
         glommio::spawn_local(async move {
-            let result = engine
-                .checkpoint(&node.dirs.snap)
+            let result = node
+                .engine_dir
+                .checkpoint(&engine)
                 .await
                 .map_err(ServerError::from);
             *node.snapshot_done.borrow_mut() = Some(result);
@@ -1737,7 +1751,7 @@ impl Node {
     fn apply_membership(
         &self,
         raw: &mut RawNode<MemStorage>,
-        mvcc: &mut MvccStore<MemoryEngine>,
+        mvcc: &mut MvccStore<AnyEngine>,
         entry: &Entry,
     ) -> Result<(u64, u64, Result<Applied>)> {
         let cc = match entry.entry_type {
@@ -2101,7 +2115,7 @@ impl Node {
 
 /// Rebuilds the lease table: leases from their records, attachments from
 /// the keys' `lease` fields. Every lease starts a full TTL (etcd's Promote).
-fn restore_leases(mvcc: &MvccStore<MemoryEngine>, min_ttl: i64) -> Result<crate::lease::Lessor> {
+fn restore_leases(mvcc: &MvccStore<AnyEngine>, min_ttl: i64) -> Result<crate::lease::Lessor> {
     let mut lessor = crate::lease::Lessor::new(min_ttl);
     let now = Instant::now();
     for (name, value) in mvcc.meta_with_prefix(b"lease/")? {
@@ -2232,7 +2246,7 @@ fn single_change(kind: ConfChangeType, member: u64) -> ConfChangeSingle {
 }
 
 /// Overlays the member records kept in MVCC metadata on `registry`.
-fn load_member_records(mvcc: &MvccStore<MemoryEngine>, registry: &mut Registry) -> Result<()> {
+fn load_member_records(mvcc: &MvccStore<AnyEngine>, registry: &mut Registry) -> Result<()> {
     for (_, value) in mvcc.meta_with_prefix(members::META_PREFIX)? {
         if let Some(record) = members::decode(&value) {
             registry.upsert(record);

@@ -1,0 +1,385 @@
+//! The engine a member runs, chosen at start (`--engine memory|btree|lsm`):
+//! [`AnyEngine`] dispatches to one of them, and [`EngineDir`] owns the layout
+//! of the engine's directory — which engine a data dir belongs to, where the
+//! on-disk engines keep their files, and how a snapshot received from a
+//! leader replaces them crash-safely.
+//!
+//! Layout of the engine directory:
+//! - `ENGINE`: the engine's name. A data dir opened with another `--engine`
+//!   is refused (switching engines means restoring a snapshot into a new
+//!   member, not reinterpreting files).
+//! - memory: `*.snap` checkpoint files (see [`crate::memory`]).
+//! - btree, lsm: `db.current` names the live subdirectory `db-<n>`; a
+//!   received snapshot is built into `db-<n+1>`, persisted, and only then
+//!   does `db.current` switch to it (write tmp, fsync, rename, fsync dir), so
+//!   a crash leaves either the old state or the new one, never a mix.
+//!
+//! It must never open a data dir with an engine other than the one recorded,
+//! and never point `db.current` at a directory that is not fully persisted.
+
+#![allow(dead_code)] // TEMPORARY: btree/lsm variants land with their engines.
+use std::fmt;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use bytes::Bytes;
+
+use crate::memory::MemorySnapshot;
+use crate::snapfile;
+use crate::{Engine, EngineSnapshot, Error, MemoryEngine, Result, Scan, WriteBatch};
+
+const KIND_FILE: &str = "ENGINE";
+const CURRENT_FILE: &str = "db.current";
+const DB_PREFIX: &str = "db-";
+/// Entries per write batch when loading a received snapshot into an
+/// on-disk engine.
+const INSTALL_BATCH: usize = 4096;
+
+/// Which engine stores a member's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    /// Skiplist in memory, checkpointed to snapshot files; the WAL makes
+    /// writes between checkpoints durable.
+    #[default]
+    Memory,
+    /// Copy-on-write B+tree file (boltdb/redb lineage): read-heavy work.
+    Btree,
+    /// Log-structured merge tree (leveldb lineage): write-heavy work.
+    Lsm,
+}
+
+impl EngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Memory => "memory",
+            EngineKind::Btree => "btree",
+            EngineKind::Lsm => "lsm",
+        }
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "memory" => Ok(EngineKind::Memory),
+            "btree" => Ok(EngineKind::Btree),
+            "lsm" => Ok(EngineKind::Lsm),
+            other => Err(format!(
+                "unknown engine {other:?}: expected memory, btree or lsm"
+            )),
+        }
+    }
+}
+
+/// An on-disk engine that persists itself (the Raft WAL covers what it has
+/// not persisted yet).
+trait DiskEngine: Engine + Clone + Send + Sync + Sized {
+    fn open_dir(dir: &Path) -> Result<Self>;
+    /// Blocking: writes and syncs everything applied so far.
+    fn persist(&self) -> Result<u64>;
+}
+
+/// One of the engines, chosen at start.
+#[derive(Clone)]
+pub enum AnyEngine {
+    Memory(MemoryEngine),
+}
+
+/// A snapshot of whichever engine runs.
+pub enum AnySnapshot {
+    Memory(MemorySnapshot),
+}
+
+macro_rules! dispatch {
+    ($value:expr, $name:ident => $body:expr) => {
+        match $value {
+            AnyEngine::Memory($name) => $body,
+        }
+    };
+}
+
+macro_rules! dispatch_snapshot {
+    ($value:expr, $name:ident => $body:expr) => {
+        match $value {
+            AnySnapshot::Memory($name) => $body,
+        }
+    };
+}
+
+impl EngineSnapshot for AnySnapshot {
+    fn applied_index(&self) -> u64 {
+        dispatch_snapshot!(self, s => s.applied_index())
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        dispatch_snapshot!(self, s => s.get(key))
+    }
+
+    fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, visit: F) -> Result<()>
+    where
+        F: FnMut(&Bytes, &Bytes) -> Scan,
+    {
+        dispatch_snapshot!(self, s => s.scan(start, end, visit))
+    }
+}
+
+impl Engine for AnyEngine {
+    type Snapshot = AnySnapshot;
+
+    fn write(&self, batch: WriteBatch) -> Result<()> {
+        dispatch!(self, e => e.write(batch))
+    }
+
+    fn snapshot(&self) -> AnySnapshot {
+        match self {
+            AnyEngine::Memory(e) => AnySnapshot::Memory(e.snapshot()),
+        }
+    }
+
+    fn applied_index(&self) -> u64 {
+        dispatch!(self, e => e.applied_index())
+    }
+
+    fn durable_applied_index(&self) -> u64 {
+        dispatch!(self, e => e.durable_applied_index())
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        dispatch!(self, e => e.get(key))
+    }
+}
+
+impl AnyEngine {
+    pub fn kind(&self) -> EngineKind {
+        match self {
+            AnyEngine::Memory(_) => EngineKind::Memory,
+        }
+    }
+}
+
+/// The engine directory of one member and the engine recorded in it.
+#[derive(Debug, Clone)]
+pub struct EngineDir {
+    dir: PathBuf,
+    kind: EngineKind,
+}
+
+impl EngineDir {
+    /// Opens `dir` for `kind`: a new directory records `kind`; one that
+    /// records another engine is refused. A directory from before engines
+    /// were recorded holds memory-engine snapshot files.
+    pub fn open(dir: &Path, kind: EngineKind) -> Result<EngineDir> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create engine dir", dir, e))?;
+        let kind_path = dir.join(KIND_FILE);
+        match std::fs::read_to_string(&kind_path) {
+            Ok(text) => {
+                let recorded: EngineKind = text.trim().parse().map_err(|e: String| {
+                    Error::Invalid(format!("{}: {e}", kind_path.display()))
+                })?;
+                if recorded != kind {
+                    return Err(Error::Invalid(format!(
+                        "the data dir holds a {recorded} engine ({}), but --engine is {kind}; \
+                         start with --engine {recorded}, or restore a snapshot into a new \
+                         data dir to change engines",
+                        kind_path.display()
+                    )));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let legacy_memory = list_names(dir)?.iter().any(|n| n.ends_with(".snap"));
+                if legacy_memory && kind != EngineKind::Memory {
+                    return Err(Error::Invalid(format!(
+                        "the data dir holds memory-engine snapshots ({}), but --engine is \
+                         {kind}; start with --engine memory",
+                        dir.display()
+                    )));
+                }
+                write_durably(dir, KIND_FILE, format!("{kind}\n").as_bytes())?;
+            }
+            Err(e) => return Err(Error::io("read", &kind_path, e)),
+        }
+        Ok(EngineDir {
+            dir: dir.to_path_buf(),
+            kind,
+        })
+    }
+
+    pub fn kind(&self) -> EngineKind {
+        self.kind
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Opens the engine with the state of its last checkpoint.
+    pub fn open_engine(&self) -> Result<AnyEngine> {
+        match self.kind {
+            EngineKind::Memory => Ok(AnyEngine::Memory(MemoryEngine::open(&self.dir)?)),
+            _ => Err(Error::Invalid("engine not built yet".into())),
+        }
+    }
+
+    /// Makes `engine`'s applied state durable so the WAL before it can be
+    /// released; returns the applied index made durable. Runs off the
+    /// caller's core (serialising or syncing takes milliseconds to seconds);
+    /// the engine keeps accepting writes meanwhile.
+    pub async fn checkpoint(&self, engine: &AnyEngine) -> Result<u64> {
+        match engine {
+            AnyEngine::Memory(e) => e.checkpoint(&self.dir).await,
+        }
+    }
+
+    /// Replaces the engine's state by the snapshot file `file` (from a
+    /// leader), durably; returns the engine holding exactly that state.
+    /// The engine in use before is left untouched in memory; the caller
+    /// swaps it out.
+    pub async fn install_snapshot_file(&self, file: &Path) -> Result<AnyEngine> {
+        match self.kind {
+            EngineKind::Memory => Ok(AnyEngine::Memory(
+                MemoryEngine::install_snapshot_file(&self.dir, file).await?,
+            )),
+            _ => Err(Error::Invalid("engine not built yet".into())),
+        }
+    }
+
+    fn current_db(&self) -> Result<Option<(u64, PathBuf)>> {
+        let path = self.dir.join(CURRENT_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(name) => {
+                let name = name.trim();
+                let n = name
+                    .strip_prefix(DB_PREFIX)
+                    .and_then(|n| u64::from_str_radix(n, 16).ok())
+                    .ok_or_else(|| Error::Corrupt {
+                        what: "engine pointer",
+                        path: path.clone(),
+                        offset: 0,
+                        reason: format!("{name:?} names no {DB_PREFIX}<n> directory"),
+                    })?;
+                Ok(Some((n, self.dir.join(name))))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("read", &path, e)),
+        }
+    }
+
+    fn db_name(n: u64) -> String {
+        format!("{DB_PREFIX}{n:016x}")
+    }
+
+    fn open_disk<E: DiskEngine>(&self) -> Result<E> {
+        let (n, db) = match self.current_db()? {
+            Some(current) => current,
+            None => {
+                let name = Self::db_name(1);
+                let db = self.dir.join(&name);
+                // A leftover from a crash before the pointer was written
+                // holds nothing acknowledged: start clean.
+                remove_dir_if_present(&db)?;
+                std::fs::create_dir_all(&db).map_err(|e| Error::io("create", &db, e))?;
+                write_durably(&self.dir, CURRENT_FILE, name.as_bytes())?;
+                (1, db)
+            }
+        };
+        // Directories of interrupted or superseded installs.
+        self.remove_dbs_except(n)?;
+        E::open_dir(&db)
+    }
+
+    fn install_disk<E: DiskEngine>(&self, file: &Path) -> Result<E> {
+        let data = snapfile::read(file)?;
+        let n = self.current_db()?.map_or(1, |(n, _)| n + 1);
+        let name = Self::db_name(n);
+        let db = self.dir.join(&name);
+        remove_dir_if_present(&db)?;
+        std::fs::create_dir_all(&db).map_err(|e| Error::io("create", &db, e))?;
+        let engine = E::open_dir(&db)?;
+        let applied = data.applied_index;
+        let mut entries = data.entries.into_iter().peekable();
+        loop {
+            let mut batch = WriteBatch::with_capacity(INSTALL_BATCH);
+            for (key, value) in entries.by_ref().take(INSTALL_BATCH) {
+                batch.put(key, value);
+            }
+            let last = entries.peek().is_none();
+            if last {
+                batch.set_applied_index(applied);
+            }
+            engine.write(batch)?;
+            if last {
+                break;
+            }
+        }
+        engine.persist()?;
+        write_durably(&self.dir, CURRENT_FILE, name.as_bytes())?;
+        let _ = std::fs::remove_file(file);
+        // The engine being replaced may still serve snapshots in memory;
+        // its files go at the next open (Linux keeps open files readable).
+        Ok(engine)
+    }
+
+    fn remove_dbs_except(&self, keep: u64) -> Result<()> {
+        for name in list_names(&self.dir)? {
+            let Some(n) = name
+                .strip_prefix(DB_PREFIX)
+                .and_then(|n| u64::from_str_radix(n, 16).ok())
+            else {
+                continue;
+            };
+            if n != keep {
+                remove_dir_if_present(&self.dir.join(&name))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs blocking engine work on the executor's blocking pool.
+async fn off_core<T, R, F>(value: T, f: F) -> Result<R>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+    F: FnOnce(T) -> Result<R> + Send + 'static,
+{
+    glommio::executor().spawn_blocking(move || f(value)).await
+}
+
+fn list_names(dir: &Path) -> Result<Vec<String>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io("read dir", dir, e))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("read dir", dir, e))?;
+        names.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    Ok(names)
+}
+
+fn remove_dir_if_present(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove", dir, e)),
+    }
+}
+
+/// Writes `dir/name` so that after a crash it holds either its old content
+/// or `data`: tmp file, fsync, rename, fsync of the directory.
+fn write_durably(dir: &Path, name: &str, data: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let path = dir.join(name);
+    let mut f = std::fs::File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+    f.write_all(data).map_err(|e| Error::io("write", &tmp, e))?;
+    f.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::io("rename", &path, e))?;
+    crate::io::sync_dir(dir)
+}

@@ -1,0 +1,1 @@
+//! The copy-on-write B+tree engine (boltdb/redb lineage). Being written.

@@ -1,0 +1,1 @@
+//! The log-structured merge engine (leveldb lineage). Being written.
