@@ -51,6 +51,16 @@ pub struct CompareArgs {
     /// The etcd binary.
     #[arg(long, default_value = "etcd")]
     pub etcd: PathBuf,
+    /// Instead of the suite: start one metcd member per `*.toml` profile in
+    /// --profiles-dir and measure each (put at 1 and 1000 clients, put p99
+    /// with and without scans); the table replaces the profiles section of
+    /// --profiles-out.
+    #[arg(long)]
+    pub profiles: bool,
+    #[arg(long, default_value = "tuning")]
+    pub profiles_dir: PathBuf,
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    pub profiles_out: PathBuf,
 }
 
 /// Upper bound of every case.
@@ -448,7 +458,12 @@ fn url(port: u16) -> String {
 
 impl Cluster {
     /// Starts `members` servers of `system` from `bin`.
-    fn start(system: System, bin: &Path, members: usize) -> Result<Cluster, String> {
+    fn start(
+        system: System,
+        bin: &Path,
+        members: usize,
+        extra: &[String],
+    ) -> Result<Cluster, String> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("metcd-compare-{}-", system.name()))
             .tempdir()
@@ -514,6 +529,9 @@ impl Cluster {
                     push("--initial-cluster-token", "bench");
                     push("--shards", "1");
                 }
+            }
+            if system == System::Metcd {
+                args.extend(extra.iter().cloned());
             }
             let log_path = cluster.dir.path().join(format!("{name}.log"));
             let log = File::create(&log_path).map_err(|e| format!("log file: {e}"))?;
@@ -678,10 +696,11 @@ fn run_system(
     system: System,
     bin: &Path,
     members: usize,
+    extra: &[String],
     cases: &[Case],
     scale: f64,
 ) -> Vec<Result<Summary, String>> {
-    let started = Cluster::start(system, bin, members).and_then(|mut c| {
+    let started = Cluster::start(system, bin, members, extra).and_then(|mut c| {
         let leader = c.leader()?;
         put_foo(&leader)?;
         Ok((c, leader))
@@ -714,6 +733,9 @@ fn run_system(
 }
 
 pub fn compare_cmd(args: CompareArgs) -> Result<(), String> {
+    if args.profiles {
+        return profiles_cmd(&args);
+    }
     if args.suite != "etcd-docs" {
         return Err(format!("--suite {}: only etcd-docs exists", args.suite));
     }
@@ -723,12 +745,7 @@ pub fn compare_cmd(args: CompareArgs) -> Result<(), String> {
     if args.members.is_empty() || args.members.contains(&0) {
         return Err("--members: expected counts >= 1".into());
     }
-    let metcd = match &args.metcd {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()
-            .map_err(|e| format!("current exe: {e}"))?
-            .with_file_name("metcd"),
-    };
+    let metcd = metcd_bin(&args)?;
     let etcd_bin = args.etcd.to_string_lossy().to_string();
     let etcd_version = command_output(&etcd_bin, &["--version"])
         .and_then(|v| v.lines().next().map(str::to_string))
@@ -755,8 +772,8 @@ pub fn compare_cmd(args: CompareArgs) -> Result<(), String> {
     let cases = etcd_docs();
     let mut tables = Vec::new();
     for &members in &args.members {
-        let etcd = run_system(System::Etcd, &args.etcd, members, &cases, args.scale);
-        let metcd = run_system(System::Metcd, &metcd, members, &cases, args.scale);
+        let etcd = run_system(System::Etcd, &args.etcd, members, &[], &cases, args.scale);
+        let metcd = run_system(System::Metcd, &metcd, members, &[], &cases, args.scale);
         let rows = cases
             .iter()
             .zip(etcd.into_iter().zip(metcd))
@@ -787,6 +804,164 @@ pub fn compare_cmd(args: CompareArgs) -> Result<(), String> {
         Ok(())
     } else {
         Err("no case ran on either system".into())
+    }
+}
+
+fn metcd_bin(args: &CompareArgs) -> Result<PathBuf, String> {
+    match &args.metcd {
+        Some(p) => Ok(p.clone()),
+        None => Ok(std::env::current_exe()
+            .map_err(|e| format!("current exe: {e}"))?
+            .with_file_name("metcd")),
+    }
+}
+
+/// The cases measured per tuning profile: latency alone, throughput, and
+/// the cost of expensive reads to writes.
+fn profile_cases() -> Vec<Case> {
+    let suite = etcd_docs();
+    [0usize, 2, 6, 7].iter().map(|&i| suite[i]).collect()
+}
+
+/// One profile's results, in [`profile_cases`] order.
+#[derive(Clone, Debug)]
+pub struct ProfileRow {
+    pub profile: String,
+    pub results: Vec<Result<Summary, String>>,
+}
+
+const PROFILES_BEGIN: &str = "<!-- metcd-bench compare --profiles: begin -->";
+const PROFILES_END: &str = "<!-- metcd-bench compare --profiles: end -->";
+
+/// The profiles table: per profile, put at 1 client (ops/s, p99), put at
+/// 1000 clients (ops/s, p99) and put p99 with scans / without.
+pub fn render_profiles(header: &[String], rows: &[ProfileRow]) -> String {
+    let mut out = format!("{PROFILES_BEGIN}\n## Tuning profiles (`metcd-bench compare --profiles`)\n\n");
+    for h in header {
+        let _ = writeln!(out, "- {h}");
+    }
+    out.push('\n');
+    let _ = writeln!(
+        out,
+        "| profile | put 1 client ops/s | p99 ms | put 1000 clients ops/s | p99 ms | put p99 with 2 scanners | without | ratio |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut notes = Vec::new();
+    for row in rows {
+        let r = |i: usize| row.results.get(i).cloned().unwrap_or(Err("not run".into()));
+        let (one, many, with, without) = (r(0), r(1), r(2), r(3));
+        let p99 = |r: &Result<Summary, String>| r.as_ref().ok().map(|s| s.p99_ms);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.profile,
+            cell(&one, |s| s.ops_per_sec, fmt_ops),
+            cell(&one, |s| s.p99_ms, fmt_ms),
+            cell(&many, |s| s.ops_per_sec, fmt_ops),
+            cell(&many, |s| s.p99_ms, fmt_ms),
+            cell(&with, |s| s.p99_ms, fmt_ms),
+            cell(&without, |s| s.p99_ms, fmt_ms),
+            ratio(p99(&without), p99(&with)),
+        );
+        for (case, result) in profile_cases().iter().zip(&row.results) {
+            match result {
+                Ok(s) if s.errors > 0 => notes.push(format!(
+                    "{} {}: {} errors ({} ok)",
+                    row.profile, case.name, s.errors, s.ops
+                )),
+                Ok(_) => {}
+                Err(e) => notes.push(format!(
+                    "{} {}: failed: {}",
+                    row.profile,
+                    case.name,
+                    e.lines().next().unwrap_or_default()
+                )),
+            }
+        }
+    }
+    out.push('\n');
+    for n in notes {
+        let _ = writeln!(out, "- {n}");
+    }
+    out.push_str(PROFILES_END);
+    out.push('\n');
+    out
+}
+
+/// `doc` with its profiles section replaced by `section` (appended when it
+/// has none).
+pub fn splice_profiles(doc: &str, section: &str) -> String {
+    if let (Some(a), Some(b)) = (doc.find(PROFILES_BEGIN), doc.find(PROFILES_END)) {
+        if a < b {
+            let mut end = b + PROFILES_END.len();
+            if doc[end..].starts_with('\n') {
+                end += 1;
+            }
+            return format!("{}{section}{}", &doc[..a], &doc[end..]);
+        }
+    }
+    let sep = if doc.is_empty() || doc.ends_with("\n\n") {
+        ""
+    } else if doc.ends_with('\n') {
+        "\n"
+    } else {
+        "\n\n"
+    };
+    format!("{doc}{sep}{section}")
+}
+
+fn profiles_cmd(args: &CompareArgs) -> Result<(), String> {
+    if !(args.scale > 0.0 && args.scale.is_finite()) {
+        return Err(format!("--scale {}: expected a number > 0", args.scale));
+    }
+    let metcd = metcd_bin(args)?;
+    let dir = &args.profiles_dir;
+    let mut profiles: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("--profiles-dir {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    profiles.sort();
+    if profiles.is_empty() {
+        return Err(format!("--profiles-dir {}: no *.toml profile", dir.display()));
+    }
+    let cases = profile_cases();
+    let mut rows = Vec::new();
+    for path in &profiles {
+        let profile = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        eprintln!("metcd-bench: profile {profile}");
+        let extra = vec!["--config".to_string(), path.to_string_lossy().to_string()];
+        let results = run_system(System::Metcd, &metcd, 1, &extra, &cases, args.scale);
+        rows.push(ProfileRow { profile, results });
+    }
+    let header = vec![
+        format!("machine: {}", machine_line()),
+        format!("command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
+        format!(
+            "date: {}",
+            command_output("date", &[]).unwrap_or_else(|| "unknown".into())
+        ),
+        format!(
+            "one metcd member per profile of `{}` (its flags from `--config`, data and ports from the tool); scale {}: {} requests at 1 client, {} otherwise, each case at most {CASE_SECONDS} s; same metcd-bench client for all",
+            dir.display(),
+            args.scale,
+            ((10_000.0 * args.scale).round() as u64).max(1),
+            ((100_000.0 * args.scale).round() as u64).max(1),
+        ),
+    ];
+    let section = render_profiles(&header, &rows);
+    println!("{section}");
+    let doc = std::fs::read_to_string(&args.profiles_out).unwrap_or_default();
+    std::fs::write(&args.profiles_out, splice_profiles(&doc, &section))
+        .map_err(|e| format!("write {}: {e}", args.profiles_out.display()))?;
+    eprintln!("metcd-bench: wrote {}", args.profiles_out.display());
+    if rows.iter().any(|r| r.results.iter().any(|x| x.is_ok())) {
+        Ok(())
+    } else {
+        Err("no profile case ran".into())
     }
 }
 
@@ -920,6 +1095,44 @@ mod tests {
         assert!(md.contains("\n- machine: x\n- date: y\n"));
         assert!(md.contains("### 1 member,"));
         assert!(md.contains("### 3 members,"));
+    }
+
+    #[test]
+    fn profiles_table_and_splice() {
+        let row = ProfileRow {
+            profile: "latency".into(),
+            results: vec![
+                Ok(Summary::of(&report(1000, 0, 1, 500))),
+                Ok(Summary::of(&report(4000, 2, 2, 1500))),
+                Ok(Summary::of(&report(100, 0, 1, 2000))),
+                Ok(Summary::of(&report(100, 0, 1, 1000))),
+            ],
+        };
+        let failed = ProfileRow {
+            profile: "dev".into(),
+            results: vec![Err("start: boom".into()); 4],
+        };
+        let section = render_profiles(&["date: y".to_string()], &[row, failed]);
+        let line = section
+            .lines()
+            .find(|l| l.starts_with("| latency |"))
+            .unwrap();
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        assert_eq!(
+            cells,
+            ["latency", "1,000", "0.500", "2,000", "1.500", "2.000", "1.000", "2.00x"]
+        );
+        assert!(section.contains("| dev | failed | failed |"), "{section}");
+        assert!(section.contains("- latency put, 1000 clients/100 conns, random keys: 2 errors (4000 ok)"));
+        assert!(section.contains("- dev put, 1 client/1 conn: failed: start: boom"));
+
+        let doc = "# Benchmarks\n\nintro\n";
+        let once = splice_profiles(doc, &section);
+        assert!(once.starts_with("# Benchmarks\n\nintro\n\n<!-- metcd-bench"));
+        let twice = splice_profiles(&format!("{once}\n## later\n"), &section);
+        assert_eq!(twice.matches(PROFILES_BEGIN).count(), 1);
+        assert!(twice.ends_with("\n## later\n"), "{twice}");
+        assert_eq!(twice, format!("{once}\n## later\n"));
     }
 
     #[test]

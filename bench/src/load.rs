@@ -283,12 +283,14 @@ pub async fn run<W: Worker + 'static>(
             stats
         }));
     }
+    let progress = Progress::start(args.total, args.duration()?, gate.clone(), stop.clone());
     let mut all = Vec::with_capacity(tasks.len() + bg_tasks.len());
     for t in tasks {
         all.push(t.await);
     }
     let elapsed = start.elapsed();
     stop.set(true);
+    progress.finish().await;
     let bounded_sent: u64 = all.iter().flat_map(|s| s.sent.iter()).sum();
     let issued = gate.borrow().issued;
     assert_eq!(
@@ -320,6 +322,45 @@ pub async fn run<W: Worker + 'static>(
         reports.push(r);
     }
     Ok(reports)
+}
+
+/// A progress bar of requests issued (and of time, when the duration bound
+/// comes first) on stderr, only when stderr is a terminal: scripts and CI
+/// logs stay quiet.
+struct Progress {
+    task: Option<glommio::task::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(total: u64, limit: Duration, gate: Rc<RefCell<Gate>>, stop: Rc<Cell<bool>>) -> Progress {
+        use std::io::IsTerminal;
+        if !std::io::stderr().is_terminal() {
+            return Progress { task: None };
+        }
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} requests, {elapsed} of at most {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_message(format!("{:.0?}", limit));
+        let task = glommio::spawn_local(async move {
+            while !stop.get() {
+                bar.set_position(gate.borrow().issued);
+                glommio::timer::sleep(Duration::from_millis(100)).await;
+            }
+            bar.finish_and_clear();
+        })
+        .detach();
+        Progress { task: Some(task) }
+    }
+
+    async fn finish(self) {
+        if let Some(task) = self.task {
+            task.await;
+        }
+    }
 }
 
 #[cfg(test)]

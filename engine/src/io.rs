@@ -271,7 +271,7 @@ impl DirectFile {
 }
 
 fn check_aligned(path: &Path, offset: u64) -> Result<()> {
-    if offset % ALIGN as u64 == 0 {
+    if offset.is_multiple_of(ALIGN as u64) {
         Ok(())
     } else {
         Err(Error::io_at(
