@@ -836,7 +836,8 @@ const PROFILES_END: &str = "<!-- metcd-bench compare --profiles: end -->";
 /// The profiles table: per profile, put at 1 client (ops/s, p99), put at
 /// 1000 clients (ops/s, p99) and put p99 with scans / without.
 pub fn render_profiles(header: &[String], rows: &[ProfileRow]) -> String {
-    let mut out = format!("{PROFILES_BEGIN}\n## Tuning profiles (`metcd-bench compare --profiles`)\n\n");
+    let mut out =
+        format!("{PROFILES_BEGIN}\n## Tuning profiles (`metcd-bench compare --profiles`)\n\n");
     for h in header {
         let _ = writeln!(out, "- {h}");
     }
@@ -923,7 +924,10 @@ fn profiles_cmd(args: &CompareArgs) -> Result<(), String> {
         .collect();
     profiles.sort();
     if profiles.is_empty() {
-        return Err(format!("--profiles-dir {}: no *.toml profile", dir.display()));
+        return Err(format!(
+            "--profiles-dir {}: no *.toml profile",
+            dir.display()
+        ));
     }
     let cases = profile_cases();
     let mut rows = Vec::new();
@@ -1123,7 +1127,8 @@ mod tests {
             ["latency", "1,000", "0.500", "2,000", "1.500", "2.000", "1.000", "2.00x"]
         );
         assert!(section.contains("| dev | failed | failed |"), "{section}");
-        assert!(section.contains("- latency put, 1000 clients/100 conns, random keys: 2 errors (4000 ok)"));
+        assert!(section
+            .contains("- latency put, 1000 clients/100 conns, random keys: 2 errors (4000 ok)"));
         assert!(section.contains("- dev put, 1 client/1 conn: failed: start: boom"));
 
         let doc = "# Benchmarks\n\nintro\n";

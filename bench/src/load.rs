@@ -332,7 +332,12 @@ struct Progress {
 }
 
 impl Progress {
-    fn start(total: u64, limit: Duration, gate: Rc<RefCell<Gate>>, stop: Rc<Cell<bool>>) -> Progress {
+    fn start(
+        total: u64,
+        limit: Duration,
+        gate: Rc<RefCell<Gate>>,
+        stop: Rc<Cell<bool>>,
+    ) -> Progress {
         use std::io::IsTerminal;
         if !std::io::stderr().is_terminal() {
             return Progress { task: None };

@@ -181,9 +181,10 @@ impl EngineDir {
         let kind_path = dir.join(KIND_FILE);
         match std::fs::read_to_string(&kind_path) {
             Ok(text) => {
-                let recorded: EngineKind = text.trim().parse().map_err(|e: String| {
-                    Error::Invalid(format!("{}: {e}", kind_path.display()))
-                })?;
+                let recorded: EngineKind = text
+                    .trim()
+                    .parse()
+                    .map_err(|e: String| Error::Invalid(format!("{}: {e}", kind_path.display())))?;
                 if recorded != kind {
                     return Err(Error::Invalid(format!(
                         "the data dir holds a {recorded} engine ({}), but --engine is {kind}; \

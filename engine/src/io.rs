@@ -69,9 +69,7 @@ impl AlignedBuf {
             Ok(l) => l,
             // len is a rounded usize well below isize::MAX in practice; a
             // layout error here is an allocation failure.
-            Err(_) => std::alloc::handle_alloc_error(
-                std::alloc::Layout::new::<[u8; ALIGN]>(),
-            ),
+            Err(_) => std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u8; ALIGN]>()),
         }
     }
 }
@@ -178,7 +176,11 @@ impl DirectFile {
         for chunk in writes.chunks(RING_ENTRIES as usize) {
             for (i, (offset, buf)) in chunk.iter().enumerate() {
                 let len = u32::try_from(buf.len()).map_err(|_| {
-                    Error::io_at(&self.path, *offset, std::io::Error::other("write too large"))
+                    Error::io_at(
+                        &self.path,
+                        *offset,
+                        std::io::Error::other("write too large"),
+                    )
                 })?;
                 let sqe = opcode::Write::new(fd, buf.as_ptr(), len)
                     .offset(*offset)
@@ -188,7 +190,11 @@ impl DirectFile {
                 // every completion of this chunk before returning or
                 // reusing the ring, and `writes` borrows the buffers.
                 unsafe { ring.submission().push(&sqe) }.map_err(|_| {
-                    Error::io_at(&self.path, *offset, std::io::Error::other("io_uring queue full"))
+                    Error::io_at(
+                        &self.path,
+                        *offset,
+                        std::io::Error::other("io_uring queue full"),
+                    )
                 })?;
             }
             let mut done = 0;
@@ -203,7 +209,11 @@ impl DirectFile {
                     let res = cqe.result();
                     if res < 0 {
                         failure.get_or_insert_with(|| {
-                            Error::io_at(&self.path, offset, std::io::Error::from_raw_os_error(-res))
+                            Error::io_at(
+                                &self.path,
+                                offset,
+                                std::io::Error::from_raw_os_error(-res),
+                            )
                         });
                     } else if res as usize != buf.len() {
                         failure.get_or_insert_with(|| {
@@ -265,7 +275,11 @@ impl DirectFile {
         }
         match slot.as_mut() {
             Some(r) => Ok(r),
-            None => Err(Error::io_at(&self.path, 0, std::io::Error::other("no ring"))),
+            None => Err(Error::io_at(
+                &self.path,
+                0,
+                std::io::Error::other("no ring"),
+            )),
         }
     }
 }
@@ -277,7 +291,10 @@ fn check_aligned(path: &Path, offset: u64) -> Result<()> {
         Err(Error::io_at(
             path,
             offset,
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, "unaligned direct I/O offset"),
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "unaligned direct I/O offset",
+            ),
         ))
     }
 }
@@ -345,7 +362,10 @@ impl BlockCache {
 
     pub fn get(&self, file_id: u64, offset: u64) -> Option<Arc<[u8]>> {
         let key = (file_id, offset);
-        let mut shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        let mut shard = self
+            .shard(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let i = *shard.map.get(&key)?;
         let slot = &mut shard.slots[i];
         slot.referenced = true;
@@ -354,7 +374,10 @@ impl BlockCache {
 
     pub fn insert(&self, file_id: u64, offset: u64, block: Arc<[u8]>) {
         let key = (file_id, offset);
-        let mut shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        let mut shard = self
+            .shard(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         shard.insert(key, block);
     }
 
@@ -381,7 +404,10 @@ impl BlockCache {
     /// Drops one block (a page freed and about to be reused).
     pub fn forget(&self, file_id: u64, offset: u64) {
         let key = (file_id, offset);
-        let mut shard = self.shard(key).lock().unwrap_or_else(PoisonError::into_inner);
+        let mut shard = self
+            .shard(key)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(i) = shard.map.remove(&key) {
             shard.remove_slot(i);
         }

@@ -587,6 +587,13 @@ fn parse_retention_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(secs))
 }
 
+impl Config {
+    /// The storage engine (validated at load).
+    pub fn engine_kind(&self) -> engine::any::EngineKind {
+        self.engine.parse().unwrap_or_default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -662,12 +669,5 @@ mod tests {
                 cfg.validate().unwrap();
             }
         }
-    }
-}
-
-impl Config {
-    /// The storage engine (validated at load).
-    pub fn engine_kind(&self) -> engine::any::EngineKind {
-        self.engine.parse().unwrap_or_default()
     }
 }

@@ -28,8 +28,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut};
-use engine::wal::{self, Wal, WalOptions};
 use engine::any::{AnyEngine, EngineDir};
+use engine::wal::{self, Wal, WalOptions};
 use engine::Engine;
 use futures_channel::oneshot;
 use protobuf::Message as _;
@@ -1004,6 +1004,15 @@ impl Node {
     /// linearizable.
     pub fn range(&self, req: &mvcc::RangeRequest) -> Result<mvcc::RangeResponse> {
         Ok(self.mvcc.borrow().range(req)?)
+    }
+
+    /// The owner's half of a range (index walk and a snapshot); the caller
+    /// loads the values, on its own core.
+    pub fn start_range(
+        &self,
+        req: mvcc::RangeRequest,
+    ) -> Result<mvcc::RangeStart<engine::any::AnySnapshot>> {
+        Ok(self.mvcc.borrow().start_range(req)?)
     }
 
     /// Writes a consistent snapshot of the whole store (data, MVCC metadata,

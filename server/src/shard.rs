@@ -17,6 +17,8 @@ use glommio::channels::shared_channel::{
 };
 use glommio::{LocalExecutorBuilder, Placement};
 
+use engine::any::AnySnapshot;
+
 use crate::api::grpc::serve::{serve as grpc_serve, Router};
 use crate::api::grpc::service::{MemberInfo, Services};
 use crate::api::http::{self, HttpLimits};
@@ -80,7 +82,8 @@ pub enum Command {
 #[derive(Debug)]
 pub enum Reply {
     Write(Result<mvcc::Response>, u64),
-    Range(Result<mvcc::RangeResponse>, u64),
+    /// The owner's half of a range; [`Backend::range`] finishes it.
+    Range(Result<mvcc::RangeStart<AnySnapshot>>, u64),
     ReadTxn(Result<mvcc::TxnResponse>, u64),
     HashKv(Result<mvcc::HashKv>, u64),
     /// (hash, revision)
@@ -153,6 +156,39 @@ impl Backend {
     }
 }
 
+/// Values loaded between two yields while finishing a range: a chunk
+/// costs tens of microseconds, so a put queued behind a big scan waits
+/// about that long, not for the whole scan.
+const RANGE_LOAD_CHUNK: usize = 256;
+
+impl Backend {
+    /// A range: the index half on the owner core (behind a ReadIndex round
+    /// when linearizable), the values loaded here from the snapshot the
+    /// owner took, a chunk at a time, yielding to other tasks in between.
+    /// A shard other than the owner thus takes the scan's cost off the
+    /// owner's core; on the owner it interleaves with writes.
+    pub async fn range(&self, req: mvcc::RangeRequest) -> (Result<mvcc::RangeResponse>, u64) {
+        let (start, term) = match self.call(Command::Range(req)).await {
+            Reply::Range(start, term) => (start, term),
+            Reply::Failed(e) => return (Err(e), 0),
+            _ => return (Err(ServerError::Stopped), 0),
+        };
+        let mut plan = match start {
+            Ok(mvcc::RangeStart::Done(response)) => return (Ok(response), term),
+            Ok(mvcc::RangeStart::Plan(plan)) => plan,
+            Err(e) => return (Err(e), term),
+        };
+        loop {
+            match plan.load(RANGE_LOAD_CHUNK) {
+                Ok(true) => break,
+                Ok(false) => futures_lite::future::yield_now().await,
+                Err(e) => return (Err(e.into()), term),
+            }
+        }
+        (plan.finish().map_err(ServerError::from), term)
+    }
+}
+
 async fn execute(node: &Node, cmd: Command) -> Reply {
     match cmd {
         Command::Write(req) => {
@@ -161,10 +197,10 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         }
         Command::Range(req) => {
             let result = if req.serializable {
-                node.range(&req)
+                node.start_range(req)
             } else {
                 match node.read_barrier().await {
-                    Ok(()) => node.range(&req),
+                    Ok(()) => node.start_range(req),
                     Err(e) => Err(e),
                 }
             };

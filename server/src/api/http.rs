@@ -332,10 +332,7 @@ async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpRespons
         ..Default::default()
     };
     mvcc::validate_range(&req)?;
-    let resp = match backend.call(Command::Range(req)).await {
-        Reply::Range(r, _) => r?,
-        _ => return Err(ServerError::Stopped),
-    };
+    let resp = backend.range(req).await.0?;
     let rev = resp.header.revision;
     if is_range {
         let kvs: Vec<Value> = resp.kvs.iter().map(kv_json).collect();

@@ -342,6 +342,24 @@ impl<E: Engine> MvccStore<E> {
         self.view(&snap).range(req, self.current_rev)
     }
 
+    /// The index half of `req` (cheap: no values are read), and a snapshot
+    /// to load the values from elsewhere; see [`RangePlan`].
+    pub fn start_range(&self, req: RangeRequest) -> Result<RangeStart<E::Snapshot>, MvccError> {
+        let snap = self.engine.snapshot();
+        let cur_rev = self.current_rev;
+        match self.view(&snap).index_range(&req, cur_rev)? {
+            IndexRange::Counted(response) => Ok(RangeStart::Done(response)),
+            IndexRange::Revisions { revs, count } => Ok(RangeStart::Plan(RangePlan {
+                kvs: Vec::with_capacity(revs.len()),
+                revs: revs.into_iter(),
+                snap,
+                req,
+                cur_rev,
+                count,
+            })),
+        }
+    }
+
     /// Executes a read-only txn (every op of both branches a Range, see
     /// [`is_txn_readonly`]) without the Raft log, like etcd does.
     pub fn read_txn(&self, req: &TxnRequest) -> Result<TxnResponse, MvccError> {
@@ -517,6 +535,143 @@ struct Change {
 
 /// A read-only view: the index, an engine snapshot, and the changes staged
 /// at `staged_main` by the request being applied (not yet in the engine).
+/// What the index answers for a range.
+enum IndexRange {
+    /// `count_only`: the index alone answers.
+    Counted(RangeResponse),
+    /// The revisions to load, in key order, and the count.
+    Revisions { revs: Vec<Rev>, count: i64 },
+}
+
+/// The key revision `rev` as stored in `snap`.
+fn load_rev<S: EngineSnapshot>(snap: &S, rev: Rev) -> Result<KeyValue, MvccError> {
+    let value = snap
+        .get(&rev_key(rev.main, u64::from(rev.sub)))?
+        .ok_or_else(|| corrupt(format!("revision {}/{} missing", rev.main, rev.sub)))?;
+    match codec::decode_kv(&value, rev.main) {
+        Ok((false, kv)) => Ok(kv),
+        Ok((true, _)) => Err(corrupt(format!(
+            "revision {}/{} is a tombstone in the engine, not in the index",
+            rev.main, rev.sub
+        ))),
+        Err(e) => Err(corrupt(format!("revision {}/{}: {e}", rev.main, rev.sub))),
+    }
+}
+
+/// The value half of a range, after its values are loaded: revision
+/// filters, sort, limit and `more`, `keys_only`.
+fn finish_range(
+    req: &RangeRequest,
+    cur_rev: i64,
+    count: i64,
+    mut kvs: Vec<KeyValue>,
+) -> RangeResponse {
+    if req.max_mod_revision != 0 {
+        kvs.retain(|kv| kv.mod_revision <= req.max_mod_revision);
+    }
+    if req.min_mod_revision != 0 {
+        kvs.retain(|kv| kv.mod_revision >= req.min_mod_revision);
+    }
+    if req.max_create_revision != 0 {
+        kvs.retain(|kv| kv.create_revision <= req.max_create_revision);
+    }
+    if req.min_create_revision != 0 {
+        kvs.retain(|kv| kv.create_revision >= req.min_create_revision);
+    }
+
+    let mut order = req.sort_order;
+    if req.sort_target != SortTarget::Key && order == SortOrder::None {
+        order = SortOrder::Ascend;
+    }
+    // Keys come out of the index ascending, so ascending by key is a
+    // no-op. The sort is stable: ties keep key order (etcd's Go sort is
+    // unstable in general but stable for the <= 12 elements it
+    // insertion-sorts; we pick the stable order for every size).
+    let target = req.sort_target;
+    match order {
+        SortOrder::Ascend if target != SortTarget::Key => {
+            kvs.sort_by(|a, b| cmp_by(target, a, b));
+        }
+        SortOrder::Descend => kvs.sort_by(|a, b| cmp_by(target, b, a)),
+        _ => {}
+    }
+
+    let mut more = false;
+    if let Ok(limit) = usize::try_from(req.limit) {
+        if limit > 0 && kvs.len() > limit {
+            kvs.truncate(limit);
+            more = true;
+        }
+    }
+    if req.keys_only {
+        for kv in &mut kvs {
+            kv.value = Bytes::new();
+        }
+    }
+    RangeResponse {
+        header: header(cur_rev),
+        kvs,
+        more,
+        count,
+    }
+}
+
+/// A range whose index half ran on the owner core: the revisions to read
+/// and a snapshot to read them from. Loading the values (the expensive
+/// half of a big range) can then run anywhere, a chunk at a time, without
+/// holding up the owner's writes. The snapshot pins the revisions, so the
+/// answer is the one the owner would have given when the plan was made.
+pub struct RangePlan<S> {
+    snap: S,
+    req: RangeRequest,
+    cur_rev: i64,
+    count: i64,
+    revs: std::vec::IntoIter<Rev>,
+    kvs: Vec<KeyValue>,
+}
+
+/// A range as the owner core answers it: done, or a plan to finish.
+pub enum RangeStart<S> {
+    Done(RangeResponse),
+    Plan(RangePlan<S>),
+}
+
+impl<S> std::fmt::Debug for RangeStart<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RangeStart::Done(r) => f.debug_tuple("Done").field(r).finish(),
+            RangeStart::Plan(p) => f.debug_tuple("Plan").field(p).finish(),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for RangePlan<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RangePlan")
+            .field("cur_rev", &self.cur_rev)
+            .field("count", &self.count)
+            .field("to_load", &self.revs.len())
+            .field("loaded", &self.kvs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: EngineSnapshot> RangePlan<S> {
+    /// Loads up to `n` more values; true once every value is loaded.
+    pub fn load(&mut self, n: usize) -> Result<bool, MvccError> {
+        for rev in self.revs.by_ref().take(n) {
+            self.kvs.push(load_rev(&self.snap, rev)?);
+        }
+        Ok(self.revs.len() == 0)
+    }
+
+    /// The answer: loads what is left, then filters, sorts and limits.
+    pub fn finish(mut self) -> Result<RangeResponse, MvccError> {
+        self.load(usize::MAX)?;
+        Ok(finish_range(&self.req, self.cur_rev, self.count, self.kvs))
+    }
+}
+
 struct View<'a, S> {
     index: &'a KeyIndex,
     snap: &'a S,
@@ -534,18 +689,7 @@ impl<S: EngineSnapshot> View<'_, S> {
                 .map(|c| c.kv.clone())
                 .ok_or_else(|| corrupt(format!("no staged change {}/{}", rev.main, rev.sub)));
         }
-        let value = self
-            .snap
-            .get(&rev_key(rev.main, u64::from(rev.sub)))?
-            .ok_or_else(|| corrupt(format!("revision {}/{} missing", rev.main, rev.sub)))?;
-        match codec::decode_kv(&value, rev.main) {
-            Ok((false, kv)) => Ok(kv),
-            Ok((true, _)) => Err(corrupt(format!(
-                "revision {}/{} is a tombstone in the engine, not in the index",
-                rev.main, rev.sub
-            ))),
-            Err(e) => Err(corrupt(format!("revision {}/{}: {e}", rev.main, rev.sub))),
-        }
+        load_rev(self.snap, rev)
     }
 
     fn get(&self, key: &[u8], at: i64) -> Result<Option<KeyValue>, MvccError> {
@@ -555,6 +699,20 @@ impl<S: EngineSnapshot> View<'_, S> {
     /// etcd's `applierV3backend.Range` over `storeTxnRead.rangeKeys`, where
     /// `cur_rev` is the revision the reader is at.
     fn range(&self, req: &RangeRequest, cur_rev: i64) -> Result<RangeResponse, MvccError> {
+        let (revs, count) = match self.index_range(req, cur_rev)? {
+            IndexRange::Counted(response) => return Ok(response),
+            IndexRange::Revisions { revs, count } => (revs, count),
+        };
+        let kvs = revs
+            .into_iter()
+            .map(|r| self.load(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(finish_range(req, cur_rev, count, kvs))
+    }
+
+    /// The index half of a range: the revisions whose values it returns
+    /// and the count, or the whole answer when it needs no values.
+    fn index_range(&self, req: &RangeRequest, cur_rev: i64) -> Result<IndexRange, MvccError> {
         let mut rev = req.revision;
         if rev > cur_rev {
             return Err(MvccError::FutureRevision);
@@ -567,12 +725,12 @@ impl<S: EngineSnapshot> View<'_, S> {
         }
         let range = KeyRange::new(&req.key, &req.range_end);
         if req.count_only {
-            return Ok(RangeResponse {
+            return Ok(IndexRange::Counted(RangeResponse {
                 header: header(cur_rev),
                 kvs: Vec::new(),
                 more: false,
                 count: self.index.count(range, rev),
-            });
+            }));
         }
 
         // etcd fetches everything when it will sort or filter, otherwise
@@ -591,76 +749,18 @@ impl<S: EngineSnapshot> View<'_, S> {
                 .unwrap_or(usize::MAX)
                 .saturating_add(1)
         };
-        let mut kvs = Vec::new();
+        let mut revs = Vec::new();
         // `count` is every key in range at `rev`, regardless of limit and of
-        // the revision filters below.
+        // the revision filters applied later.
         let mut count = 0i64;
-        let mut failed = None;
         self.index.visit(range, rev, |_, r| {
             count += 1;
-            if kvs.len() < fetch_limit {
-                match self.load(r) {
-                    Ok(kv) => kvs.push(kv),
-                    Err(e) => {
-                        failed = Some(e);
-                        return false;
-                    }
-                }
+            if revs.len() < fetch_limit {
+                revs.push(r);
             }
             true
         });
-        if let Some(e) = failed {
-            return Err(e);
-        }
-
-        if req.max_mod_revision != 0 {
-            kvs.retain(|kv| kv.mod_revision <= req.max_mod_revision);
-        }
-        if req.min_mod_revision != 0 {
-            kvs.retain(|kv| kv.mod_revision >= req.min_mod_revision);
-        }
-        if req.max_create_revision != 0 {
-            kvs.retain(|kv| kv.create_revision <= req.max_create_revision);
-        }
-        if req.min_create_revision != 0 {
-            kvs.retain(|kv| kv.create_revision >= req.min_create_revision);
-        }
-
-        let mut order = req.sort_order;
-        if req.sort_target != SortTarget::Key && order == SortOrder::None {
-            order = SortOrder::Ascend;
-        }
-        // Keys come out of the index ascending, so ascending by key is a
-        // no-op. The sort is stable: ties keep key order (etcd's Go sort is
-        // unstable in general but stable for the <= 12 elements it
-        // insertion-sorts; we pick the stable order for every size).
-        let target = req.sort_target;
-        match order {
-            SortOrder::Ascend if target != SortTarget::Key => {
-                kvs.sort_by(|a, b| cmp_by(target, a, b));
-            }
-            SortOrder::Descend => kvs.sort_by(|a, b| cmp_by(target, b, a)),
-            _ => {}
-        }
-
-        let mut more = false;
-        if let Ok(limit) = usize::try_from(req.limit) {
-            if limit > 0 && kvs.len() > limit {
-                kvs.truncate(limit);
-                more = true;
-            }
-        }
-        if req.keys_only {
-            for kv in &mut kvs {
-                kv.value = Bytes::new();
-            }
-        }
-        Ok(RangeResponse {
-            header: header(cur_rev),
-            kvs,
-            more,
-            count,
-        })
+        Ok(IndexRange::Revisions { revs, count })
     }
 
     /// etcd's `applyCompare` at revision `at`: every key of the range must

@@ -21,9 +21,9 @@ use proptest::prelude::*;
 use server::mvcc::{
     self, validate_txn, ApplyOutcome, CompactionRequest, CompactionResponse, Compare,
     CompareResult, CompareTarget, DeleteRangeRequest, DeleteRangeResponse, Event, EventKind,
-    KeyValue, MvccError, MvccStore, PutRequest, PutResponse, RangeRequest, RangeResponse, Request,
-    RequestOp, Response, ResponseHeader, ResponseOp, SortOrder, SortTarget, TargetUnion,
-    TxnRequest, TxnResponse,
+    KeyValue, MvccError, MvccStore, PutRequest, PutResponse, RangeRequest, RangeResponse,
+    RangeStart, Request, RequestOp, Response, ResponseHeader, ResponseOp, SortOrder, SortTarget,
+    TargetUnion, TxnRequest, TxnResponse,
 };
 
 // ---------------------------------------------------------------- engines
@@ -931,9 +931,25 @@ fn full_check<E: Engine>(store: &MvccStore<E>, model: &Model) -> Result<(), Test
                 ..c.clone()
             };
             check_same_read(store.range(&req), model.read(&req), &req)?;
+            check_same_read(planned_range(store, &req), model.read(&req), &req)?;
         }
     }
     Ok(())
+}
+
+/// A range the way the server serves it: the index half, then the values
+/// loaded one at a time from the snapshot the plan holds.
+fn planned_range<E: Engine>(
+    store: &MvccStore<E>,
+    req: &RangeRequest,
+) -> Result<RangeResponse, MvccError> {
+    match store.start_range(req.clone())? {
+        RangeStart::Done(r) => Ok(r),
+        RangeStart::Plan(mut plan) => {
+            while !plan.load(1)? {}
+            plan.finish()
+        }
+    }
 }
 
 fn check_outcome(
@@ -1020,6 +1036,7 @@ fn run_model(steps: &[(Step, Vec<(RangeRequest, RevSel)>)]) -> Result<(), TestCa
                 ..r.clone()
             };
             check_same_read(store.range(&req), model.read(&req), &req)?;
+            check_same_read(planned_range(&store, &req), model.read(&req), &req)?;
         }
         prop_assert_eq!(stored_revisions(&main), model.reachable());
     }
@@ -1377,6 +1394,43 @@ fn cmp(k: &str, target: CompareTarget, result: CompareResult, u: TargetUnion) ->
         range_end: Bytes::new(),
         target_union: u,
     }
+}
+
+/// A range planned on the owner and finished later answers as of the plan,
+/// whatever was written, deleted or compacted meanwhile.
+#[test]
+fn a_planned_range_is_a_point_in_time() {
+    let mut t = T::new();
+    for i in 0..50 {
+        t.put(&format!("k{i:02}"), &format!("v{i}"));
+    }
+    let req = RangeRequest {
+        key: b("k"),
+        range_end: b("l"),
+        limit: 30,
+        ..RangeRequest::default()
+    };
+    let expected = t.s.range(&req).unwrap();
+    let RangeStart::Plan(mut plan) = t.s.start_range(req.clone()).unwrap() else {
+        panic!("a range with values needs a plan");
+    };
+    assert!(!plan.load(10).unwrap());
+    for i in 0..50 {
+        t.put(&format!("k{i:02}"), "overwritten");
+    }
+    t.delete("k", "l");
+    t.apply(Request::Compaction(CompactionRequest {
+        revision: t.s.current_revision(),
+        physical: true,
+    }))
+    .unwrap();
+    let got = plan.finish().unwrap();
+    assert_eq!(got, expected);
+    assert_eq!(got.kvs.len(), 30);
+    assert!(got.more);
+    assert_eq!(got.count, 50);
+    assert_eq!(got.kvs[29].value, b("v29"));
+    assert!(t.s.range(&req).unwrap().kvs.is_empty());
 }
 
 #[test]

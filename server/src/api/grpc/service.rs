@@ -64,6 +64,13 @@ impl Shared {
         SendWrapper::new(async move { self.backend.call(cmd).await }).await
     }
 
+    async fn range(
+        &self,
+        req: mvcc::RangeRequest,
+    ) -> (crate::error::Result<mvcc::RangeResponse>, u64) {
+        SendWrapper::new(async move { self.backend.range(req).await }).await
+    }
+
     async fn write(&self, req: mvcc::Request) -> Result<(mvcc::Response, HeaderInfo), Status> {
         match self.call(Command::Write(req)).await {
             Reply::Write(Ok(resp), term) => Ok((resp, self.header(term))),
@@ -141,13 +148,12 @@ impl pb::kv_server::Kv for KvService {
     ) -> Result<Response<pb::RangeResponse>, Status> {
         let req = convert::range_request(request.into_inner())?;
         mvcc::validate_range(&req).map_err(mvcc_status)?;
-        match self.0.call(Command::Range(req)).await {
-            Reply::Range(Ok(r), term) => Ok(Response::new(convert::range_response(
+        match self.0.range(req).await {
+            (Ok(r), term) => Ok(Response::new(convert::range_response(
                 r,
                 &self.0.header(term),
             ))),
-            Reply::Range(Err(e), _) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
+            (Err(e), _) => Err(status_of(&e)),
         }
     }
 
@@ -802,13 +808,12 @@ async fn stream_range(
     let mut total = None;
     loop {
         req.limit = RANGE_STREAM_CHUNK.min(wanted - sent);
-        let (chunk, term) = match shared.call(Command::Range(req.clone())).await {
-            Reply::Range(Ok(r), term) => (r, term),
-            Reply::Range(Err(e), _) => {
+        let (chunk, term) = match shared.range(req.clone()).await {
+            (Ok(r), term) => (r, term),
+            (Err(e), _) => {
                 let _ = out.start_send(Err(status_of(&e)));
                 return;
             }
-            _ => return,
         };
         // Later chunks read at the first chunk's revision, and every chunk
         // reports that revision: the stream is one point in time.
