@@ -17,7 +17,6 @@
 //! It must never open a data dir with an engine other than the one recorded,
 //! and never point `db.current` at a directory that is not fully persisted.
 
-#![allow(dead_code)] // TEMPORARY: btree/lsm variants land with their engines.
 use std::fmt;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -25,6 +24,8 @@ use std::str::FromStr;
 
 use bytes::Bytes;
 
+use crate::btree::{BtreeEngine, BtreeSnapshot};
+use crate::lsm::{LsmEngine, LsmSnapshot};
 use crate::memory::MemorySnapshot;
 use crate::snapfile;
 use crate::{Engine, EngineSnapshot, Error, MemoryEngine, Result, Scan, WriteBatch};
@@ -87,21 +88,45 @@ trait DiskEngine: Engine + Clone + Send + Sync + Sized {
     fn persist(&self) -> Result<u64>;
 }
 
+impl DiskEngine for BtreeEngine {
+    fn open_dir(dir: &Path) -> Result<Self> {
+        BtreeEngine::open(dir, Default::default())
+    }
+    fn persist(&self) -> Result<u64> {
+        BtreeEngine::persist(self)
+    }
+}
+
+impl DiskEngine for LsmEngine {
+    fn open_dir(dir: &Path) -> Result<Self> {
+        LsmEngine::open(dir, Default::default())
+    }
+    fn persist(&self) -> Result<u64> {
+        LsmEngine::persist(self)
+    }
+}
+
 /// One of the engines, chosen at start.
 #[derive(Clone)]
 pub enum AnyEngine {
     Memory(MemoryEngine),
+    Btree(BtreeEngine),
+    Lsm(LsmEngine),
 }
 
 /// A snapshot of whichever engine runs.
 pub enum AnySnapshot {
     Memory(MemorySnapshot),
+    Btree(BtreeSnapshot),
+    Lsm(LsmSnapshot),
 }
 
 macro_rules! dispatch {
     ($value:expr, $name:ident => $body:expr) => {
         match $value {
             AnyEngine::Memory($name) => $body,
+            AnyEngine::Btree($name) => $body,
+            AnyEngine::Lsm($name) => $body,
         }
     };
 }
@@ -110,6 +135,8 @@ macro_rules! dispatch_snapshot {
     ($value:expr, $name:ident => $body:expr) => {
         match $value {
             AnySnapshot::Memory($name) => $body,
+            AnySnapshot::Btree($name) => $body,
+            AnySnapshot::Lsm($name) => $body,
         }
     };
 }
@@ -141,6 +168,8 @@ impl Engine for AnyEngine {
     fn snapshot(&self) -> AnySnapshot {
         match self {
             AnyEngine::Memory(e) => AnySnapshot::Memory(e.snapshot()),
+            AnyEngine::Btree(e) => AnySnapshot::Btree(e.snapshot()),
+            AnyEngine::Lsm(e) => AnySnapshot::Lsm(e.snapshot()),
         }
     }
 
@@ -161,6 +190,8 @@ impl AnyEngine {
     pub fn kind(&self) -> EngineKind {
         match self {
             AnyEngine::Memory(_) => EngineKind::Memory,
+            AnyEngine::Btree(_) => EngineKind::Btree,
+            AnyEngine::Lsm(_) => EngineKind::Lsm,
         }
     }
 }
@@ -225,7 +256,8 @@ impl EngineDir {
     pub fn open_engine(&self) -> Result<AnyEngine> {
         match self.kind {
             EngineKind::Memory => Ok(AnyEngine::Memory(MemoryEngine::open(&self.dir)?)),
-            _ => Err(Error::Invalid("engine not built yet".into())),
+            EngineKind::Btree => Ok(AnyEngine::Btree(self.open_disk()?)),
+            EngineKind::Lsm => Ok(AnyEngine::Lsm(self.open_disk()?)),
         }
     }
 
@@ -236,6 +268,22 @@ impl EngineDir {
     pub async fn checkpoint(&self, engine: &AnyEngine) -> Result<u64> {
         match engine {
             AnyEngine::Memory(e) => e.checkpoint(&self.dir).await,
+            AnyEngine::Btree(e) => off_core(e.clone(), |e| e.persist()).await,
+            AnyEngine::Lsm(e) => off_core(e.clone(), |e| e.persist()).await,
+        }
+    }
+
+    /// Rewrites the engine's files compactly (the Maintenance Defragment
+    /// RPC): the btree file shrinks to its live pages. The memory engine
+    /// has nothing to rewrite, and the lsm engine's compaction already
+    /// rewrites its tables in the background. Returns (bytes before, after).
+    pub async fn defragment(&self, engine: &AnyEngine) -> Result<(u64, u64)> {
+        match engine {
+            AnyEngine::Btree(e) => {
+                let report = off_core(e.clone(), |e| e.defragment()).await?;
+                Ok((report.bytes_before, report.bytes_after))
+            }
+            AnyEngine::Memory(_) | AnyEngine::Lsm(_) => Ok((0, 0)),
         }
     }
 
@@ -248,7 +296,20 @@ impl EngineDir {
             EngineKind::Memory => Ok(AnyEngine::Memory(
                 MemoryEngine::install_snapshot_file(&self.dir, file).await?,
             )),
-            _ => Err(Error::Invalid("engine not built yet".into())),
+            EngineKind::Btree => {
+                let this = self.clone();
+                let file = file.to_path_buf();
+                Ok(AnyEngine::Btree(
+                    off_core((), move |_| this.install_disk(&file)).await?,
+                ))
+            }
+            EngineKind::Lsm => {
+                let this = self.clone();
+                let file = file.to_path_buf();
+                Ok(AnyEngine::Lsm(
+                    off_core((), move |_| this.install_disk(&file)).await?,
+                ))
+            }
         }
     }
 

@@ -626,7 +626,10 @@ impl MemoryEngine {
 /// that must not run on the caller's core, which keeps committing. The
 /// caller's executor only waits (on its blocking pool). Returns the file's
 /// length.
-pub async fn write_snapshot_file_off_core<S: EngineSnapshot>(snapshot: S, path: &Path) -> Result<u64> {
+pub async fn write_snapshot_file_off_core<S: EngineSnapshot>(
+    snapshot: S,
+    path: &Path,
+) -> Result<u64> {
     let tmp = path.to_path_buf();
     let err_path = path.to_path_buf();
     let executor_error =

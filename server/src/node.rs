@@ -1051,6 +1051,24 @@ impl Node {
         Ok(self.mvcc.borrow().read_txn(req)?)
     }
 
+    /// Rewrites the engine's file compactly (btree); writes wait meanwhile,
+    /// as in etcd's defragmentation.
+    pub async fn defragment(&self) -> Result<()> {
+        let engine = self.engine.borrow().clone();
+        let (before, after) = self.engine_dir.defragment(&engine).await?;
+        if before > 0 {
+            log(format_args!(
+                "defragmented the {} engine: {before} -> {after} bytes",
+                engine.kind()
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn compact_revision(&self) -> i64 {
+        self.mvcc.borrow().compact_revision()
+    }
+
     pub fn hash_all(&self) -> Result<(u32, i64)> {
         let mvcc = self.mvcc.borrow();
         Ok((mvcc.hash_all()?, mvcc.current_revision()))
@@ -1411,9 +1429,14 @@ impl Node {
                 let _ = std::fs::remove_file(path);
             }
         }
+        let revision = self.mvcc.borrow().current_revision();
+        let item = crate::watch::Feed::Restored { revision };
+        for subscriber in self.watch_subscribers.borrow().iter() {
+            subscriber(&item);
+        }
         log(format_args!(
-            "installed the leader's snapshot at index {index} (term {}); watchers on this member \
-             may have missed the events it covers",
+            "installed the leader's snapshot at index {index} (term {}, revision {revision}); \
+             watchers re-read the events it covers",
             meta.term
         ));
         Ok(())
@@ -1652,9 +1675,9 @@ impl Node {
             }
         }
         if !events.is_empty() {
-            let batch: crate::watch::EventBatch = events.into();
+            let item = crate::watch::Feed::Events(events.into());
             for subscriber in self.watch_subscribers.borrow().iter() {
-                subscriber(&batch);
+                subscriber(&item);
             }
         }
         Ok(())

@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::error::{Result, ServerError};
 use crate::mvcc;
 use crate::node::{Node, NodeStatus};
-use crate::watch::{EventBatch, EventSubscriber, HeaderIds, WatchHub};
+use crate::watch::{EventSubscriber, Feed, HeaderIds, WatchHub};
 
 /// The owner core of the Raft group.
 pub const OWNER_SHARD: usize = 0;
@@ -54,6 +54,11 @@ pub enum Command {
     LeaseRevoke(i64),
     /// A backup file for the Maintenance Snapshot stream.
     Backup,
+    /// Maintenance Defragment.
+    Defragment,
+    /// The store's compact revision now (not the status refreshed per loop
+    /// turn).
+    CompactRevision,
     LeaseKeepAlive(i64),
     LeaseTimeToLive(i64),
     Leases,
@@ -92,6 +97,8 @@ pub enum Reply {
     /// (lease id, granted TTL, revision)
     LeaseGrant(Result<(i64, i64, i64)>, u64),
     LeaseRevoke(Result<i64>, u64),
+    CompactRevision(i64),
+    Defragment(Result<()>, u64),
     /// (file, bytes, revision) of a backup to stream, then delete.
     Backup(Result<(std::path::PathBuf, u64, i64)>, u64),
     /// A lease query: the answer, the store revision and the term.
@@ -325,6 +332,11 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             let result = node.move_leader(target).await;
             Reply::MoveLeader(result, node.status().term)
         }
+        Command::CompactRevision => Reply::CompactRevision(node.compact_revision()),
+        Command::Defragment => {
+            let result = node.defragment().await;
+            Reply::Defragment(result, node.status().term)
+        }
         Command::Status => Reply::Status {
             status: node.status(),
             healthy: node.is_healthy(),
@@ -448,7 +460,7 @@ pub fn run(cfg: Config) -> Result<()> {
             requests: shared_channel::new_bounded(CHANNEL_CAPACITY),
             replies: shared_channel::new_bounded(CHANNEL_CAPACITY),
         };
-        let (events_tx, events_rx) = shared_channel::new_bounded::<EventBatch>(CHANNEL_CAPACITY);
+        let (events_tx, events_rx) = shared_channel::new_bounded::<Feed>(CHANNEL_CAPACITY);
         owner_side.push((link.requests.1, link.replies.0, events_tx));
         remote_side.push((link.requests.0, link.replies.1, events_rx));
     }
@@ -482,7 +494,7 @@ pub fn run(cfg: Config) -> Result<()> {
                 owner_listeners.http_limits.max_request_bytes,
             );
             let local = hub.clone();
-            node.subscribe_events(Box::new(move |batch| local.publish(batch)));
+            node.subscribe_events(Box::new(move |item| local.feed(item)));
             for (requests, replies, events) in owner_side {
                 let requests = requests.connect().await;
                 let replies = replies.connect().await;
@@ -490,7 +502,9 @@ pub fn run(cfg: Config) -> Result<()> {
                 node.subscribe_events(forward_events(events.connect().await));
             }
             spawn_progress_notifier(hub.clone(), progress_every);
-            serve_all(&owner_listeners, Backend::Local(node), hub).await;
+            let backend = Backend::Local(node);
+            spawn_watch_resync(hub.clone(), backend.clone());
+            serve_all(&owner_listeners, backend, hub).await;
         })
         .map_err(|e| ServerError::Startup(format!("starting shard 0: {e}")))?;
     handles.push(owner);
@@ -516,13 +530,15 @@ pub fn run(cfg: Config) -> Result<()> {
                 let events = events.connect().await;
                 let feed = hub.clone();
                 glommio::spawn_local(async move {
-                    while let Some(batch) = events.recv().await {
-                        feed.publish(&batch);
+                    while let Some(item) = events.recv().await {
+                        feed.feed(&item);
                     }
                 })
                 .detach();
                 spawn_progress_notifier(hub.clone(), progress_every);
-                serve_all(&listeners, Backend::Remote(remote), hub).await;
+                let backend = Backend::Remote(remote);
+                spawn_watch_resync(hub.clone(), backend.clone());
+                serve_all(&listeners, backend, hub).await;
             })
             .map_err(|e| ServerError::Startup(format!("starting shard {shard}: {e}")))?;
         handles.push(handle);
@@ -615,8 +631,8 @@ fn member_info(cfg: &Config, cluster_id: u64, member_id: u64) -> MemberInfo {
 
 /// The owner's end of a remote shard's event feed: the Raft loop only
 /// enqueues (never waits for another core); a task moves batches across.
-fn forward_events(to_shard: ConnectedSender<EventBatch>) -> EventSubscriber {
-    let queue: Rc<RefCell<std::collections::VecDeque<EventBatch>>> = Rc::default();
+fn forward_events(to_shard: ConnectedSender<Feed>) -> EventSubscriber {
+    let queue: Rc<RefCell<std::collections::VecDeque<Feed>>> = Rc::default();
     let ready = Rc::new(crate::notify::Notify::default());
     let (q, r) = (queue.clone(), ready.clone());
     glommio::spawn_local(async move {
@@ -637,6 +653,61 @@ fn forward_events(to_shard: ConnectedSender<EventBatch>) -> EventSubscriber {
         queue.borrow_mut().push_back(batch.clone());
         ready.notify();
     })
+}
+
+/// After this member installed a leader's snapshot, its watchers re-read
+/// the history they missed from the new store: one read over every key
+/// from the oldest revision any of them needs. Watchers whose next
+/// revision was compacted away are cancelled with the compact revision,
+/// as etcd cancels a watcher that fell behind compaction.
+fn spawn_watch_resync(hub: Rc<WatchHub>, backend: Backend) {
+    glommio::spawn_local(async move {
+        loop {
+            let mut pending = hub.take_resync().await;
+            while let Some(from) = pending.iter().map(|(_, rev)| *rev).min() {
+                let history = backend
+                    .call(Command::WatchHistory {
+                        key: bytes::Bytes::from_static(b"\0"),
+                        range_end: bytes::Bytes::from_static(b"\0"),
+                        from_rev: from,
+                    })
+                    .await;
+                match history {
+                    Reply::WatchHistory(Ok((events, upto)), _) => {
+                        for ((stream, watch_id), _) in pending.drain(..) {
+                            hub.finish_sync(stream, watch_id, &events, upto);
+                        }
+                    }
+                    Reply::WatchHistory(Err(ServerError::Mvcc(mvcc::MvccError::Compacted)), _) => {
+                        let compacted = match backend.call(Command::CompactRevision).await {
+                            Reply::CompactRevision(rev) => rev,
+                            _ => i64::MAX,
+                        };
+                        let before = pending.len();
+                        pending.retain(|&((stream, watch_id), rev)| {
+                            if rev < compacted {
+                                hub.cancel_compacted(stream, watch_id, compacted);
+                                false
+                            } else {
+                                true
+                            }
+                        });
+                        if pending.len() == before {
+                            // Only a compaction racing this read: retry
+                            // without spinning the core.
+                            glommio::timer::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                    other => {
+                        // The owner is stopping; nothing to resync into.
+                        eprintln!("metcd: watch resync after a snapshot failed: {other:?}");
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .detach();
 }
 
 fn spawn_progress_notifier(hub: Rc<WatchHub>, every: Option<Duration>) {

@@ -26,8 +26,19 @@ use crate::mvcc::{self, EventKind};
 /// A batch of applied events, in revision order, shared by every shard.
 pub type EventBatch = Arc<[mvcc::Event]>;
 
-/// Receives every applied batch; it must only enqueue, never wait.
-pub type EventSubscriber = Box<dyn Fn(&EventBatch)>;
+/// What the owner core feeds the hubs, in apply order.
+#[derive(Debug, Clone)]
+pub enum Feed {
+    /// One applied entry's events.
+    Events(EventBatch),
+    /// The store was replaced by a leader's snapshot at `revision`: the
+    /// events in between were never applied here one by one, so every
+    /// watcher re-reads them from the new store ([`WatchHub::take_resync`]).
+    Restored { revision: i64 },
+}
+
+/// Receives the feed; it must only enqueue, never wait.
+pub type EventSubscriber = Box<dyn Fn(&Feed)>;
 
 /// What a watcher asked for.
 #[derive(Debug, Clone)]
@@ -72,6 +83,9 @@ struct Watcher {
     next_rev: i64,
     /// While history is being read: live events held back.
     syncing: Option<Vec<mvcc::Event>>,
+    /// A snapshot was installed since this watcher's history read began:
+    /// live events stay held until it re-reads from the new store.
+    needs_resync: bool,
     out: UnboundedSender<pb::WatchResponse>,
 }
 
@@ -93,6 +107,9 @@ pub struct WatchHub {
     /// Largest fragment for watchers that asked for fragmentation
     /// (etcd uses --max-request-bytes).
     fragment_bytes: Cell<usize>,
+    /// Watchers to re-read history for after a snapshot was installed.
+    resync: RefCell<Vec<(u64, i64)>>,
+    resync_ready: crate::notify::Notify,
 }
 
 impl WatchHub {
@@ -156,6 +173,7 @@ impl WatchHub {
                 spec,
                 next_rev: start_rev,
                 syncing: syncing.then(Vec::new),
+                needs_resync: false,
                 out,
             },
         );
@@ -172,17 +190,86 @@ impl WatchHub {
         self.watchers.borrow_mut().retain(|(s, _), _| *s != stream);
     }
 
+    /// Applies one item of the owner's feed.
+    pub fn feed(&self, item: &Feed) {
+        match item {
+            Feed::Events(batch) => self.publish(batch),
+            Feed::Restored { revision } => self.restored(*revision),
+        }
+    }
+
+    /// Every watcher holds live events from now on and is queued for a
+    /// history read from the new store (also those creating right now:
+    /// their history may have come from the old store; delivery skips
+    /// what they already got).
+    fn restored(&self, revision: i64) {
+        self.note_revision(revision);
+        let mut watchers = self.watchers.borrow_mut();
+        let mut resync = self.resync.borrow_mut();
+        for (key, w) in watchers.iter_mut() {
+            w.syncing.get_or_insert_with(Vec::new);
+            w.needs_resync = true;
+            resync.push(*key);
+        }
+        drop((watchers, resync));
+        self.resync_ready.notify();
+    }
+
+    /// Waits for watchers queued by a snapshot install and returns them
+    /// with the revision each needs history from; those gone are skipped.
+    pub async fn take_resync(&self) -> Vec<((u64, i64), i64)> {
+        loop {
+            let found = self.claim_resync();
+            if !found.is_empty() {
+                return found;
+            }
+            self.resync_ready.notified().await;
+        }
+    }
+
+    fn claim_resync(&self) -> Vec<((u64, i64), i64)> {
+        let keys = std::mem::take(&mut *self.resync.borrow_mut());
+        let mut watchers = self.watchers.borrow_mut();
+        keys.into_iter()
+            .filter_map(|k| {
+                let w = watchers.get_mut(&k)?;
+                w.needs_resync = false;
+                Some((k, w.next_rev.max(1)))
+            })
+            .collect()
+    }
+
+    /// Cancels a watcher whose next revision was compacted away (etcd's
+    /// answer to a watcher that fell behind compaction).
+    pub fn cancel_compacted(&self, stream: u64, watch_id: i64, compact_revision: i64) {
+        let Some(w) = self.watchers.borrow_mut().remove(&(stream, watch_id)) else {
+            return;
+        };
+        let _ = w.out.unbounded_send(pb::WatchResponse {
+            header: self.header(self.revision.get()),
+            watch_id,
+            canceled: true,
+            compact_revision,
+            ..Default::default()
+        });
+    }
+
     /// Delivers history (events up to `upto`, in order) and then whatever
     /// arrived live while it was read, skipping what the history covered.
-    pub fn finish_sync(&self, stream: u64, watch_id: i64, history: Vec<mvcc::Event>, upto: i64) {
+    pub fn finish_sync(&self, stream: u64, watch_id: i64, history: &[mvcc::Event], upto: i64) {
         let mut watchers = self.watchers.borrow_mut();
         let Some(w) = watchers.get_mut(&(stream, watch_id)) else {
             return;
         };
-        let held = w.syncing.take().unwrap_or_default();
         let header_rev = upto.max(self.revision.get());
         self.deliver(w, history.iter(), header_rev);
         w.next_rev = w.next_rev.max(upto + 1);
+        if w.needs_resync {
+            // The store changed under this read: the held events may lie
+            // past a gap only the resync's history fills.
+            return;
+        }
+        let held = w.syncing.take().unwrap_or_default();
         self.deliver(w, held.iter(), header_rev);
     }
 
@@ -366,10 +453,46 @@ mod tests {
         hub.publish(&[put("k4", 4)]);
         hub.publish(&[put("k5", 5), put("x", 5)]);
         assert!(revs(&mut rx).is_empty(), "nothing before the history");
-        hub.finish_sync(1, 0, vec![put("k2", 2), put("k3", 3), put("k4", 4)], 4);
+        hub.finish_sync(1, 0, &[put("k2", 2), put("k3", 3), put("k4", 4)], 4);
         assert_eq!(revs(&mut rx), vec![2, 3, 4, 5]);
         hub.publish(&[put("k6", 6)]);
         assert_eq!(revs(&mut rx), vec![6]);
+    }
+
+    /// A snapshot install in the middle of a watcher's creation: the
+    /// creation's history (from the old store) is delivered, but live
+    /// events stay held until the resync's history fills the gap.
+    #[test]
+    fn a_restore_holds_live_events_until_the_resync_fills_the_gap() {
+        let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
+        let (synced_tx, mut synced) = unbounded();
+        let (creating_tx, mut creating) = unbounded();
+        hub.add(1, 0, spec("k", "l"), 1, false, synced_tx);
+        hub.publish(&[put("k2", 2)]);
+        hub.add(2, 0, spec("k", "l"), 1, true, creating_tx);
+        // The store jumps to revision 9 (3..=9 never published here).
+        hub.feed(&Feed::Restored { revision: 9 });
+        hub.publish(&[put("k10", 10)]);
+        hub.finish_sync(2, 0, &[put("k2", 2)], 2);
+        assert_eq!(revs(&mut synced), vec![2]);
+        assert_eq!(
+            revs(&mut creating),
+            vec![2],
+            "held events wait for the resync"
+        );
+        let pending = futures_lite::future::block_on(hub.take_resync());
+        assert_eq!(pending, vec![((1, 0), 3), ((2, 0), 3)]);
+        let history = [put("k3", 3), put("x", 4), put("k9", 9)];
+        for ((stream, id), _) in pending {
+            hub.finish_sync(stream, id, &history, 9);
+        }
+        assert_eq!(revs(&mut synced), vec![3, 9, 10]);
+        assert_eq!(revs(&mut creating), vec![3, 9, 10]);
+        hub.cancel_compacted(1, 0, 11);
+        let cancelled = synced.try_recv().unwrap();
+        assert!(cancelled.canceled);
+        assert_eq!(cancelled.compact_revision, 11);
+        assert_eq!(hub.watcher_count(), 1);
     }
 
     #[test]

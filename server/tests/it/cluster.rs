@@ -704,6 +704,8 @@ impl Cluster {
             let path = self.dir.path().join(format!("n{}.faults", j + 1));
             std::fs::write(path, blocked.join("\n")).unwrap();
         }
+        // Members re-read their fault files every 100 ms.
+        std::thread::sleep(Duration::from_millis(400));
     }
 }
 
@@ -807,9 +809,27 @@ fn released_segments(log: &str) -> u64 {
 /// WAL segments behind its snapshots.
 #[test]
 fn lagging_follower_gets_a_snapshot_and_wal_segments_are_released() {
+    lagging_follower_catches_up_with("memory");
+}
+
+/// The on-disk engines install a leader's snapshot into a fresh directory
+/// and switch to it (engine::any::EngineDir).
+#[test]
+fn lagging_follower_gets_a_snapshot_with_the_btree_engine() {
+    lagging_follower_catches_up_with("btree");
+}
+
+#[test]
+fn lagging_follower_gets_a_snapshot_with_the_lsm_engine() {
+    lagging_follower_catches_up_with("lsm");
+}
+
+fn lagging_follower_catches_up_with(engine: &str) {
     let mut cluster = Cluster::start_with(
         3,
         &[
+            "--engine",
+            engine,
             "--snapshot-count",
             "200",
             "--experimental-snapshot-catchup-entries",
@@ -1091,8 +1111,6 @@ fn a_member_removed_while_partitioned_stops_when_it_reconnects() {
     let (leader, ids) = runtime().block_on(leader_and_ids(&cluster.members));
     let victim = (0..3).find(|i| *i != leader).unwrap();
     cluster.isolate(Some(victim), &ids);
-    // Members re-read their fault files every 100 ms.
-    std::thread::sleep(Duration::from_millis(400));
     runtime().block_on(async {
         let mut c = connect(&cluster.members[leader]).await;
         within("remove", c.member_remove(ids[victim]))
@@ -1115,4 +1133,119 @@ fn a_member_removed_while_partitioned_stops_when_it_reconnects() {
     let log = cluster.members[victim].log_text();
     assert!(status.is_some(), "the removed member kept running:\n{log}");
     assert!(log.contains("was removed from the cluster"), "{log}");
+}
+
+/// Watchers on a follower that was partitioned while the leader trimmed
+/// its log: the follower catches up through a snapshot, and its watchers
+/// still get every event they missed, each once, in revision order. A
+/// second time, with the missed revisions compacted away, they are
+/// cancelled with the compact revision (etcd's answer) instead of silently
+/// skipping events.
+#[test]
+fn watchers_on_a_follower_see_the_events_a_snapshot_covered() {
+    use etcd_client::{CompactionOptions, EventType, WatchOptions};
+    let cluster = Cluster::start_with(
+        3,
+        &[
+            "--snapshot-count",
+            "200",
+            "--experimental-snapshot-catchup-entries",
+            "50",
+        ],
+    );
+    runtime().block_on(async {
+        let (leader, ids) = leader_and_ids(&cluster.members).await;
+        let follower = (0..3).find(|i| *i != leader).unwrap();
+        let mut on_leader = connect(&cluster.members[leader]).await;
+        let mut on_follower = connect(&cluster.members[follower]).await;
+        let (_w, mut events) = within(
+            "watch",
+            on_follower.watch("w/", Some(WatchOptions::new().with_prefix())),
+        )
+        .await
+        .unwrap();
+        let (_c, mut cancels) = within(
+            "watch",
+            on_follower.watch("c/", Some(WatchOptions::new().with_prefix())),
+        )
+        .await
+        .unwrap();
+        within("put", on_leader.put("w/first", "0", None))
+            .await
+            .unwrap();
+
+        cluster.isolate(Some(follower), &ids);
+        let puts = 600;
+        let mut expected = vec![("w/first".to_string(), "0".to_string())];
+        for i in 0..puts {
+            let (k, v) = (format!("w/{i:04}"), format!("v{i}"));
+            within("put", on_leader.put(k.clone(), v.clone(), None))
+                .await
+                .unwrap();
+            expected.push((k, v));
+        }
+        cluster.isolate(None, &ids);
+
+        let mut seen: Vec<(String, String)> = Vec::new();
+        let mut last_rev = 0;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while seen.len() < expected.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(next) = tokio::time::timeout(left, events.message()).await else {
+                panic!(
+                    "{} of {} events after 90 s:\n{}",
+                    seen.len(),
+                    expected.len(),
+                    cluster.members[follower].log_text()
+                )
+            };
+            let resp = next.unwrap().expect("watch stream ended");
+            assert!(!resp.canceled(), "{resp:?}");
+            for e in resp.events() {
+                assert_eq!(e.event_type(), EventType::Put);
+                let kv = e.kv().unwrap();
+                assert!(kv.mod_revision() > last_rev, "revisions out of order");
+                last_rev = kv.mod_revision();
+                seen.push((
+                    kv.key_str().unwrap().to_string(),
+                    kv.value_str().unwrap().to_string(),
+                ));
+            }
+        }
+        assert_eq!(seen, expected);
+        let log = cluster.members[follower].log_text();
+        assert!(log.contains("installed the leader's snapshot"), "{log}");
+
+        // Again, but the missed revisions are compacted before the
+        // follower comes back.
+        cluster.isolate(Some(follower), &ids);
+        within("put", on_leader.put("c/gone", "x", None))
+            .await
+            .unwrap();
+        let mut compact_at = 0;
+        for i in 0..puts {
+            let r = within("put", on_leader.put(format!("f/{i}"), "x", None))
+                .await
+                .unwrap();
+            compact_at = r.header().unwrap().revision();
+        }
+        within(
+            "compact",
+            on_leader.compact(compact_at, Some(CompactionOptions::new().with_physical())),
+        )
+        .await
+        .unwrap();
+        cluster.isolate(None, &ids);
+        let Ok(next) = tokio::time::timeout(Duration::from_secs(90), cancels.message()).await
+        else {
+            panic!(
+                "the compacted watcher was never cancelled:\n{}",
+                cluster.members[follower].log_text()
+            )
+        };
+        let resp = next.unwrap().expect("watch stream ended");
+        assert!(resp.canceled(), "{resp:?}");
+        assert!(resp.events().is_empty(), "{resp:?}");
+        assert_eq!(resp.compact_revision(), compact_at);
+    });
 }

@@ -72,6 +72,16 @@ fn acknowledged_writes_survive_kill9() {
     writes_survive_kill9_with("memory");
 }
 
+#[test]
+fn acknowledged_writes_survive_kill9_with_the_btree_engine() {
+    writes_survive_kill9_with("btree");
+}
+
+#[test]
+fn acknowledged_writes_survive_kill9_with_the_lsm_engine() {
+    writes_survive_kill9_with("lsm");
+}
+
 /// Kills the member at several points of a bounded concurrent write load
 /// and checks every acknowledged write after each restart, with `engine`.
 fn writes_survive_kill9_with(engine: &str) {

@@ -2,6 +2,7 @@
 
 mod cluster;
 mod crash;
+mod engines;
 mod etcd_client;
 mod etcd_peer;
 mod etcdctl;

@@ -390,13 +390,13 @@ impl WatchStream {
                     created: true,
                     ..Default::default()
                 });
-                self.hub.finish_sync(self.stream, watch_id, events, upto);
+                self.hub.finish_sync(self.stream, watch_id, &events, upto);
             }
             Reply::WatchHistory(Err(e), _) => {
                 self.hub.remove(self.stream, watch_id);
                 let (rev, _) = self.current().await;
-                let compact_revision = match self.shared.call(Command::HashKv(0)).await {
-                    Reply::HashKv(Ok(h), _) => h.compact_revision,
+                let compact_revision = match self.shared.call(Command::CompactRevision).await {
+                    Reply::CompactRevision(rev) => rev,
                     _ => 0,
                 };
                 self.send(pb::WatchResponse {
@@ -711,10 +711,14 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         _: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        match self.0.call(Command::Defragment).await {
+            Reply::Defragment(Ok(()), _) => {}
+            Reply::Defragment(Err(e), _) => return Err(status_of(&e)),
+            _ => return Err(status_of(&ServerError::Stopped)),
+        }
         let Reply::Status { status, .. } = self.0.call(Command::Status).await else {
             return Err(status_of(&ServerError::Stopped));
         };
-        // The memory engine has nothing to defragment.
         Ok(Response::new(pb::DefragmentResponse {
             header: self.0.header(status.term).header(status.revision),
         }))

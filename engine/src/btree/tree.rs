@@ -1,0 +1,787 @@
+//! The in-memory copy-on-write B+tree: immutable, `Arc`-shared nodes that
+//! are either resident ([`Child::Mem`]) or still on disk ([`Child::Disk`]),
+//! point reads and range scans over any root, and the writer's path-copying
+//! put and delete.
+//!
+//! This module owns the shape of the tree (split, merge, root growth and
+//! collapse) and the bookkeeping of what a write makes garbage ([`Freed`]).
+//! It must never modify a node another root can see: a node reachable from
+//! a snapshot, from the published root or from a commit in flight is shared
+//! (`Arc` count above one) and is copied before it changes; only nodes the
+//! current batch created itself are changed in place. It never writes: page
+//! ids are given to nodes by the commit in `mod.rs`.
+//!
+//! # Page ids and epochs
+//!
+//! A node's `page` is 0 while it is dirty and becomes its page id once a
+//! commit has written it (set through an atomic so a commit can do it while
+//! the writer goes on copying). `born` is the writer epoch (the number of
+//! the commit that will freeze it) that created the node. When the writer
+//! replaces a node that has a page, that page is freed; when it replaces a
+//! dirty node born in an earlier epoch, a commit in flight (or done) is
+//! giving that node a page the writer does not know yet, so the writer keeps
+//! the node itself ([`Freed::Node`]) and the next commit reads its page.
+//! Dirty nodes born in the current epoch were never frozen and free nothing.
+//! Overflow values ([`BigVal`]) follow the same rules.
+
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::page::{self, Probe, NODE_CAPACITY};
+use super::DataFile;
+use crate::{Error, Result, Scan};
+
+/// A child pointer: a resident node or a page not loaded (in the tree's
+/// file).
+#[derive(Clone)]
+pub enum Child {
+    Mem(Arc<Node>),
+    Disk(u64),
+}
+
+pub struct Node {
+    page: AtomicU64,
+    born: u64,
+    pub kind: NodeKind,
+}
+
+pub enum NodeKind {
+    Leaf {
+        entries: Vec<Entry>,
+    },
+    /// `keys[0]` is always empty; `keys[i]` (i > 0) is the smallest key
+    /// `children[i]` may hold.
+    Branch {
+        keys: Vec<Bytes>,
+        children: Vec<Child>,
+    },
+}
+
+#[derive(Clone)]
+pub struct Entry {
+    pub key: Bytes,
+    pub value: Val,
+}
+
+#[derive(Clone)]
+pub enum Val {
+    Inline(Bytes),
+    Big(Arc<BigVal>),
+}
+
+/// A value stored in an overflow run.
+pub struct BigVal {
+    pub len: u64,
+    crc: AtomicU32,
+    page: AtomicU64,
+    born: u64,
+    /// The bytes, for values written since open; `None` for values loaded
+    /// from a page (read from the run when asked for).
+    pub data: Option<Bytes>,
+}
+
+impl BigVal {
+    pub fn stored(len: u64, page: u64, crc: u32) -> BigVal {
+        BigVal {
+            len,
+            crc: AtomicU32::new(crc),
+            page: AtomicU64::new(page),
+            born: 0,
+            data: None,
+        }
+    }
+
+    /// A value just written, not yet in any page.
+    pub fn fresh(data: Bytes, born: u64) -> BigVal {
+        BigVal {
+            len: data.len() as u64,
+            crc: AtomicU32::new(0),
+            page: AtomicU64::new(0),
+            born,
+            data: Some(data),
+        }
+    }
+
+    pub fn page(&self) -> u64 {
+        self.page.load(Ordering::Acquire)
+    }
+
+    pub fn crc(&self) -> u32 {
+        self.crc.load(Ordering::Acquire)
+    }
+
+    /// Records where a commit wrote the value (crc first: a reader of the
+    /// page id also sees the crc).
+    pub fn set_written(&self, page: u64, crc: u32) {
+        self.crc.store(crc, Ordering::Release);
+        self.page.store(page, Ordering::Release);
+    }
+}
+
+impl Node {
+    pub fn stored(page: u64, kind: NodeKind) -> Node {
+        Node {
+            page: AtomicU64::new(page),
+            born: 0,
+            kind,
+        }
+    }
+
+    fn dirty(kind: NodeKind, born: u64) -> Node {
+        Node {
+            page: AtomicU64::new(0),
+            born,
+            kind,
+        }
+    }
+
+    pub fn empty_leaf(born: u64) -> Node {
+        Node::dirty(
+            NodeKind::Leaf {
+                entries: Vec::new(),
+            },
+            born,
+        )
+    }
+
+    /// The page this node was read from or written to; 0 while dirty.
+    pub fn page(&self) -> u64 {
+        self.page.load(Ordering::Acquire)
+    }
+
+    pub fn set_page(&self, page: u64) {
+        self.page.store(page, Ordering::Release);
+    }
+
+    /// A dirty copy (no page) born in `born`.
+    fn copy(&self, born: u64) -> Node {
+        Node::dirty(self.kind.clone(), born)
+    }
+
+    fn is_empty(&self) -> bool {
+        match &self.kind {
+            NodeKind::Leaf { entries } => entries.is_empty(),
+            NodeKind::Branch { children, .. } => children.is_empty(),
+        }
+    }
+}
+
+impl Clone for NodeKind {
+    fn clone(&self) -> Self {
+        match self {
+            NodeKind::Leaf { entries } => NodeKind::Leaf {
+                entries: entries.clone(),
+            },
+            NodeKind::Branch { keys, children } => NodeKind::Branch {
+                keys: keys.clone(),
+                children: children.clone(),
+            },
+        }
+    }
+}
+
+/// Whether the tree under `root` is entirely written: a written node's
+/// children were all written before it.
+pub fn is_clean(root: &Child) -> bool {
+    match root {
+        Child::Disk(_) => true,
+        Child::Mem(n) => n.page() != 0,
+    }
+}
+
+/// Index of the child of a branch with `keys` that holds `key`.
+fn route(keys: &[Bytes], key: &[u8]) -> usize {
+    // keys[0] is empty and never compared.
+    keys.get(1..)
+        .map_or(0, |rest| rest.partition_point(|k| k[..] <= *key))
+}
+
+fn search(entries: &[Entry], key: &[u8]) -> std::result::Result<usize, usize> {
+    entries.binary_search_by(|e| e.key[..].cmp(key))
+}
+
+fn before_end(key: &[u8], end: Bound<&[u8]>) -> bool {
+    match end {
+        Bound::Unbounded => true,
+        Bound::Included(e) => key <= e,
+        Bound::Excluded(e) => key < e,
+    }
+}
+
+fn load(file: &DataFile, child: &Child) -> Result<Arc<Node>> {
+    match child {
+        Child::Mem(n) => Ok(n.clone()),
+        Child::Disk(p) => Ok(Arc::new(file.read_node(*p)?)),
+    }
+}
+
+/// The stored value of `key` under `root` (not yet read if it overflows).
+/// Resident nodes are searched as they are; pages below them are probed in
+/// place, never decoded.
+pub fn lookup(file: &DataFile, root: &Child, key: &[u8]) -> Result<Option<Val>> {
+    let mut child = root.clone();
+    let mut page = loop {
+        let node = match child {
+            Child::Disk(p) => break p,
+            Child::Mem(n) => n,
+        };
+        child = match &node.kind {
+            NodeKind::Leaf { entries } => {
+                return Ok(search(entries, key).ok().map(|i| entries[i].value.clone()));
+            }
+            NodeKind::Branch { keys, children } => match children.get(route(keys, key)) {
+                Some(c) => c.clone(),
+                None => return Ok(None),
+            },
+        };
+    };
+    loop {
+        let (block, step) = file.probe(page, key)?;
+        match step {
+            Probe::Child(next) => page = next,
+            Probe::Inline(range) => {
+                return Ok(Some(Val::Inline(Bytes::from_owner(block).slice(range))));
+            }
+            Probe::Big { len, page, crc } => {
+                return Ok(Some(Val::Big(Arc::new(BigVal::stored(len, page, crc)))));
+            }
+            Probe::Absent => return Ok(None),
+        }
+    }
+}
+
+pub fn get(file: &DataFile, root: &Child, key: &[u8]) -> Result<Option<Bytes>> {
+    match lookup(file, root, key)? {
+        Some(v) => Ok(Some(value_bytes(file, &v)?)),
+        None => Ok(None),
+    }
+}
+
+pub fn value_bytes(file: &DataFile, v: &Val) -> Result<Bytes> {
+    match v {
+        Val::Inline(b) => Ok(b.clone()),
+        Val::Big(b) => match &b.data {
+            Some(d) => Ok(d.clone()),
+            None => file.read_big(b),
+        },
+    }
+}
+
+/// Visits `[start, end)`-style bounds in key order; returns `Scan::Stop`
+/// once the visitor or the end bound stopped it.
+pub fn scan<F>(
+    file: &DataFile,
+    child: &Child,
+    start: Bound<&[u8]>,
+    end: Bound<&[u8]>,
+    visit: &mut F,
+) -> Result<Scan>
+where
+    F: FnMut(&Bytes, &Bytes) -> Scan,
+{
+    let node = load(file, child)?;
+    match &node.kind {
+        NodeKind::Leaf { entries } => {
+            let from = match start {
+                Bound::Unbounded => 0,
+                Bound::Included(s) => entries.partition_point(|e| e.key[..] < *s),
+                Bound::Excluded(s) => entries.partition_point(|e| e.key[..] <= *s),
+            };
+            for e in &entries[from..] {
+                if !before_end(&e.key, end) {
+                    return Ok(Scan::Stop);
+                }
+                let v = value_bytes(file, &e.value)?;
+                if visit(&e.key, &v) == Scan::Stop {
+                    return Ok(Scan::Stop);
+                }
+            }
+            Ok(Scan::Continue)
+        }
+        NodeKind::Branch { keys, children } => {
+            let first = match start {
+                Bound::Unbounded => 0,
+                Bound::Included(s) | Bound::Excluded(s) => route(keys, s),
+            };
+            for i in first..children.len() {
+                if i > 0 && !before_end(&keys[i], end) {
+                    return Ok(Scan::Stop);
+                }
+                if scan(file, &children[i], start, end, visit)? == Scan::Stop {
+                    return Ok(Scan::Stop);
+                }
+            }
+            Ok(Scan::Continue)
+        }
+    }
+}
+
+/// Something a write removed from the tree whose space a later commit may
+/// reuse.
+pub enum Freed {
+    /// `pages` pages from `page`.
+    Run(u64, u64),
+    /// A node frozen by an earlier commit; its page is read at the next one.
+    Node(Arc<Node>),
+    /// An overflow value frozen by an earlier commit.
+    Value(Arc<BigVal>),
+}
+
+/// The writer's context for one batch.
+pub struct WriteCtx<'a> {
+    pub file: &'a DataFile,
+    pub epoch: u64,
+    pub freed: Vec<Freed>,
+    /// Nodes loaded or copied: a measure of how much became resident.
+    pub touched: usize,
+}
+
+fn internal(what: &str) -> Error {
+    Error::Invalid(format!("btree: internal invariant broken: {what}"))
+}
+
+impl WriteCtx<'_> {
+    fn release_node(&mut self, n: &Arc<Node>) {
+        let p = n.page();
+        if p != 0 {
+            self.freed.push(Freed::Run(p, 1));
+        } else if n.born < self.epoch {
+            self.freed.push(Freed::Node(n.clone()));
+        }
+    }
+
+    fn release_val(&mut self, v: Val) {
+        if let Val::Big(b) = v {
+            let p = b.page();
+            if p != 0 {
+                self.freed.push(Freed::Run(p, page::pages_for(b.len)));
+            } else if b.born < self.epoch {
+                self.freed.push(Freed::Value(b));
+            }
+        }
+    }
+
+    /// Makes `child` a node this batch may change in place, loading or
+    /// copying it (and freeing what it replaces) as needed.
+    fn node_mut<'c>(&mut self, child: &'c mut Child) -> Result<&'c mut Node> {
+        if let Child::Disk(p) = *child {
+            let node = self.file.read_node(p)?;
+            self.freed.push(Freed::Run(p, 1));
+            self.touched += 1;
+            *child = Child::Mem(Arc::new(Node::dirty(node.kind, self.epoch)));
+        }
+        let Child::Mem(arc) = child else {
+            return Err(internal("child still on disk after loading"));
+        };
+        if Arc::get_mut(arc).is_none() {
+            let copy = arc.copy(self.epoch);
+            self.release_node(arc);
+            self.touched += 1;
+            *arc = Arc::new(copy);
+        }
+        let epoch = self.epoch;
+        let Some(node) = Arc::get_mut(arc) else {
+            return Err(internal("fresh node is shared"));
+        };
+        let p = *node.page.get_mut();
+        if p != 0 {
+            // Only this tree knew the node: its page is garbage now.
+            self.freed.push(Freed::Run(p, 1));
+            *node.page.get_mut() = 0;
+        }
+        node.born = epoch;
+        Ok(node)
+    }
+
+    /// The node's kind for a node leaving the tree (merged away): taken if
+    /// nobody else holds it, copied otherwise, and its page freed.
+    fn take_kind(&mut self, child: Child) -> Result<NodeKind> {
+        match child {
+            Child::Disk(p) => {
+                let node = self.file.read_node(p)?;
+                self.freed.push(Freed::Run(p, 1));
+                Ok(node.kind)
+            }
+            Child::Mem(arc) => {
+                self.release_node(&arc);
+                Ok(match Arc::try_unwrap(arc) {
+                    Ok(node) => node.kind,
+                    Err(shared) => shared.kind.clone(),
+                })
+            }
+        }
+    }
+
+    fn size_of(&self, child: &Child) -> Result<usize> {
+        match child {
+            Child::Mem(n) => Ok(page::node_size(&n.kind)),
+            Child::Disk(p) => Ok(page::node_size(&self.file.read_node(*p)?.kind)),
+        }
+    }
+
+    /// Inserts or replaces `key` under `root`.
+    pub fn put(&mut self, root: &mut Child, key: Bytes, value: Val) -> Result<()> {
+        self.put_in(root, key, value)?;
+        loop {
+            let node = self.node_mut(root)?;
+            if page::node_size(&node.kind) <= NODE_CAPACITY {
+                return Ok(());
+            }
+            let kind = std::mem::replace(
+                &mut node.kind,
+                NodeKind::Leaf {
+                    entries: Vec::new(),
+                },
+            );
+            let mut keys = Vec::new();
+            let mut children = Vec::new();
+            for (sep, part) in split(kind)? {
+                keys.push(if keys.is_empty() { Bytes::new() } else { sep });
+                children.push(Child::Mem(Arc::new(Node::dirty(part, self.epoch))));
+            }
+            node.kind = NodeKind::Branch { keys, children };
+        }
+    }
+
+    fn put_in(&mut self, child: &mut Child, key: Bytes, value: Val) -> Result<()> {
+        let node = self.node_mut(child)?;
+        match &mut node.kind {
+            NodeKind::Leaf { entries } => match search(entries, &key) {
+                Ok(i) => {
+                    let old = std::mem::replace(&mut entries[i].value, value);
+                    self.release_val(old);
+                }
+                Err(i) => entries.insert(i, Entry { key, value }),
+            },
+            NodeKind::Branch { keys, children } => {
+                let i = route(keys, &key);
+                let Some(c) = children.get_mut(i) else {
+                    return Err(internal("branch without children"));
+                };
+                self.put_in(c, key, value)?;
+                self.split_child(keys, children, i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits `children[i]` if it outgrew a page.
+    fn split_child(
+        &mut self,
+        keys: &mut Vec<Bytes>,
+        children: &mut Vec<Child>,
+        i: usize,
+    ) -> Result<()> {
+        let node = self.node_mut(&mut children[i])?;
+        if page::node_size(&node.kind) <= NODE_CAPACITY {
+            return Ok(());
+        }
+        let kind = std::mem::replace(
+            &mut node.kind,
+            NodeKind::Leaf {
+                entries: Vec::new(),
+            },
+        );
+        let mut parts = split(kind)?.into_iter();
+        let Some((_, first)) = parts.next() else {
+            return Err(internal("split produced nothing"));
+        };
+        node.kind = first;
+        for (j, (sep, part)) in parts.enumerate() {
+            keys.insert(i + 1 + j, sep);
+            children.insert(
+                i + 1 + j,
+                Child::Mem(Arc::new(Node::dirty(part, self.epoch))),
+            );
+        }
+        Ok(())
+    }
+
+    /// Removes `key` from under `root`; returns whether it was there.
+    pub fn delete(&mut self, root: &mut Child, key: &[u8]) -> Result<bool> {
+        if lookup(self.file, root, key)?.is_none() {
+            return Ok(false);
+        }
+        self.delete_in(root, key)?;
+        // Collapse single-child roots; an empty branch root becomes a leaf.
+        loop {
+            let collapses = match root {
+                Child::Mem(n) => matches!(
+                    &n.kind,
+                    NodeKind::Branch { children, .. } if children.len() <= 1
+                ),
+                Child::Disk(_) => false,
+            };
+            if !collapses {
+                return Ok(true);
+            }
+            let node = self.node_mut(root)?;
+            let NodeKind::Branch { children, .. } = &mut node.kind else {
+                return Ok(true);
+            };
+            match children.len() {
+                0 => {
+                    node.kind = NodeKind::Leaf {
+                        entries: Vec::new(),
+                    }
+                }
+                1 => {
+                    let Some(only) = children.pop() else {
+                        return Err(internal("vanished child"));
+                    };
+                    *root = only;
+                }
+                _ => return Ok(true),
+            }
+        }
+    }
+
+    fn delete_in(&mut self, child: &mut Child, key: &[u8]) -> Result<()> {
+        let node = self.node_mut(child)?;
+        match &mut node.kind {
+            NodeKind::Leaf { entries } => {
+                if let Ok(i) = search(entries, key) {
+                    let e = entries.remove(i);
+                    self.release_val(e.value);
+                }
+            }
+            NodeKind::Branch { keys, children } => {
+                let i = route(keys, key);
+                let Some(c) = children.get_mut(i) else {
+                    return Err(internal("branch without children"));
+                };
+                self.delete_in(c, key)?;
+                self.rebalance(keys, children, i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a delete under `children[i]`: drops it if empty, merges it
+    /// with a neighbour if it is under a quarter full and both fit a page.
+    fn rebalance(
+        &mut self,
+        keys: &mut Vec<Bytes>,
+        children: &mut Vec<Child>,
+        i: usize,
+    ) -> Result<()> {
+        let (empty, size) = match &children[i] {
+            Child::Mem(n) => (n.is_empty(), page::node_size(&n.kind)),
+            Child::Disk(_) => return Err(internal("deleted-from child not resident")),
+        };
+        if empty {
+            let gone = children.remove(i);
+            keys.remove(i);
+            if let Some(k0) = keys.first_mut() {
+                *k0 = Bytes::new();
+            }
+            self.take_kind(gone)?;
+            return Ok(());
+        }
+        if size >= NODE_CAPACITY / 4 || children.len() < 2 {
+            return Ok(());
+        }
+        let (l, r) = if i > 0 { (i - 1, i) } else { (i, i + 1) };
+        let sep_len = keys[r].len();
+        let left_size = self.size_of(&children[l])?;
+        let right_size = self.size_of(&children[r])?;
+        // A branch merge turns the right node's empty first key into the
+        // separator.
+        let extra = match &children[i] {
+            Child::Mem(n) if matches!(n.kind, NodeKind::Branch { .. }) => sep_len,
+            _ => 0,
+        };
+        if left_size + right_size + extra > NODE_CAPACITY {
+            return Ok(());
+        }
+        let right = children.remove(r);
+        let sep = keys.remove(r);
+        let right_kind = self.take_kind(right)?;
+        let left = self.node_mut(&mut children[l])?;
+        match (&mut left.kind, right_kind) {
+            (NodeKind::Leaf { entries }, NodeKind::Leaf { entries: more }) => entries.extend(more),
+            (
+                NodeKind::Branch {
+                    keys: lk,
+                    children: lc,
+                },
+                NodeKind::Branch {
+                    keys: mut rk,
+                    children: rc,
+                },
+            ) => {
+                if let Some(k0) = rk.first_mut() {
+                    *k0 = sep;
+                }
+                lk.extend(rk);
+                lc.extend(rc);
+            }
+            _ => {
+                return Err(Error::Corrupt {
+                    what: "btree node",
+                    path: self.file.path().to_path_buf(),
+                    offset: 0,
+                    reason: "sibling nodes at different tree levels".into(),
+                })
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Splits an oversized node into parts that each fit a page, of about equal
+/// size; each part comes with the smallest key it holds (its separator).
+fn split(kind: NodeKind) -> Result<Vec<(Bytes, NodeKind)>> {
+    match kind {
+        NodeKind::Leaf { entries } => {
+            let sizes: Vec<usize> = entries
+                .iter()
+                .map(|e| page::leaf_entry_size(&e.key, &e.value))
+                .collect();
+            let cuts = cut_points(&sizes)?;
+            let mut parts = Vec::with_capacity(cuts.len());
+            let mut rest = entries;
+            for &cut in cuts.iter().rev() {
+                let tail = rest.split_off(cut);
+                let sep = tail.first().map(|e| e.key.clone()).unwrap_or_default();
+                parts.push((sep, NodeKind::Leaf { entries: tail }));
+            }
+            let sep = rest.first().map(|e| e.key.clone()).unwrap_or_default();
+            parts.push((sep, NodeKind::Leaf { entries: rest }));
+            parts.reverse();
+            Ok(parts)
+        }
+        NodeKind::Branch { keys, children } => {
+            let sizes: Vec<usize> = keys.iter().map(|k| page::branch_entry_size(k)).collect();
+            let cuts = cut_points(&sizes)?;
+            let mut parts = Vec::with_capacity(cuts.len() + 1);
+            let (mut rk, mut rc) = (keys, children);
+            for &cut in cuts.iter().rev() {
+                let mut tk = rk.split_off(cut);
+                let tc = rc.split_off(cut);
+                let sep = tk.first().cloned().unwrap_or_default();
+                if let Some(k0) = tk.first_mut() {
+                    *k0 = Bytes::new();
+                }
+                parts.push((
+                    sep,
+                    NodeKind::Branch {
+                        keys: tk,
+                        children: tc,
+                    },
+                ));
+            }
+            parts.push((
+                Bytes::new(),
+                NodeKind::Branch {
+                    keys: rk,
+                    children: rc,
+                },
+            ));
+            parts.reverse();
+            Ok(parts)
+        }
+    }
+}
+
+/// Where to cut a node with entry `sizes` so every part fits a page and the
+/// parts are about equally full. Returns the ascending start indices of
+/// every part but the first.
+fn cut_points(sizes: &[usize]) -> Result<Vec<usize>> {
+    let total: usize = sizes.iter().sum();
+    let mut parts = total.div_ceil(NODE_CAPACITY).max(2);
+    while parts <= sizes.len() {
+        let target = total.div_ceil(parts);
+        let mut cuts = Vec::new();
+        let mut cur = 0;
+        let mut ok = true;
+        for (i, &s) in sizes.iter().enumerate() {
+            if cur > 0 && cur + s > target {
+                if cur > NODE_CAPACITY {
+                    ok = false;
+                }
+                cuts.push(i);
+                cur = 0;
+            }
+            cur += s;
+        }
+        if ok && cur <= NODE_CAPACITY && !cuts.is_empty() {
+            return Ok(cuts);
+        }
+        parts += 1;
+    }
+    Err(internal("a node cannot be split into pages"))
+}
+
+/// Drops resident clean nodes from the tree under `child`, leaving page
+/// pointers, so memory holds only dirty nodes. Dirty nodes shared with a
+/// snapshot are copied (keeping their epoch: they are the same node).
+pub fn evict(child: &mut Child) {
+    let Child::Mem(arc) = child else {
+        return;
+    };
+    let p = arc.page();
+    if p != 0 {
+        *child = Child::Disk(p);
+        return;
+    }
+    let NodeKind::Branch { children, .. } = &arc.kind else {
+        return;
+    };
+    if children.iter().all(|c| matches!(c, Child::Disk(_))) {
+        return;
+    }
+    if Arc::get_mut(arc).is_none() {
+        let born = arc.born;
+        *arc = Arc::new(arc.copy(born));
+    }
+    if let Some(node) = Arc::get_mut(arc) {
+        if let NodeKind::Branch { children, .. } = &mut node.kind {
+            for c in children.iter_mut() {
+                evict(c);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn cuts_fit_pages_and_balance() {
+        for sizes in [
+            vec![1000; 5],
+            vec![30; 200],
+            vec![1049, 7, 1049, 1049, 1049],
+        ] {
+            let cuts = cut_points(&sizes).unwrap();
+            assert!(!cuts.is_empty());
+            let mut start = 0;
+            for &c in cuts.iter().chain(std::iter::once(&sizes.len())) {
+                assert!(c > start, "empty part in {cuts:?}");
+                let part: usize = sizes[start..c].iter().sum();
+                assert!(part <= NODE_CAPACITY, "{part} in {cuts:?}");
+                start = c;
+            }
+        }
+    }
+
+    #[test]
+    fn route_picks_the_child_holding_the_key() {
+        let keys = vec![
+            Bytes::new(),
+            Bytes::from_static(b"m"),
+            Bytes::from_static(b"t"),
+        ];
+        assert_eq!(route(&keys, b"a"), 0);
+        assert_eq!(route(&keys, b"m"), 1);
+        assert_eq!(route(&keys, b"s"), 1);
+        assert_eq!(route(&keys, b"z"), 2);
+    }
+}

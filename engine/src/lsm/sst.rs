@@ -1,0 +1,835 @@
+//! Sorted string tables: the lsm engine's immutable on-disk runs.
+//!
+//! This module owns the SST file format, writing a table from a sorted
+//! stream of entries ([`TableBuilder`]) and reading one back ([`Table`]:
+//! point lookups and positioned iterators). It must never hand out bytes
+//! whose checksum it has not verified, nor cache an unverified block: a
+//! mismatch is an [`Error::Corrupt`] naming the file and the block offset.
+//! Deciding which tables are live is not its job; a table only deletes its
+//! file when the engine marked it obsolete and its last reader let go.
+//!
+//! # Format (version 1, integers little-endian)
+//!
+//! All I/O is direct, so every region starts on a 4096-byte boundary and is
+//! zero-padded to one:
+//!
+//! ```text
+//! page 0        header: "METCDSST" | version u32 | crc32c u32
+//! data blocks   ≤ 4096 bytes each unless one entry is bigger:
+//!                 entries: shared varint | unshared varint |
+//!                          value_len+1 varint (0 = tombstone) | seq u64 |
+//!                          key suffix | value
+//!                 restart offsets u32 × n | n u32 | crc32c u32
+//! filter block  bloom bits | probe count u8 | crc32c u32
+//! index block   n u32 | n × (last key: len u32 + bytes | last seq u64 |
+//!               offset u64 | len u32) | smallest key | largest key | crc32c
+//! last page     footer: "METCDSST" | version u32 | index off u64, len u32 |
+//!               filter off u64, len u32 | entry count u64 | crc32c u32
+//! ```
+//!
+//! Keys are prefix-compressed against the previous entry of their block,
+//! with a full key every [`RESTART_INTERVAL`] entries so a lookup binary
+//! searches the restarts. A block's `len` (in the index) excludes padding.
+//! Every version of one user key lands in the same table (compaction cuts
+//! tables only between user keys), which keeps levels ≥ 1 disjoint.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::format::{
+    cmp_internal, failpoint, put_len_prefixed, put_varint, seal, unseal, Entry, EntryIter, Reader,
+    FORMAT_VERSION, SST_MAGIC,
+};
+use crate::io::{round_up, AlignedBuf, BlockCache, DirectFile, ALIGN};
+use crate::{Error, Result};
+
+/// Target size of a data block including its trailer: one aligned page.
+const BLOCK_BYTES: usize = ALIGN;
+/// Entries between two full (uncompressed) keys in a data block.
+const RESTART_INTERVAL: usize = 16;
+/// Padded blocks are staged up to this size before one batched write.
+const STAGE_BYTES: usize = 256 << 10;
+/// Sealed footer length: magic 8, version 4, index 12, filter 12,
+/// entry count 8, crc 4.
+const FOOTER_BYTES: usize = 48;
+/// Bloom probes per key; ~optimal for 10 bits per key (ln 2 × 10 ≈ 7).
+const MAX_BLOOM_PROBES: u32 = 30;
+
+pub(crate) fn sst_name(file_no: u64) -> String {
+    format!("{file_no:016x}.sst")
+}
+
+/// The file number of an SST file name, if it is one.
+pub(crate) fn parse_sst_name(name: &str) -> Option<u64> {
+    let hex = name.strip_suffix(".sst")?;
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+fn corrupt(what: &'static str, path: &Path, offset: u64, reason: impl Into<String>) -> Error {
+    Error::Corrupt {
+        what,
+        path: path.to_path_buf(),
+        offset,
+        reason: reason.into(),
+    }
+}
+
+fn bloom_hash(key: &[u8]) -> u64 {
+    // FNV-1a, then a splitmix64 finaliser to spread the bits: the two
+    // 32-bit halves drive double hashing.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+fn bloom_build(hashes: &[u64], bits_per_key: usize) -> Vec<u8> {
+    let bits = (hashes.len() * bits_per_key).max(64);
+    let bytes = bits.div_ceil(8);
+    let bits = bytes * 8;
+    let probes = ((bits_per_key as f64 * 0.69) as u32).clamp(1, MAX_BLOOM_PROBES);
+    let mut out = vec![0u8; bytes];
+    for &h in hashes {
+        let (mut a, b) = (h as u32, (h >> 32) as u32 | 1);
+        for _ in 0..probes {
+            let bit = a as usize % bits;
+            out[bit / 8] |= 1 << (bit % 8);
+            a = a.wrapping_add(b);
+        }
+    }
+    out.push(probes as u8);
+    out
+}
+
+fn bloom_may_contain(filter: &[u8], key: &[u8]) -> bool {
+    let Some((&probes, bits)) = filter.split_last() else {
+        return true;
+    };
+    if bits.is_empty() {
+        return true;
+    }
+    let nbits = bits.len() * 8;
+    let h = bloom_hash(key);
+    let (mut a, b) = (h as u32, (h >> 32) as u32 | 1);
+    for _ in 0..probes {
+        let bit = a as usize % nbits;
+        if bits[bit / 8] & (1 << (bit % 8)) == 0 {
+            return false;
+        }
+        a = a.wrapping_add(b);
+    }
+    true
+}
+
+/// What the manifest records about a finished table.
+#[derive(Debug, Clone)]
+pub(crate) struct TableMeta {
+    pub file_no: u64,
+    pub size: u64,
+    pub smallest: Bytes,
+    pub largest: Bytes,
+}
+
+struct IndexEntry {
+    last_key: Bytes,
+    last_seq: u64,
+    offset: u64,
+    len: u32,
+}
+
+/// Writes one table from entries added in internal key order.
+pub(crate) struct TableBuilder {
+    file: DirectFile,
+    file_no: u64,
+    /// Failpoint prefix, e.g. `lsm::flush`: which background job writes.
+    ctx: &'static str,
+    bloom_bits_per_key: usize,
+    staged: Vec<u8>,
+    staged_offset: u64,
+    block: Vec<u8>,
+    restarts: Vec<u32>,
+    block_count: usize,
+    last_key: Vec<u8>,
+    last_seq: u64,
+    index: Vec<IndexEntry>,
+    hashes: Vec<u64>,
+    entries: u64,
+    smallest: Option<Bytes>,
+    /// Where the next block goes (file length after what is staged).
+    offset: u64,
+}
+
+impl TableBuilder {
+    pub fn create(
+        dir: &Path,
+        file_no: u64,
+        ctx: &'static str,
+        bloom_bits_per_key: usize,
+    ) -> Result<TableBuilder> {
+        let path = dir.join(sst_name(file_no));
+        let file = DirectFile::open(&path, true)?;
+        // A leftover from a failed attempt with this number is garbage.
+        file.set_len(0)?;
+        let mut header = Vec::with_capacity(16);
+        header.extend_from_slice(SST_MAGIC);
+        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        seal(&mut header);
+        header.resize(ALIGN, 0);
+        Ok(TableBuilder {
+            file,
+            file_no,
+            ctx,
+            bloom_bits_per_key,
+            staged: header,
+            staged_offset: 0,
+            block: Vec::with_capacity(BLOCK_BYTES),
+            restarts: Vec::new(),
+            block_count: 0,
+            last_key: Vec::new(),
+            last_seq: 0,
+            index: Vec::new(),
+            hashes: Vec::new(),
+            entries: 0,
+            smallest: None,
+            offset: ALIGN as u64,
+        })
+    }
+
+    /// Bytes written or buffered so far: where compaction cuts tables.
+    pub fn estimated_size(&self) -> u64 {
+        self.offset + self.block.len() as u64
+    }
+
+    /// Adds the next entry; entries must come in strictly increasing
+    /// internal key order.
+    pub fn add(&mut self, key: &[u8], seq: u64, value: Option<&[u8]>) -> Result<()> {
+        let value_len = value.map_or(0, <[u8]>::len);
+        // Worst-case encoded size: three varints, the sequence, key, value.
+        let worst = 30 + 8 + key.len() + value_len;
+        let trailer = (self.restarts.len() + 2) * 4 + 4;
+        if self.block_count > 0 && self.block.len() + worst + trailer > BLOCK_BYTES {
+            self.finish_block()?;
+        }
+        if self.smallest.is_none() {
+            self.smallest = Some(Bytes::copy_from_slice(key));
+        }
+        // (The first key counts even when it equals the empty `last_key`.)
+        if self.entries == 0 || self.last_key.as_slice() != key {
+            self.hashes.push(bloom_hash(key));
+        }
+        let shared = if self.block_count.is_multiple_of(RESTART_INTERVAL) {
+            self.restarts.push(self.block.len() as u32);
+            0
+        } else {
+            self.last_key
+                .iter()
+                .zip(key)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        put_varint(&mut self.block, shared as u64);
+        put_varint(&mut self.block, (key.len() - shared) as u64);
+        put_varint(&mut self.block, value.map_or(0, |v| v.len() as u64 + 1));
+        self.block.extend_from_slice(&seq.to_le_bytes());
+        self.block.extend_from_slice(&key[shared..]);
+        if let Some(v) = value {
+            self.block.extend_from_slice(v);
+        }
+        self.last_key.clear();
+        self.last_key.extend_from_slice(key);
+        self.last_seq = seq;
+        self.block_count += 1;
+        self.entries += 1;
+        Ok(())
+    }
+
+    fn finish_block(&mut self) -> Result<()> {
+        if self.block_count == 0 {
+            return Ok(());
+        }
+        for r in &self.restarts {
+            self.block.extend_from_slice(&r.to_le_bytes());
+        }
+        self.block
+            .extend_from_slice(&(self.restarts.len() as u32).to_le_bytes());
+        seal(&mut self.block);
+        let block = std::mem::take(&mut self.block);
+        let (offset, len) = self.stage(&block)?;
+        self.index.push(IndexEntry {
+            last_key: Bytes::copy_from_slice(&self.last_key),
+            last_seq: self.last_seq,
+            offset,
+            len,
+        });
+        self.block = block;
+        self.block.clear();
+        self.restarts.clear();
+        self.block_count = 0;
+        Ok(())
+    }
+
+    /// Appends a sealed block (padded to the alignment) to the staging
+    /// buffer, writing the buffer out when it is full. Returns the block's
+    /// file offset and unpadded length.
+    fn stage(&mut self, block: &[u8]) -> Result<(u64, u32)> {
+        let len = u32::try_from(block.len())
+            .map_err(|_| Error::Invalid(format!("sst block of {} bytes", block.len())))?;
+        let offset = self.offset;
+        self.staged.extend_from_slice(block);
+        self.staged
+            .resize(self.staged.len() + round_up(block.len()) - block.len(), 0);
+        self.offset += round_up(block.len()) as u64;
+        if self.staged.len() >= STAGE_BYTES {
+            self.write_staged()?;
+        }
+        Ok((offset, len))
+    }
+
+    fn write_staged(&mut self) -> Result<()> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        failpoint(&format!("{}::sst_write", self.ctx), self.file.path())?;
+        let buf = AlignedBuf::from_slice(&self.staged);
+        self.file.write_all_at(&[(self.staged_offset, &buf)])?;
+        self.staged_offset += self.staged.len() as u64;
+        self.staged.clear();
+        Ok(())
+    }
+
+    /// Writes filter, index and footer, and makes the file durable (its
+    /// directory entry is made durable by the caller's `sync_dir`).
+    pub fn finish(mut self) -> Result<TableMeta> {
+        self.finish_block()?;
+        let largest = Bytes::copy_from_slice(&self.last_key);
+        let smallest = self.smallest.clone().unwrap_or_default();
+
+        let mut filter = bloom_build(&self.hashes, self.bloom_bits_per_key);
+        seal(&mut filter);
+        let (filter_off, filter_len) = self.stage(&filter)?;
+
+        let mut index = Vec::new();
+        index.extend_from_slice(&(self.index.len() as u32).to_le_bytes());
+        for e in &self.index {
+            put_len_prefixed(&mut index, &e.last_key)?;
+            index.extend_from_slice(&e.last_seq.to_le_bytes());
+            index.extend_from_slice(&e.offset.to_le_bytes());
+            index.extend_from_slice(&e.len.to_le_bytes());
+        }
+        put_len_prefixed(&mut index, &smallest)?;
+        put_len_prefixed(&mut index, &largest)?;
+        seal(&mut index);
+        let (index_off, index_len) = self.stage(&index)?;
+
+        let mut footer = Vec::with_capacity(64);
+        footer.extend_from_slice(SST_MAGIC);
+        footer.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        footer.extend_from_slice(&index_off.to_le_bytes());
+        footer.extend_from_slice(&index_len.to_le_bytes());
+        footer.extend_from_slice(&filter_off.to_le_bytes());
+        footer.extend_from_slice(&filter_len.to_le_bytes());
+        footer.extend_from_slice(&self.entries.to_le_bytes());
+        seal(&mut footer);
+        self.stage(&footer)?;
+        self.write_staged()?;
+
+        failpoint(&format!("{}::sst_sync", self.ctx), self.file.path())?;
+        self.file.sync_data()?;
+        Ok(TableMeta {
+            file_no: self.file_no,
+            size: self.offset,
+            smallest,
+            largest,
+        })
+    }
+}
+
+/// An open, verified table. Index and filter live in memory; data blocks
+/// come through the engine's block cache.
+pub(crate) struct Table {
+    pub meta: TableMeta,
+    file: DirectFile,
+    cache: Arc<BlockCache>,
+    index: Vec<IndexEntry>,
+    filter: Vec<u8>,
+    /// Set once a synced manifest no longer lists this table: the file is
+    /// deleted when the last version holding it is dropped.
+    obsolete: AtomicBool,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Table({})", self.file.path().display())
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        if self.obsolete.load(Ordering::Acquire) {
+            self.cache.forget_file(self.meta.file_no);
+            // A failure leaves an orphan that the next open deletes.
+            let _ = std::fs::remove_file(self.file.path());
+        }
+    }
+}
+
+impl Table {
+    pub fn open(dir: &Path, file_no: u64, cache: Arc<BlockCache>) -> Result<Table> {
+        let path = dir.join(sst_name(file_no));
+        let file = DirectFile::open(&path, false)?;
+        let len = file.len()?;
+        if len < 2 * ALIGN as u64 || !len.is_multiple_of(ALIGN as u64) {
+            return Err(corrupt(
+                "sst file",
+                &path,
+                len,
+                format!("bad file length {len}"),
+            ));
+        }
+        let header = read_raw(&file, 0, ALIGN)?;
+        check_magic(&path, 0, &header[..16])?;
+        let footer_off = len - ALIGN as u64;
+        let footer = read_raw(&file, footer_off, ALIGN)?;
+        check_magic(&path, footer_off, &footer)?;
+        let body = unseal(&footer[..FOOTER_BYTES])
+            .ok_or_else(|| corrupt("sst footer", &path, footer_off, "checksum mismatch"))?;
+        let bad_footer = || corrupt("sst footer", &path, footer_off, "truncated");
+        let mut r = Reader::new(&body[12..]);
+        let index_off = r.u64().ok_or_else(bad_footer)?;
+        let index_len = r.u32().ok_or_else(bad_footer)?;
+        let filter_off = r.u64().ok_or_else(bad_footer)?;
+        let filter_len = r.u32().ok_or_else(bad_footer)?;
+
+        let index_block = read_sealed(&file, index_off, index_len, "sst index block")?;
+        let bad_index = || corrupt("sst index block", &path, index_off, "truncated");
+        let mut r = Reader::new(&index_block);
+        let n = r.u32().ok_or_else(bad_index)?;
+        let mut index = Vec::with_capacity(n.min(1 << 20) as usize);
+        for _ in 0..n {
+            let last_key = Bytes::copy_from_slice(r.len_prefixed().ok_or_else(bad_index)?);
+            let last_seq = r.u64().ok_or_else(bad_index)?;
+            let offset = r.u64().ok_or_else(bad_index)?;
+            let block_len = r.u32().ok_or_else(bad_index)?;
+            if !offset.is_multiple_of(ALIGN as u64) || offset + u64::from(block_len) > footer_off {
+                return Err(corrupt(
+                    "sst index block",
+                    &path,
+                    index_off,
+                    "block out of range",
+                ));
+            }
+            index.push(IndexEntry {
+                last_key,
+                last_seq,
+                offset,
+                len: block_len,
+            });
+        }
+        let smallest = Bytes::copy_from_slice(r.len_prefixed().ok_or_else(bad_index)?);
+        let largest = Bytes::copy_from_slice(r.len_prefixed().ok_or_else(bad_index)?);
+        let filter = read_sealed(&file, filter_off, filter_len, "sst filter block")?.to_vec();
+        Ok(Table {
+            meta: TableMeta {
+                file_no,
+                size: len,
+                smallest,
+                largest,
+            },
+            file,
+            cache,
+            index,
+            filter,
+            obsolete: AtomicBool::new(false),
+        })
+    }
+
+    pub fn mark_obsolete(&self) {
+        self.obsolete.store(true, Ordering::Release);
+    }
+
+    /// Whether `[smallest, largest]` of this table meets the user-key range.
+    pub fn overlaps(&self, lo: &[u8], hi: &[u8]) -> bool {
+        self.meta.smallest.as_ref() <= hi && lo <= self.meta.largest.as_ref()
+    }
+
+    /// The newest version of `key` with a sequence <= `seq` in this table.
+    pub fn get(&self, key: &[u8], seq: u64) -> Result<Option<Option<Bytes>>> {
+        if key < self.meta.smallest.as_ref()
+            || key > self.meta.largest.as_ref()
+            || !bloom_may_contain(&self.filter, key)
+        {
+            return Ok(None);
+        }
+        let i = self.block_for(key, seq);
+        if i == self.index.len() {
+            return Ok(None);
+        }
+        let mut cursor = self.cursor(i, true)?;
+        cursor.seek(key, seq)?;
+        Ok(cursor
+            .cur
+            .filter(|e| e.key.as_ref() == key)
+            .map(|e| e.value))
+    }
+
+    /// Index of the first block whose last entry is at/after `(key, seq)`.
+    fn block_for(&self, key: &[u8], seq: u64) -> usize {
+        self.index.partition_point(|e| {
+            cmp_internal(&e.last_key, e.last_seq, key, seq) == CmpOrdering::Less
+        })
+    }
+
+    fn cursor(&self, block: usize, fill_cache: bool) -> Result<BlockCursor> {
+        let e = &self.index[block];
+        let data = self.data_block(e.offset, e.len, fill_cache)?;
+        BlockCursor::new(data, self.file.path(), e.offset)
+    }
+
+    /// A verified data block, from the cache or the disk; `fill_cache`
+    /// false (compaction's one-pass reads) leaves the cache to hot blocks.
+    fn data_block(&self, offset: u64, len: u32, fill_cache: bool) -> Result<Bytes> {
+        let block = match self.cache.get(self.meta.file_no, offset) {
+            Some(b) => b,
+            None => {
+                let raw = read_raw(&self.file, offset, len as usize)?;
+                if unseal(&raw[..len as usize]).is_none() {
+                    return Err(corrupt(
+                        "sst data block",
+                        self.file.path(),
+                        offset,
+                        "checksum mismatch",
+                    ));
+                }
+                let block: Arc<[u8]> = Arc::from(&raw[..len as usize]);
+                if fill_cache {
+                    self.cache.insert(self.meta.file_no, offset, block.clone());
+                }
+                block
+            }
+        };
+        // Drop the crc; the owner keeps the cached block alive for views.
+        let body_len = block.len().saturating_sub(4);
+        Ok(Bytes::from_owner(block).slice(..body_len))
+    }
+}
+
+fn check_magic(path: &Path, offset: u64, page: &[u8]) -> Result<()> {
+    if &page[..8] != SST_MAGIC {
+        return Err(Error::Invalid(format!(
+            "{} is not a metcd lsm table (bad magic at offset {offset})",
+            path.display()
+        )));
+    }
+    let version = u32::from_le_bytes([page[8], page[9], page[10], page[11]]);
+    if version != FORMAT_VERSION {
+        return Err(Error::Invalid(format!(
+            "{} has sst format version {version}; this build reads version {FORMAT_VERSION}",
+            path.display()
+        )));
+    }
+    if offset == 0 && unseal(&page[..16]).is_none() {
+        return Err(corrupt("sst header", path, 0, "checksum mismatch"));
+    }
+    Ok(())
+}
+
+/// Reads `len` bytes at the aligned `offset` (rounding the read up).
+fn read_raw(file: &DirectFile, offset: u64, len: usize) -> Result<AlignedBuf> {
+    let mut buf = AlignedBuf::zeroed(len);
+    file.read_at(&mut buf, offset)?;
+    Ok(buf)
+}
+
+fn read_sealed(file: &DirectFile, offset: u64, len: u32, what: &'static str) -> Result<Vec<u8>> {
+    if !offset.is_multiple_of(ALIGN as u64) {
+        return Err(corrupt(what, file.path(), offset, "unaligned block"));
+    }
+    let raw = read_raw(file, offset, len as usize)?;
+    unseal(&raw[..len as usize])
+        .map(<[u8]>::to_vec)
+        .ok_or_else(|| corrupt(what, file.path(), offset, "checksum mismatch"))
+}
+
+/// A cursor inside one verified data block.
+struct BlockCursor {
+    data: Bytes,
+    path: PathBuf,
+    offset: u64,
+    restarts: Vec<u32>,
+    entries_end: usize,
+    /// Offset of the entry after `cur`.
+    pos: usize,
+    key: Vec<u8>,
+    cur: Option<Entry>,
+}
+
+impl BlockCursor {
+    fn new(data: Bytes, path: &Path, offset: u64) -> Result<BlockCursor> {
+        let bad = || corrupt("sst data block", path, offset, "bad restart array");
+        let n_off = data.len().checked_sub(4).ok_or_else(bad)?;
+        let n = Reader::new(&data[n_off..]).u32().ok_or_else(bad)? as usize;
+        let entries_end = n
+            .checked_mul(4)
+            .and_then(|b| n_off.checked_sub(b))
+            .ok_or_else(bad)?;
+        let mut r = Reader::new(&data[entries_end..n_off]);
+        let mut restarts = Vec::with_capacity(n);
+        for _ in 0..n {
+            let at = r.u32().ok_or_else(bad)?;
+            if at as usize >= entries_end.max(1) {
+                return Err(bad());
+            }
+            restarts.push(at);
+        }
+        let mut c = BlockCursor {
+            data,
+            path: path.to_path_buf(),
+            offset,
+            restarts,
+            entries_end,
+            pos: 0,
+            key: Vec::new(),
+            cur: None,
+        };
+        c.next()?;
+        Ok(c)
+    }
+
+    fn bad(&self, reason: &str) -> Error {
+        corrupt("sst data block", &self.path, self.offset, reason)
+    }
+
+    /// Decodes the entry at `pos` into `cur` (or `None` at the end).
+    fn next(&mut self) -> Result<()> {
+        if self.pos >= self.entries_end {
+            self.cur = None;
+            return Ok(());
+        }
+        let mut r = Reader::new(&self.data[..self.entries_end]);
+        r.pos = self.pos;
+        let (Some(shared), Some(unshared), Some(vlen)) = (r.varint(), r.varint(), r.varint())
+        else {
+            return Err(self.bad("truncated entry header"));
+        };
+        let Some(seq) = r.u64() else {
+            return Err(self.bad("truncated sequence"));
+        };
+        if shared as usize > self.key.len() {
+            return Err(self.bad("shared prefix longer than previous key"));
+        }
+        let Some(suffix) = r.bytes(unshared as usize) else {
+            return Err(self.bad("truncated key"));
+        };
+        self.key.truncate(shared as usize);
+        self.key.extend_from_slice(suffix);
+        let value = if vlen == 0 {
+            None
+        } else {
+            let start = r.pos;
+            if r.bytes(vlen as usize - 1).is_none() {
+                return Err(self.bad("truncated value"));
+            }
+            Some(self.data.slice(start..r.pos))
+        };
+        self.pos = r.pos;
+        self.cur = Some(Entry {
+            key: Bytes::copy_from_slice(&self.key),
+            seq,
+            value,
+        });
+        Ok(())
+    }
+
+    /// Positions at the first entry at/after `(key, seq)`.
+    fn seek(&mut self, key: &[u8], seq: u64) -> Result<()> {
+        // Last restart whose full key sorts before the target.
+        let (mut lo, mut hi) = (0usize, self.restarts.len());
+        while lo + 1 < hi {
+            let mid = (lo + hi) / 2;
+            self.pos = self.restarts[mid] as usize;
+            self.key.clear();
+            self.next()?;
+            let before = self
+                .cur
+                .as_ref()
+                .is_some_and(|e| cmp_internal(&e.key, e.seq, key, seq) == CmpOrdering::Less);
+            if before {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        self.pos = self.restarts.get(lo).map_or(0, |&r| r as usize);
+        self.key.clear();
+        self.next()?;
+        while let Some(e) = &self.cur {
+            if cmp_internal(&e.key, e.seq, key, seq) != CmpOrdering::Less {
+                break;
+            }
+            self.next()?;
+        }
+        Ok(())
+    }
+}
+
+/// Iterates a table's entries in internal order from a start bound.
+pub(crate) struct TableIter<'a> {
+    table: &'a Table,
+    fill_cache: bool,
+    block: usize,
+    cursor: Option<BlockCursor>,
+}
+
+impl<'a> TableIter<'a> {
+    pub fn new(table: &'a Table, start: Bound<&[u8]>) -> Result<TableIter<'a>> {
+        Self::with_cache(table, start, true)
+    }
+
+    /// As [`TableIter::new`]; blocks read from disk are cached only if
+    /// `fill_cache`.
+    pub fn with_cache(
+        table: &'a Table,
+        start: Bound<&[u8]>,
+        fill_cache: bool,
+    ) -> Result<TableIter<'a>> {
+        let mut it = TableIter {
+            table,
+            fill_cache,
+            block: 0,
+            cursor: None,
+        };
+        match start {
+            Bound::Unbounded => it.load(0)?,
+            Bound::Included(k) | Bound::Excluded(k) => {
+                it.block = table.block_for(k, u64::MAX);
+                it.load(it.block)?;
+                if let Some(c) = it.cursor.as_mut() {
+                    c.seek(k, u64::MAX)?;
+                }
+                it.skip_empty()?;
+                if matches!(start, Bound::Excluded(_)) {
+                    while it.current().is_some_and(|e| e.key.as_ref() == k) {
+                        it.advance()?;
+                    }
+                }
+            }
+        }
+        it.skip_empty()?;
+        Ok(it)
+    }
+
+    fn load(&mut self, block: usize) -> Result<()> {
+        self.block = block;
+        self.cursor = if block < self.table.index.len() {
+            Some(self.table.cursor(block, self.fill_cache)?)
+        } else {
+            None
+        };
+        Ok(())
+    }
+
+    /// Moves past exhausted blocks.
+    fn skip_empty(&mut self) -> Result<()> {
+        while self.cursor.as_ref().is_some_and(|c| c.cur.is_none()) {
+            self.load(self.block + 1)?;
+        }
+        Ok(())
+    }
+}
+
+impl EntryIter for TableIter<'_> {
+    fn current(&self) -> Option<&Entry> {
+        self.cursor.as_ref().and_then(|c| c.cur.as_ref())
+    }
+
+    fn advance(&mut self) -> Result<()> {
+        if let Some(c) = self.cursor.as_mut() {
+            c.next()?;
+        }
+        self.skip_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    type Row = (Vec<u8>, u64, Option<Vec<u8>>);
+
+    fn build(dir: &Path, entries: &[Row]) -> Table {
+        let mut b = TableBuilder::create(dir, 7, "lsm::test", 10).unwrap();
+        for (k, s, v) in entries {
+            b.add(k, *s, v.as_deref()).unwrap();
+        }
+        b.finish().unwrap();
+        Table::open(dir, 7, Arc::new(BlockCache::new(1 << 20))).unwrap()
+    }
+
+    #[test]
+    fn table_round_trips_many_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut entries = Vec::new();
+        for i in 0..2000u32 {
+            let k = format!("key{i:06}").into_bytes();
+            entries.push((k.clone(), 10, Some(vec![b'x'; (i % 50) as usize])));
+            if i % 3 == 0 {
+                entries.push((k, 5, None));
+            }
+        }
+        let t = build(dir.path(), &entries);
+        assert!(t.index.len() > 10, "{} blocks", t.index.len());
+        assert_eq!(
+            t.get(b"key000003", 99).unwrap(),
+            Some(Some(Bytes::from(vec![b'x'; 3])))
+        );
+        assert_eq!(t.get(b"key000003", 7).unwrap(), Some(None));
+        assert_eq!(t.get(b"key000003", 4).unwrap(), None);
+        assert_eq!(t.get(b"key000004", 7).unwrap(), None);
+        assert_eq!(t.get(b"nokey", 99).unwrap(), None);
+        let mut it = TableIter::new(&t, Bound::Unbounded).unwrap();
+        let mut n = 0;
+        while let Some(e) = it.current() {
+            assert_eq!((&e.key[..], e.seq), (&entries[n].0[..], entries[n].1));
+            n += 1;
+            it.advance().unwrap();
+        }
+        assert_eq!(n, entries.len());
+        let it = TableIter::new(&t, Bound::Excluded(b"key000999")).unwrap();
+        assert_eq!(&it.current().unwrap().key[..], b"key001000");
+        let it = TableIter::new(&t, Bound::Included(b"key0009995")).unwrap();
+        assert_eq!(&it.current().unwrap().key[..], b"key001000");
+        let it = TableIter::new(&t, Bound::Excluded(b"key001999")).unwrap();
+        assert!(it.current().is_none());
+    }
+
+    #[test]
+    fn bloom_rejects_most_absent_keys() {
+        let hashes: Vec<u64> = (0..1000)
+            .map(|i: u32| bloom_hash(&i.to_be_bytes()))
+            .collect();
+        let f = bloom_build(&hashes, 10);
+        for i in 0..1000u32 {
+            assert!(bloom_may_contain(&f, &i.to_be_bytes()));
+        }
+        let false_pos = (1000..11000u32)
+            .filter(|i| bloom_may_contain(&f, &i.to_be_bytes()))
+            .count();
+        assert!(false_pos < 500, "{false_pos} false positives of 10000");
+    }
+}
