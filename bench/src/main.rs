@@ -45,6 +45,10 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 
 mod compare;
+// The shoot-out's generator and write-amp arithmetic; `benches/engines.rs`
+// includes it, the binary only compiles it for its unit tests.
+#[cfg(test)]
+mod engine_bench;
 mod grpc;
 mod keys;
 mod load;
