@@ -25,7 +25,10 @@
 //!   write batch / transaction. Mix writes are single-op batches.
 //! - Same durability point: in fills, every 10th batch (and the last one)
 //!   is made durable before the call returns; in the mixes, a durable sync
-//!   every 1000 operations (reads included) and at the end. "Durable" is:
+//!   every 1000 operations (reads included) and at the end
+//!   (`--fill-sync-batches`, `--mix-sync-ops`; 100 and 100,000 model
+//!   metcd's use, where the Raft WAL is the log and engines persist every
+//!   `--snapshot-count` entries). "Durable" is:
 //!   metcd's `btree`/`lsm`: `persist()` (checked to return the applied
 //!   index of the last batch); `redb`: the transaction is committed with
 //!   `Durability::Immediate` (all others with `Durability::None`; a sync
@@ -79,8 +82,6 @@ type Res<T> = Result<T, Box<dyn Error>>;
 
 /// Keys per fill batch (one atomic batch / transaction each).
 const FILL_BATCH: usize = 1000;
-/// A fill makes every this many batches durable.
-const SYNC_EVERY_BATCHES: usize = 10;
 /// Read and mix phases refresh their snapshot and (mixes) sync this often.
 const OPS_PER_SNAPSHOT: u64 = 1000;
 const SCAN_LEN: usize = 100;
@@ -121,6 +122,15 @@ struct Args {
     /// them, never the O_DIRECT engines.
     #[arg(long, default_value_t = 64)]
     metcd_cache_mib: usize,
+    /// A fill makes every this many batches durable (and its last one).
+    #[arg(long, default_value_t = 10)]
+    fill_sync_batches: usize,
+    /// A mix makes its writes durable every this many operations. With
+    /// `--fill-sync-batches 100 --mix-sync-ops 100000` the engines are used
+    /// as metcd uses them: the Raft WAL makes each write durable and the
+    /// engine persists every --snapshot-count (100,000) entries.
+    #[arg(long, default_value_t = 1000)]
+    mix_sync_ops: u64,
     /// Passed by `cargo bench` to harness-less benchmarks; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -493,13 +503,14 @@ fn kv(i: u64, version: u64, value_bytes: usize) -> (Bytes, Bytes) {
     )
 }
 
-/// Writes every key of `order` once, 1000 per batch, every 10th batch and
-/// the last one durable.
+/// Writes every key of `order` once, 1000 per batch, every
+/// `sync_batches`-th batch and the last one durable.
 fn fill(
     store: &mut dyn BenchStore,
     name: &'static str,
     order: &[u64],
     value_bytes: usize,
+    sync_batches: usize,
 ) -> Res<Phase> {
     let io_before = IoCounters::read()?;
     let mut rec = Recorder::new()?;
@@ -511,7 +522,7 @@ fn fill(
             .iter()
             .map(|(k, v)| (k.len() + v.len()) as u64)
             .sum::<u64>();
-        let sync = (b + 1).is_multiple_of(SYNC_EVERY_BATCHES) || b + 1 == batches;
+        let sync = (b + 1).is_multiple_of(sync_batches.max(1)) || b + 1 == batches;
         let t = Instant::now();
         store.write(&kvs, sync)?;
         rec.record(t.elapsed())?;
@@ -630,7 +641,7 @@ impl Workload<'_> {
                     None
                 }
             };
-            if (op + 1).is_multiple_of(OPS_PER_SNAPSHOT) {
+            if (op + 1).is_multiple_of(self.args.mix_sync_ops.max(1)) {
                 store.sync()?;
             }
             rec.record(t.elapsed())?;
@@ -675,6 +686,7 @@ fn run_engine(name: &str, args: &Args, root: &Path, order: &[u64]) -> Res<Engine
         "sequential fill",
         &sequential,
         args.value_bytes,
+        args.fill_sync_batches,
     )?;
     let seq_logical = seq.written.map_or(0, |(_, l)| l);
     phases.push(seq);
@@ -695,6 +707,7 @@ fn run_engine(name: &str, args: &Args, root: &Path, order: &[u64]) -> Res<Engine
         "random fill",
         order,
         args.value_bytes,
+        args.fill_sync_batches,
     )?);
     eprintln!("{name}: random fill done");
     phases.push(workload.point_reads(store.as_mut())?);
@@ -876,8 +889,9 @@ fn json_report(args: &Args, reports: &[EngineReport]) -> Res<String> {
         "value_bytes": args.value_bytes,
         "metcd_cache_mib": args.metcd_cache_mib,
         "fill_batch": FILL_BATCH,
-        "sync_every_batches": SYNC_EVERY_BATCHES,
-        "ops_per_snapshot_and_mix_sync": OPS_PER_SNAPSHOT,
+        "fill_sync_batches": args.fill_sync_batches,
+        "mix_sync_ops": args.mix_sync_ops,
+        "ops_per_snapshot": OPS_PER_SNAPSHOT,
         "engines": engines,
     }))?)
 }
