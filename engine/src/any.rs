@@ -21,6 +21,7 @@ use std::fmt;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Mutex, PoisonError};
 
 use bytes::Bytes;
 
@@ -36,6 +37,11 @@ const DB_PREFIX: &str = "db-";
 /// Entries per write batch when loading a received snapshot into an
 /// on-disk engine.
 const INSTALL_BATCH: usize = 4096;
+/// Bytes of keys and values loaded between two persists while installing.
+const INSTALL_PERSIST_BYTES: usize = 64 << 20;
+
+/// Serialises snapshot installs (rare; each is a background job).
+static INSTALLS: Mutex<()> = Mutex::new(());
 
 /// Which engine stores a member's data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -218,7 +224,7 @@ impl EngineDir {
                     .map_err(|e: String| Error::Invalid(format!("{}: {e}", kind_path.display())))?;
                 if recorded != kind {
                     return Err(Error::Invalid(format!(
-                        "the data dir holds a {recorded} engine ({}), but --engine is {kind}; \
+                        "the data dir was created with --engine {recorded} ({}), but --engine is {kind}; \
                          start with --engine {recorded}, or restore a snapshot into a new \
                          data dir to change engines",
                         kind_path.display()
@@ -358,34 +364,52 @@ impl EngineDir {
     }
 
     fn install_disk<E: DiskEngine>(&self, file: &Path) -> Result<E> {
-        let data = snapfile::read(file)?;
+        // One install at a time per directory: two would build the same
+        // db-<n+1>.
+        let _installing = INSTALLS.lock().unwrap_or_else(PoisonError::into_inner);
         let n = self.current_db()?.map_or(1, |(n, _)| n + 1);
         let name = Self::db_name(n);
         let db = self.dir.join(&name);
         remove_dir_if_present(&db)?;
         std::fs::create_dir_all(&db).map_err(|e| Error::io("create", &db, e))?;
+        crate::io::sync_dir(&self.dir)?;
         let engine = E::open_dir(&db)?;
-        let applied = data.applied_index;
-        let mut entries = data.entries.into_iter().peekable();
-        loop {
-            let mut batch = WriteBatch::with_capacity(INSTALL_BATCH);
-            for (key, value) in entries.by_ref().take(INSTALL_BATCH) {
-                batch.put(key, value);
+        // Streamed in batches, persisted every INSTALL_PERSIST_BYTES so the
+        // engine's unpersisted state stays bounded whatever the snapshot's
+        // size; db.current still names the old db until the end, so a
+        // crash or a bad file leaves the old state in place.
+        let mut batch = WriteBatch::with_capacity(INSTALL_BATCH);
+        let mut unpersisted = 0usize;
+        let applied = snapfile::read_with(file, |key, value| {
+            unpersisted += key.len() + value.len();
+            batch.put(key, value);
+            if batch.len() >= INSTALL_BATCH {
+                engine.write(std::mem::replace(
+                    &mut batch,
+                    WriteBatch::with_capacity(INSTALL_BATCH),
+                ))?;
             }
-            let last = entries.peek().is_none();
-            if last {
-                batch.set_applied_index(applied);
+            if unpersisted >= INSTALL_PERSIST_BYTES {
+                engine.persist()?;
+                unpersisted = 0;
             }
-            engine.write(batch)?;
-            if last {
-                break;
+            Ok(())
+        });
+        let applied = match applied {
+            Ok(applied) => applied,
+            Err(e) => {
+                drop(engine);
+                let _ = remove_dir_if_present(&db);
+                return Err(e);
             }
-        }
+        };
+        batch.set_applied_index(applied);
+        engine.write(batch)?;
         engine.persist()?;
         write_durably(&self.dir, CURRENT_FILE, name.as_bytes())?;
         let _ = std::fs::remove_file(file);
-        // The engine being replaced may still serve snapshots in memory;
-        // its files go at the next open (Linux keeps open files readable).
+        // The engine being replaced may still serve snapshots; its files
+        // (the other db-* directories) go at the next open.
         Ok(engine)
     }
 
@@ -444,4 +468,96 @@ fn write_durably(dir: &Path, name: &str, data: &[u8]) -> Result<()> {
     f.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
     std::fs::rename(&tmp, &path).map_err(|e| Error::io("rename", &path, e))?;
     crate::io::sync_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A snapshot file in `snapfile`'s layout, written by hand so the test
+    /// needs no runtime.
+    fn snapshot_file(path: &Path, applied: u64, n: u32, break_crc: bool) {
+        let mut out = Vec::new();
+        out.extend_from_slice(snapfile::MAGIC);
+        out.extend_from_slice(&snapfile::FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&applied.to_le_bytes());
+        for i in 0..n {
+            let (k, v) = (format!("k{i:06}"), format!("v{i}"));
+            out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(k.as_bytes());
+            out.extend_from_slice(v.as_bytes());
+        }
+        out.extend_from_slice(&u64::from(n).to_le_bytes());
+        let crc = crc32c::crc32c(&out) ^ u32::from(break_crc);
+        out.extend_from_slice(&crc.to_le_bytes());
+        std::fs::write(path, out).unwrap();
+    }
+
+    fn count(engine: &AnyEngine) -> usize {
+        let mut n = 0;
+        engine
+            .snapshot()
+            .scan(Bound::Unbounded, Bound::Unbounded, |_, _| {
+                n += 1;
+                Scan::Continue
+            })
+            .unwrap();
+        n
+    }
+
+    #[test]
+    fn installs_switch_only_after_a_verified_persisted_copy() {
+        for kind in [EngineKind::Btree, EngineKind::Lsm] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = EngineDir::open(tmp.path(), kind).unwrap();
+            let first = tmp.path().join("first.snapshot");
+            snapshot_file(&first, 40, 10_000, false);
+            let installed = match kind {
+                EngineKind::Btree => AnyEngine::Btree(dir.install_disk(&first).unwrap()),
+                _ => AnyEngine::Lsm(dir.install_disk(&first).unwrap()),
+            };
+            assert_eq!(installed.applied_index(), 40);
+            assert_eq!(count(&installed), 10_000);
+            assert_eq!(
+                installed.get(b"k004321").unwrap().as_deref(),
+                Some(&b"v4321"[..])
+            );
+            drop(installed);
+
+            // A damaged file: an error, and the previous state stays.
+            let bad = tmp.path().join("bad.snapshot");
+            snapshot_file(&bad, 90, 500, true);
+            let err = match kind {
+                EngineKind::Btree => dir.install_disk::<BtreeEngine>(&bad).map(|_| ()),
+                _ => dir.install_disk::<LsmEngine>(&bad).map(|_| ()),
+            }
+            .unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+            let reopened = EngineDir::open(tmp.path(), kind)
+                .unwrap()
+                .open_engine()
+                .unwrap();
+            assert_eq!(reopened.applied_index(), 40);
+            assert_eq!(count(&reopened), 10_000);
+            let dbs = list_names(tmp.path())
+                .unwrap()
+                .into_iter()
+                .filter(|n| n.starts_with(DB_PREFIX))
+                .count();
+            assert_eq!(dbs, 1, "the failed install's directory is gone");
+        }
+    }
+
+    #[test]
+    fn a_dir_keeps_its_engine() {
+        let tmp = tempfile::tempdir().unwrap();
+        EngineDir::open(tmp.path(), EngineKind::Lsm).unwrap();
+        let err = EngineDir::open(tmp.path(), EngineKind::Btree).unwrap_err();
+        assert!(err.to_string().contains("created with --engine lsm"), "{err}");
+        assert!(EngineDir::open(tmp.path(), EngineKind::Lsm).is_ok());
+        assert_eq!("btree".parse::<EngineKind>(), Ok(EngineKind::Btree));
+        assert!("rocks".parse::<EngineKind>().is_err());
+    }
 }

@@ -104,7 +104,7 @@ impl std::fmt::Debug for AlignedBuf {
 
 /// Rounds `n` up to a multiple of [`ALIGN`].
 pub fn round_up(n: usize) -> usize {
-    n.div_ceil(ALIGN) * ALIGN
+    n.div_ceil(ALIGN).saturating_mul(ALIGN)
 }
 
 /// A file read and written with `O_DIRECT`; batched writes and data syncs
@@ -167,14 +167,11 @@ impl DirectFile {
     /// io_uring submissions as the ring allows, and waits for all of them.
     /// Not durable until [`DirectFile::sync_data`].
     pub fn write_all_at(&self, writes: &[(u64, &AlignedBuf)]) -> Result<()> {
-        for (offset, _) in writes {
-            check_aligned(&self.path, *offset)?;
-        }
-        let mut guard = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-        let ring = self.ring_of(&mut guard)?;
         let fd = types::Fd(self.file.as_raw_fd());
         for chunk in writes.chunks(RING_ENTRIES as usize) {
+            let mut ops = Vec::with_capacity(chunk.len());
             for (i, (offset, buf)) in chunk.iter().enumerate() {
+                check_aligned(&self.path, *offset)?;
                 let len = u32::try_from(buf.len()).map_err(|_| {
                     Error::io_at(
                         &self.path,
@@ -182,55 +179,35 @@ impl DirectFile {
                         std::io::Error::other("write too large"),
                     )
                 })?;
-                let sqe = opcode::Write::new(fd, buf.as_ptr(), len)
-                    .offset(*offset)
-                    .build()
-                    .user_data(i as u64);
-                // SAFETY: the buffer outlives the submission: we wait for
-                // every completion of this chunk before returning or
-                // reusing the ring, and `writes` borrows the buffers.
-                unsafe { ring.submission().push(&sqe) }.map_err(|_| {
-                    Error::io_at(
+                ops.push(
+                    opcode::Write::new(fd, buf.as_ptr(), len)
+                        .offset(*offset)
+                        .build()
+                        .user_data(i as u64),
+                );
+            }
+            // SAFETY: every buffer is borrowed from `writes` for this whole
+            // call, and `run` returns only once every submitted op has
+            // completed (or the ring, with anything unsubmitted, is gone).
+            let results = unsafe { self.run(&ops, chunk[0].0) }?;
+            for ((offset, buf), res) in chunk.iter().zip(results) {
+                if res < 0 {
+                    return Err(Error::io_at(
                         &self.path,
                         *offset,
-                        std::io::Error::other("io_uring queue full"),
-                    )
-                })?;
-            }
-            let mut done = 0;
-            let mut failure = None;
-            while done < chunk.len() {
-                ring.submit_and_wait(1)
-                    .map_err(|e| Error::io_at(&self.path, chunk[0].0, e))?;
-                for cqe in ring.completion() {
-                    done += 1;
-                    let i = cqe.user_data() as usize;
-                    let (offset, buf) = chunk[i.min(chunk.len() - 1)];
-                    let res = cqe.result();
-                    if res < 0 {
-                        failure.get_or_insert_with(|| {
-                            Error::io_at(
-                                &self.path,
-                                offset,
-                                std::io::Error::from_raw_os_error(-res),
-                            )
-                        });
-                    } else if res as usize != buf.len() {
-                        failure.get_or_insert_with(|| {
-                            Error::io_at(
-                                &self.path,
-                                offset,
-                                std::io::Error::new(
-                                    std::io::ErrorKind::WriteZero,
-                                    format!("short write: {res} of {} bytes", buf.len()),
-                                ),
-                            )
-                        });
-                    }
+                        std::io::Error::from_raw_os_error(-res),
+                    ));
                 }
-            }
-            if let Some(e) = failure {
-                return Err(e);
+                if res as usize != buf.len() {
+                    return Err(Error::io_at(
+                        &self.path,
+                        *offset,
+                        std::io::Error::new(
+                            std::io::ErrorKind::WriteZero,
+                            format!("short write: {res} of {} bytes", buf.len()),
+                        ),
+                    ));
+                }
             }
         }
         Ok(())
@@ -238,27 +215,73 @@ impl DirectFile {
 
     /// `fdatasync` as an io_uring op: everything written before is durable.
     pub fn sync_data(&self) -> Result<()> {
-        let mut guard = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-        let ring = self.ring_of(&mut guard)?;
-        let sqe = opcode::Fsync::new(types::Fd(self.file.as_raw_fd()))
+        let op = opcode::Fsync::new(types::Fd(self.file.as_raw_fd()))
             .flags(types::FsyncFlags::DATASYNC)
-            .build();
+            .build()
+            .user_data(0);
         // SAFETY: the op references no memory of ours.
-        unsafe { ring.submission().push(&sqe) }.map_err(|_| {
-            Error::io_at(&self.path, 0, std::io::Error::other("io_uring queue full"))
-        })?;
-        ring.submit_and_wait(1)
-            .map_err(|e| Error::io_at(&self.path, 0, e))?;
-        for cqe in ring.completion() {
-            if cqe.result() < 0 {
-                return Err(Error::io_at(
-                    &self.path,
-                    0,
-                    std::io::Error::from_raw_os_error(-cqe.result()),
-                ));
-            }
+        let results = unsafe { self.run(std::slice::from_ref(&op), 0) }?;
+        match results.first() {
+            Some(&res) if res < 0 => Err(Error::io_at(
+                &self.path,
+                0,
+                std::io::Error::from_raw_os_error(-res),
+            )),
+            Some(_) => Ok(()),
+            None => Err(Error::io_at(
+                &self.path,
+                0,
+                std::io::Error::other("fdatasync: no completion"),
+            )),
         }
-        Ok(())
+    }
+
+    /// Submits `ops` (at most [`RING_ENTRIES`], `user_data` = their index)
+    /// and waits for every completion; returns each op's result in order.
+    /// Interrupted waits are retried. On any other failure the ring is
+    /// dropped, so nothing left in it can complete into a later call.
+    ///
+    /// # Safety
+    /// Memory the ops point to must stay valid until this returns.
+    unsafe fn run(&self, ops: &[io_uring::squeue::Entry], offset: u64) -> Result<Vec<i32>> {
+        let mut slot = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        let result = (|| {
+            let ring = self.ring_of(&mut slot)?;
+            for op in ops {
+                // SAFETY: guaranteed by the caller.
+                unsafe { ring.submission().push(op) }.map_err(|_| {
+                    Error::io_at(
+                        &self.path,
+                        offset,
+                        std::io::Error::other("io_uring queue full"),
+                    )
+                })?;
+            }
+            let mut results = vec![0i32; ops.len()];
+            let mut done = 0;
+            while done < ops.len() {
+                match ring.submit_and_wait(1) {
+                    Ok(_) => {}
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                        ) => {}
+                    Err(e) => return Err(Error::io_at(&self.path, offset, e)),
+                }
+                for cqe in ring.completion() {
+                    if let Some(r) = results.get_mut(cqe.user_data() as usize) {
+                        *r = cqe.result();
+                        done += 1;
+                    }
+                }
+            }
+            Ok(results)
+        })();
+        if result.is_err() {
+            *slot = None;
+        }
+        result
     }
 
     /// Truncates or extends the file (extension reads as zeroes).

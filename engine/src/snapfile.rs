@@ -249,6 +249,23 @@ async fn write_all_at(file: &DmaFile, path: &Path, buf: DmaBuffer, pos: u64) -> 
 /// Any inconsistency is [`Error::Corrupt`] naming `path` and the offset
 /// where it was found; nothing is returned unless the whole file checks out.
 pub fn read(path: &Path) -> Result<SnapshotData> {
+    let mut entries: Vec<(Bytes, Bytes)> = Vec::new();
+    let applied_index = read_with(path, |key, value| {
+        entries.push((key, value));
+        Ok(())
+    })?;
+    Ok(SnapshotData {
+        applied_index,
+        entries,
+    })
+}
+
+/// Streams the records of the snapshot file at `path` to `visit` in key
+/// order, with bounded memory, and returns its applied index once the
+/// whole file has been verified. `visit` sees records before the final
+/// checksum is checked: a caller that builds state from them must discard
+/// it when this returns an error.
+pub fn read_with(path: &Path, mut visit: impl FnMut(Bytes, Bytes) -> Result<()>) -> Result<u64> {
     let file = File::open(path).map_err(|e| Error::io("open snapshot file", path, e))?;
     let len = file
         .metadata()
@@ -292,7 +309,8 @@ pub fn read(path: &Path) -> Result<SnapshotData> {
     let applied_index = u64::from_le_bytes(applied);
 
     let records_end = len - FOOTER_LEN;
-    let mut entries: Vec<(Bytes, Bytes)> = Vec::new();
+    let mut records = 0u64;
+    let mut previous: Option<Bytes> = None;
     while reader.pos < records_end {
         let at = reader.pos;
         if records_end - at < RECORD_HEADER_LEN {
@@ -329,7 +347,7 @@ pub fn read(path: &Path) -> Result<SnapshotData> {
         }
         let key = reader.vec(key_len as usize)?;
         let value = reader.vec(value_len as usize)?;
-        if let Some((previous, _)) = entries.last() {
+        if let Some(previous) = &previous {
             if key.as_slice() <= previous.as_ref() {
                 return Err(corrupt(
                     at,
@@ -337,7 +355,10 @@ pub fn read(path: &Path) -> Result<SnapshotData> {
                 ));
             }
         }
-        entries.push((Bytes::from(key), Bytes::from(value)));
+        let key = Bytes::from(key);
+        previous = Some(key.clone());
+        records += 1;
+        visit(key, Bytes::from(value))?;
     }
 
     let count = u64::from_le_bytes(reader.array()?);
@@ -349,19 +370,13 @@ pub fn read(path: &Path) -> Result<SnapshotData> {
             format!("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"),
         ));
     }
-    if count != entries.len() as u64 {
+    if count != records {
         return Err(corrupt(
             records_end,
-            format!(
-                "footer says {count} records but {} were found",
-                entries.len()
-            ),
+            format!("footer says {count} records but {records} were found"),
         ));
     }
-    Ok(SnapshotData {
-        applied_index,
-        entries,
-    })
+    Ok(applied_index)
 }
 
 struct ChecksummedReader<'p> {

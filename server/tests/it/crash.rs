@@ -206,7 +206,7 @@ fn a_data_dir_refuses_another_engine() {
     assert!(!status.success());
     let log = other.log_text();
     assert!(
-        log.contains("holds a memory engine") && log.contains("--engine is lsm"),
+        log.contains("created with --engine memory") && log.contains("--engine is lsm"),
         "{log}"
     );
     let mut again = Server::start(&data, &["--engine", "memory"]);
