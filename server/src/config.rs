@@ -84,6 +84,15 @@ pub struct Config {
     /// Test-only: a file of member IDs whose peer traffic is dropped (see
     /// `peer::Faults`). Never set in production.
     pub experimental_peer_fault_file: Option<PathBuf>,
+    /// Peer TLS (etcd's flags): this member's certificate chain and key
+    /// (PEM), presented when accepting and when connecting, and the CA
+    /// that peer certificates must chain to. With them every peer URL is
+    /// `https://`.
+    pub peer_cert_file: Option<PathBuf>,
+    pub peer_key_file: Option<PathBuf>,
+    pub peer_trusted_ca_file: Option<PathBuf>,
+    /// Refuse peers that present no certificate of the trusted CA.
+    pub peer_client_cert_auth: bool,
     /// Log entries a member keeps in memory behind its last snapshot so a
     /// lagging follower catches up from the log instead of a snapshot
     /// (etcd's `--experimental-snapshot-catchup-entries`).
@@ -122,6 +131,10 @@ impl Default for Config {
             quota_backend_bytes: 2 << 30,
             experimental_watch_progress_notify_interval: "10m".into(),
             experimental_peer_fault_file: None,
+            peer_cert_file: None,
+            peer_key_file: None,
+            peer_trusted_ca_file: None,
+            peer_client_cert_auth: false,
             experimental_snapshot_catchup_entries: 5000,
         }
     }
@@ -199,6 +212,15 @@ pub struct Flags {
     #[arg(long, hide = true)]
     pub experimental_peer_fault_file: Option<PathBuf>,
     #[arg(long)]
+    pub peer_cert_file: Option<PathBuf>,
+    #[arg(long)]
+    pub peer_key_file: Option<PathBuf>,
+    #[arg(long)]
+    pub peer_trusted_ca_file: Option<PathBuf>,
+    /// `--peer-client-cert-auth` alone means true, as in etcd.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub peer_client_cert_auth: Option<bool>,
+    #[arg(long)]
     pub experimental_snapshot_catchup_entries: Option<u64>,
 }
 
@@ -249,6 +271,21 @@ impl Config {
         }
         if let Some(urls) = flags.advertise_client_urls.take() {
             cfg.advertise_client_urls = Some(urls);
+        }
+        for (from, to) in [
+            (&mut flags.peer_cert_file, &mut cfg.peer_cert_file),
+            (&mut flags.peer_key_file, &mut cfg.peer_key_file),
+            (
+                &mut flags.peer_trusted_ca_file,
+                &mut cfg.peer_trusted_ca_file,
+            ),
+        ] {
+            if let Some(path) = from.take() {
+                *to = Some(path);
+            }
+        }
+        if let Some(on) = flags.peer_client_cert_auth.take() {
+            cfg.peer_client_cert_auth = on;
         }
         if let Some(path) = flags.experimental_peer_fault_file.take() {
             cfg.experimental_peer_fault_file = Some(path);
@@ -340,7 +377,7 @@ impl Config {
             let Some((name, url)) = item.split_once('=') else {
                 return Err(invalid(format!("`{item}` is not name=peer-url")));
             };
-            parse_urls("initial-cluster", url)?;
+            parse_peer_urls("initial-cluster", url)?;
             match members.iter_mut().find(|m| m.name == name) {
                 Some(m) => m.peer_urls.push(url.to_string()),
                 None => members.push(InitialMember {
@@ -385,8 +422,8 @@ impl Config {
     /// unless `--listen-peer-urls` asks for it.
     pub fn peer_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
         match &self.listen_peer_urls {
-            Some(urls) => parse_urls("listen-peer-urls", urls),
-            None if self.initial_members()?.len() > 1 => parse_urls(
+            Some(urls) => parse_peer_urls("listen-peer-urls", urls),
+            None if self.initial_members()?.len() > 1 => parse_peer_urls(
                 "initial-advertise-peer-urls",
                 &self.initial_advertise_peer_urls,
             ),
@@ -462,6 +499,7 @@ impl Config {
         if self.name.is_empty() {
             return Err(invalid("name", self.name.clone(), "must not be empty"));
         }
+        self.validate_peer_tls()?;
         if self.max_request_bytes == 0 || self.max_request_bytes > 64 << 20 {
             return Err(invalid(
                 "max-request-bytes",
@@ -534,6 +572,19 @@ pub fn split_list(s: &str) -> Vec<&str> {
 
 /// Parses `http://host:port[,http://host:port...]` into socket addresses.
 pub fn parse_urls(flag: &'static str, urls: &str) -> Result<Vec<SocketAddr>, ConfigError> {
+    parse_urls_with(flag, urls, false)
+}
+
+/// Peer URLs: `http://` or, with peer TLS, `https://`.
+pub fn parse_peer_urls(flag: &'static str, urls: &str) -> Result<Vec<SocketAddr>, ConfigError> {
+    parse_urls_with(flag, urls, true)
+}
+
+fn parse_urls_with(
+    flag: &'static str,
+    urls: &str,
+    https_ok: bool,
+) -> Result<Vec<SocketAddr>, ConfigError> {
     let mut out = Vec::new();
     for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
         let invalid = |reason: &str| ConfigError::Invalid {
@@ -541,9 +592,13 @@ pub fn parse_urls(flag: &'static str, urls: &str) -> Result<Vec<SocketAddr>, Con
             value: url.to_string(),
             reason: reason.to_string(),
         };
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| invalid("only http:// URLs are supported"))?;
+        let rest = match url.strip_prefix("http://") {
+            Some(rest) => rest,
+            None if https_ok => url
+                .strip_prefix("https://")
+                .ok_or_else(|| invalid("expected an http:// or https:// URL"))?,
+            None => return Err(invalid("only http:// URLs are supported")),
+        };
         let hostport = rest.trim_end_matches('/');
         let hostport = if let Some(port) = hostport.strip_prefix("localhost:") {
             format!("127.0.0.1:{port}")
@@ -588,6 +643,75 @@ fn parse_retention_duration(s: &str) -> Option<Duration> {
 }
 
 impl Config {
+    /// Peer TLS is all three files or none, and then every peer URL is
+    /// https:// (and without them, none is).
+    fn validate_peer_tls(&self) -> Result<(), ConfigError> {
+        let files = [
+            ("peer-cert-file", &self.peer_cert_file),
+            ("peer-key-file", &self.peer_key_file),
+            ("peer-trusted-ca-file", &self.peer_trusted_ca_file),
+        ];
+        let given = files.iter().filter(|(_, f)| f.is_some()).count();
+        if given != 0 && given != files.len() {
+            let (flag, _) = files
+                .iter()
+                .find(|(_, f)| f.is_none())
+                .copied()
+                .unwrap_or(files[0]);
+            return Err(ConfigError::Invalid {
+                flag,
+                value: String::new(),
+                reason:
+                    "peer TLS needs --peer-cert-file, --peer-key-file and --peer-trusted-ca-file"
+                        .into(),
+            });
+        }
+        let tls = given != 0;
+        let mut urls: Vec<(&'static str, &str)> = split_list(&self.initial_advertise_peer_urls)
+            .into_iter()
+            .map(|u| ("initial-advertise-peer-urls", u))
+            .collect();
+        for item in split_list(&self.initial_cluster) {
+            if let Some((_, url)) = item.split_once('=') {
+                urls.push(("initial-cluster", url));
+            }
+        }
+        if let Some(listen) = &self.listen_peer_urls {
+            urls.extend(
+                split_list(listen)
+                    .into_iter()
+                    .map(|u| ("listen-peer-urls", u)),
+            );
+        }
+        for (flag, url) in urls {
+            let https = url.starts_with("https://");
+            if https != tls {
+                return Err(ConfigError::Invalid {
+                    flag,
+                    value: url.to_string(),
+                    reason: if tls {
+                        "with --peer-cert-file every peer URL must be https://".into()
+                    } else {
+                        "https:// peer URLs need --peer-cert-file, --peer-key-file and \
+                         --peer-trusted-ca-file"
+                            .into()
+                    },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The peer TLS files, when configured.
+    pub fn peer_tls_files(&self) -> Option<crate::tls::PeerTlsFiles<'_>> {
+        Some(crate::tls::PeerTlsFiles {
+            cert: self.peer_cert_file.as_deref()?,
+            key: self.peer_key_file.as_deref()?,
+            trusted_ca: self.peer_trusted_ca_file.as_deref()?,
+            client_cert_auth: self.peer_client_cert_auth,
+        })
+    }
+
     /// The storage engine (validated at load).
     pub fn engine_kind(&self) -> engine::any::EngineKind {
         self.engine.parse().unwrap_or_default()
@@ -598,6 +722,37 @@ impl Config {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn peer_tls_flags_go_together_with_https_peer_urls() {
+        let load = |args: &[&str]| {
+            let mut all = vec!["metcd", "--name", "n1"];
+            all.extend_from_slice(args);
+            Config::from_flags(Flags::parse_from(all)).map_err(|e| e.to_string())
+        };
+        let https = ["--initial-advertise-peer-urls", "https://127.0.0.1:2380"];
+        let err = load(&https).unwrap_err();
+        assert!(err.contains("need --peer-cert-file"), "{err}");
+        let files = [
+            "--peer-cert-file",
+            "c.pem",
+            "--peer-key-file",
+            "k.pem",
+            "--peer-trusted-ca-file",
+            "ca.pem",
+        ];
+        let err = load(&files).unwrap_err();
+        assert!(err.contains("must be https://"), "{err}");
+        let err = load(&[&https[..], &files[..2]].concat()).unwrap_err();
+        assert!(err.contains("peer-key-file"), "{err}");
+        let cfg = load(&[&https[..], &files[..], &["--peer-client-cert-auth"]].concat()).unwrap();
+        assert!(cfg.peer_client_cert_auth);
+        assert_eq!(
+            cfg.peer_tls_files().unwrap().trusted_ca,
+            Path::new("ca.pem")
+        );
+        assert!(load(&["--listen-client-urls", "https://127.0.0.1:2379"]).is_err());
+    }
 
     #[test]
     fn flags_override_file_and_defaults() {

@@ -18,6 +18,7 @@ pub mod notify;
 pub mod peer;
 pub mod raftlog;
 pub mod shard;
+pub mod tls;
 pub mod watch;
 
 /// The etcd API version we are compatible with (reported by `/version`).

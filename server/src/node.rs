@@ -234,16 +234,17 @@ pub fn resolve_identity(cfg: &Config) -> Result<(u64, u64)> {
             .filter(|m| m.id != derived)
             .flat_map(|m| m.peer_urls.clone())
             .collect();
-        let addrs = crate::config::parse_urls("initial-cluster", &urls.join(","))
+        let addrs = crate::config::parse_peer_urls("initial-cluster", &urls.join(","))
             .map_err(|e| ServerError::Startup(e.to_string()))?;
         let (cluster, known) =
-            peer::probe_cluster(&addrs, Duration::from_secs(30)).ok_or_else(|| {
-                ServerError::Startup(format!(
+            peer::probe_cluster(&addrs, Duration::from_secs(30), peer_tls(cfg)?.as_ref())
+                .ok_or_else(|| {
+                    ServerError::Startup(format!(
                 "--initial-cluster-state existing: no member of --initial-cluster ({}) answered; \
                  start this member once the cluster runs",
                 urls.join(",")
             ))
-            })?;
+                })?;
         let mut mine = crate::config::split_list(&cfg.initial_advertise_peer_urls);
         mine.sort_unstable();
         let me = known.iter().find(|m| {
@@ -399,6 +400,13 @@ pub struct Node {
 
 fn log(msg: std::fmt::Arguments<'_>) {
     eprintln!("metcd: {msg}");
+}
+
+/// The peer TLS configuration, when `--peer-cert-file` and friends are set.
+fn peer_tls(cfg: &Config) -> Result<Option<crate::tls::PeerTls>> {
+    cfg.peer_tls_files()
+        .map(|files| crate::tls::PeerTls::load(&files).map_err(ServerError::Startup))
+        .transpose()
 }
 
 impl Node {
@@ -595,7 +603,8 @@ impl Node {
         // Always there (idle without peers), so a member added later is
         // reachable; inbound needs --listen-peer-urls on a single member.
         let faults = peer::Faults::new(cfg.experimental_peer_fault_file.clone());
-        let transport = Transport::new(id, cluster_id, faults.clone());
+        let tls = peer_tls(cfg)?;
+        let transport = Transport::new(id, cluster_id, faults.clone(), tls.clone());
         for m in registry.all() {
             connect_peer(&transport, &m);
         }
@@ -704,7 +713,7 @@ impl Node {
             lease,
         });
         for addr in peer_addrs {
-            peer::listen(addr, id, cluster_id, inbound.clone()).map_err(|e| {
+            peer::listen(addr, id, cluster_id, inbound.clone(), tls.clone()).map_err(|e| {
                 ServerError::Startup(format!("cannot listen for peers on {addr}: {e}"))
             })?;
         }
@@ -1960,7 +1969,7 @@ impl Node {
     /// derives its ID.
     fn new_member_record(&self, peer_urls: Vec<String>, is_learner: bool) -> Result<MemberRecord> {
         if peer_urls.is_empty()
-            || crate::config::parse_urls("peer-urls", &peer_urls.join(",")).is_err()
+            || crate::config::parse_peer_urls("peer-urls", &peer_urls.join(",")).is_err()
         {
             return Err(ServerError::Membership(
                 "etcdserver: given member URLs are invalid",
@@ -2072,7 +2081,7 @@ impl Node {
     ) -> Result<Vec<MemberRecord>> {
         let mut record = self.known_member(id)?;
         if peer_urls.is_empty()
-            || crate::config::parse_urls("peer-urls", &peer_urls.join(",")).is_err()
+            || crate::config::parse_peer_urls("peer-urls", &peer_urls.join(",")).is_err()
         {
             return Err(ServerError::Membership(
                 "etcdserver: given member URLs are invalid",
@@ -2264,7 +2273,7 @@ fn connect_peer(transport: &Rc<Transport>, member: &MemberRecord) {
     if member.peer_urls.is_empty() {
         return;
     }
-    match crate::config::parse_urls("peer-urls", &member.peer_urls.join(",")) {
+    match crate::config::parse_peer_urls("peer-urls", &member.peer_urls.join(",")) {
         Ok(addrs) => transport.add_peer(member.id, addrs),
         Err(e) => log(format_args!("member {:x}: {e}", member.id)),
     }

@@ -29,6 +29,7 @@ use raft::eraftpb::Message;
 
 use crate::members::MemberRecord;
 use crate::notify::Notify;
+use crate::tls::{PeerStream, PeerTls};
 
 const MAGIC: &[u8; 8] = b"metcdpr1";
 /// A connection carrying one Raft snapshot: the MsgSnapshot frame, then
@@ -172,10 +173,17 @@ pub struct Transport {
     unreachable: RefCell<Vec<u64>>,
     /// A peer said this member was removed from the cluster.
     told_removed: Cell<bool>,
+    /// Peer TLS (`--peer-*` files); plaintext when absent.
+    tls: Option<PeerTls>,
 }
 
 impl Transport {
-    pub fn new(self_id: u64, cluster_id: u64, faults: Rc<Faults>) -> Rc<Transport> {
+    pub fn new(
+        self_id: u64,
+        cluster_id: u64,
+        faults: Rc<Faults>,
+        tls: Option<PeerTls>,
+    ) -> Rc<Transport> {
         Rc::new(Transport {
             self_id,
             cluster_id,
@@ -183,6 +191,7 @@ impl Transport {
             links: RefCell::new(HashMap::new()),
             unreachable: RefCell::new(Vec::new()),
             told_removed: Cell::new(false),
+            tls,
         })
     }
 
@@ -299,18 +308,25 @@ impl Transport {
         magic: &[u8; 8],
         peer: u64,
         addrs: &[SocketAddr],
-    ) -> std::io::Result<TcpStream> {
+    ) -> std::io::Result<PeerStream> {
         let mut last = std::io::Error::other("no address");
         for addr in addrs {
             match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT).await {
-                Ok(mut stream) => {
-                    let _ = stream.set_nodelay(true);
+                Ok(tcp) => {
+                    let _ = tcp.set_nodelay(true);
+                    let mut stream = match &self.tls {
+                        Some(tls) => tls.connect(addr, tcp).await.map_err(|e| {
+                            std::io::Error::other(format!("TLS handshake with {addr}: {e}"))
+                        })?,
+                        None => PeerStream::Plain(tcp),
+                    };
                     let mut hello = Vec::with_capacity(HELLO_BYTES);
                     hello.extend_from_slice(magic);
                     hello.extend_from_slice(&self.cluster_id.to_le_bytes());
                     hello.extend_from_slice(&self.self_id.to_le_bytes());
                     hello.extend_from_slice(&peer.to_le_bytes());
                     stream.write_all(&hello).await?;
+                    stream.flush().await?;
                     let mut answer = [0u8; 1];
                     stream.read_exact(&mut answer).await?;
                     return match answer[0] {
@@ -354,6 +370,7 @@ impl Transport {
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
         out.extend_from_slice(&body);
         stream.write_all(&out).await?;
+        stream.flush().await?;
         let answer = read_json_message(&mut stream).await?;
         serde_json::from_slice(&answer).map_err(std::io::Error::other)
     }
@@ -389,6 +406,7 @@ impl Transport {
             stream.write_all(&chunk[..n]).await?;
         }
         stream.write_all(&crc.to_le_bytes()).await?;
+        stream.flush().await?;
         let mut ack = [0u8; 1];
         stream.read_exact(&mut ack).await?;
         if ack[0] != 0 {
@@ -405,7 +423,7 @@ impl Transport {
         &self,
         peer: u64,
         link: &Rc<Link>,
-        stream: &mut TcpStream,
+        stream: &mut PeerStream,
         buf: &mut Vec<u8>,
     ) -> std::io::Result<()> {
         loop {
@@ -422,6 +440,7 @@ impl Transport {
                 encode_frame(m, buf)?;
             }
             stream.write_all(buf).await?;
+            stream.flush().await?;
             if buf.capacity() > 16 << 20 {
                 *buf = Vec::with_capacity(64 << 10);
             }
@@ -443,20 +462,38 @@ fn encode_frame(m: &Message, buf: &mut Vec<u8>) -> std::io::Result<()> {
 /// Asks the members at `addrs` for their cluster ID and members (blocking;
 /// used once, before the executors start, by a member joining a running
 /// cluster).
-pub fn probe_cluster(addrs: &[SocketAddr], limit: Duration) -> Option<(u64, Vec<MemberRecord>)> {
+pub fn probe_cluster(
+    addrs: &[SocketAddr],
+    limit: Duration,
+    tls: Option<&PeerTls>,
+) -> Option<(u64, Vec<MemberRecord>)> {
     use std::io::{Read, Write};
+    trait Stream: Read + Write {}
+    impl<T: Read + Write> Stream for T {}
     let deadline = std::time::Instant::now() + limit;
     while std::time::Instant::now() < deadline {
         for addr in addrs {
-            let Ok(mut s) = std::net::TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) else {
+            let Ok(tcp) = std::net::TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) else {
                 continue;
             };
-            let _ = s.set_read_timeout(Some(CONNECT_TIMEOUT));
+            let _ = tcp.set_read_timeout(Some(CONNECT_TIMEOUT));
+            let _ = tcp.set_write_timeout(Some(CONNECT_TIMEOUT));
+            let mut s: Box<dyn Stream> = match tls {
+                None => Box::new(tcp),
+                Some(tls) => {
+                    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+                    let Ok(conn) = rustls::ClientConnection::new(tls.client_config(), name) else {
+                        continue;
+                    };
+                    Box::new(rustls::StreamOwned::new(conn, tcp))
+                }
+            };
             let mut hello = Vec::with_capacity(HELLO_BYTES);
             hello.extend_from_slice(MAGIC);
             hello.extend_from_slice(&[0u8; 24]);
             let mut answer = [0u8; 13];
             if s.write_all(&hello).is_ok()
+                && s.flush().is_ok()
                 && s.read_exact(&mut answer).is_ok()
                 && answer[0] == PROBED
             {
@@ -482,14 +519,30 @@ pub fn listen(
     self_id: u64,
     cluster_id: u64,
     inbound: Rc<Inbound>,
+    tls: Option<PeerTls>,
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(addr)?;
     glommio::spawn_local(async move {
         loop {
             match listener.accept().await {
-                Ok(stream) => {
+                Ok(tcp) => {
                     let inbound = inbound.clone();
+                    let tls = tls.clone();
                     glommio::spawn_local(async move {
+                        let _ = tcp.set_nodelay(true);
+                        let peer_addr = tcp.peer_addr().ok();
+                        let stream = match &tls {
+                            Some(tls) => match tls.accept(tcp).await {
+                                Ok(stream) => stream,
+                                Err(e) => {
+                                    log(format_args!(
+                                        "TLS handshake with {peer_addr:?} refused: {e}"
+                                    ));
+                                    return;
+                                }
+                            },
+                            None => PeerStream::Plain(tcp),
+                        };
                         if let Err(e) = receive(stream, self_id, cluster_id, &inbound).await {
                             if e.kind() != std::io::ErrorKind::UnexpectedEof {
                                 log(format_args!("inbound connection: {e}"));
@@ -510,12 +563,11 @@ pub fn listen(
 }
 
 async fn receive(
-    stream: TcpStream,
+    stream: PeerStream,
     self_id: u64,
     cluster_id: u64,
     inbound: &Inbound,
 ) -> std::io::Result<()> {
-    let _ = stream.set_nodelay(true);
     let mut stream = futures_lite::io::BufReader::with_capacity(256 << 10, stream);
     let mut hello = [0u8; HELLO_BYTES];
     stream.read_exact(&mut hello).await?;
@@ -538,6 +590,7 @@ async fn receive(
         answer.extend_from_slice(&(members.len() as u32).to_le_bytes());
         answer.extend_from_slice(&members);
         stream.get_mut().write_all(&answer).await?;
+        stream.get_mut().flush().await?;
         return Ok(());
     }
     let verdict = if their_cluster != cluster_id {
@@ -550,6 +603,7 @@ async fn receive(
         ACCEPTED
     };
     stream.get_mut().write_all(&[verdict]).await?;
+    stream.get_mut().flush().await?;
     if verdict != ACCEPTED {
         return Err(std::io::Error::other(format!(
             "refused member {from:x} of cluster {their_cluster:x}: {}",
@@ -583,6 +637,7 @@ async fn receive(
             out.extend_from_slice(&(answer.len() as u32).to_le_bytes());
             out.extend_from_slice(&answer);
             stream.get_mut().write_all(&out).await?;
+            stream.get_mut().flush().await?;
         }
     }
     let mut body = Vec::new();
@@ -616,7 +671,7 @@ async fn read_json_message<S: futures_lite::AsyncRead + Unpin>(
 }
 
 async fn read_frame(
-    stream: &mut futures_lite::io::BufReader<TcpStream>,
+    stream: &mut futures_lite::io::BufReader<PeerStream>,
     from: u64,
     self_id: u64,
     body: &mut Vec<u8>,
@@ -650,7 +705,7 @@ async fn read_frame(
 /// Receives one snapshot: its message, then its data into a temporary file
 /// (checksummed, fsync'd) that the Raft loop installs.
 async fn receive_snapshot(
-    mut stream: futures_lite::io::BufReader<TcpStream>,
+    mut stream: futures_lite::io::BufReader<PeerStream>,
     from: u64,
     self_id: u64,
     inbound: &Inbound,
@@ -696,9 +751,11 @@ async fn receive_snapshot(
     if let Err(e) = result {
         let _ = std::fs::remove_file(&path);
         let _ = stream.get_mut().write_all(&[1]).await;
+        let _ = stream.get_mut().flush().await;
         return Err(e);
     }
     stream.get_mut().write_all(&[0]).await?;
+    stream.get_mut().flush().await?;
     log(format_args!(
         "received a snapshot at index {index} from {from:x} ({} bytes)",
         u64::from_le_bytes(len)
