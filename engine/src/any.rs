@@ -555,7 +555,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         EngineDir::open(tmp.path(), EngineKind::Lsm).unwrap();
         let err = EngineDir::open(tmp.path(), EngineKind::Btree).unwrap_err();
-        assert!(err.to_string().contains("created with --engine lsm"), "{err}");
+        assert!(
+            err.to_string().contains("created with --engine lsm"),
+            "{err}"
+        );
         assert!(EngineDir::open(tmp.path(), EngineKind::Lsm).is_ok());
         assert_eq!("btree".parse::<EngineKind>(), Ok(EngineKind::Btree));
         assert!("rocks".parse::<EngineKind>().is_err());

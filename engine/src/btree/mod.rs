@@ -31,9 +31,19 @@
 //! garbage list are frozen and the writer epoch advances; the writer goes on
 //! copying anything it touches. Then, without that lock: dirty nodes are
 //! given pages bottom-up (overflow values first), the free list is written
-//! to a fresh run, all of it goes out in one batched io_uring write,
+//! to a fresh run, all of it goes out in one batched io_uring write
+//! (pages adjacent in the file merged into single writes),
 //! `fdatasync`, the meta page of transaction `t` is written into slot
 //! `t % 2`, `fdatasync`. Open takes the valid meta with the highest `t`.
+//!
+//! # Reads
+//!
+//! Point reads probe cached pages in place. Where one operation needs many
+//! pages, their cache misses are read together (io_uring, all in flight at
+//! once) before they are used: a write batch brings in the paths of its
+//! keys level by level, and a scan reads ahead the children it goes on to
+//! in doubling windows. Blocks enter the cache referenced (CLOCK's second
+//! chance) and pages are dropped from it as soon as they are free.
 //!
 //! # Page reuse
 //!
@@ -81,6 +91,13 @@ const TMP_FILE: &str = "data.btree.tmp";
 /// Cache keys of overflow values carry this bit so they can never be taken
 /// for a node page of the same offset.
 const BIG_VALUE_CACHE_BIT: u64 = 1 << 63;
+
+/// A write batch brings the pages of this many of its operations into the
+/// cache at a time, before applying them (see [`tree::prefetch_paths`]).
+const PREFETCH_OPS: usize = 512;
+
+/// Largest single write a commit merges adjacent pages into.
+const COALESCE_MAX_BYTES: u64 = 1 << 20;
 
 /// Defragmentation writes the new file in batches of about this many bytes.
 const DEFRAG_WRITE_BATCH_BYTES: usize = 4 << 20;
@@ -189,8 +206,37 @@ impl DataFile {
         self.file.read_at(&mut buf, offset)?;
         page::verify_node(&buf, page).map_err(|r| self.corrupt("btree page", offset, r))?;
         let block: Arc<[u8]> = Arc::from(&buf[..]);
-        self.cache.insert(self.id, offset, block.clone());
+        self.cache.insert_referenced(self.id, offset, block.clone());
         Ok(block)
+    }
+
+    /// Brings the node pages among `pages` that are not cached into the
+    /// cache with reads all in flight at once. Best effort: a page that
+    /// fails to read or verify is left out, for the ordinary read that
+    /// follows to report.
+    pub(crate) fn prefetch(&self, pages: &[u64]) {
+        let mut pages = pages.to_vec();
+        pages.sort_unstable();
+        pages.dedup();
+        let mut reads: Vec<(u64, AlignedBuf)> = pages
+            .into_iter()
+            .filter(|&p| p >= 2 && !self.cache.contains(self.id, offset_of(p)))
+            .map(|p| (offset_of(p), AlignedBuf::zeroed(PAGE_SIZE)))
+            .collect();
+        // A single miss has nothing to overlap with: the caller's own read
+        // does it.
+        if reads.len() < 2 {
+            return;
+        }
+        if self.file.read_many_at(&mut reads).is_err() {
+            return;
+        }
+        for (offset, buf) in reads {
+            if page::verify_node(&buf, offset / PAGE_SIZE as u64).is_ok() {
+                self.cache
+                    .insert_referenced(self.id, offset, Arc::from(&buf[..]));
+            }
+        }
     }
 
     /// Reads and decodes node page `page`.
@@ -211,14 +257,22 @@ impl DataFile {
 
     /// Reads an overflow value (through the cache; verified before caching).
     pub(crate) fn read_big(&self, b: &BigVal) -> Result<Bytes> {
+        /// Largest overflow value read back (metcd's requests are capped at
+        /// 64 MiB).
+        const MAX_OVERFLOW_VALUE: usize = 256 << 20;
         let first = b.page();
         let offset = offset_of(first);
         if let Some(block) = self.cache.get(self.id | BIG_VALUE_CACHE_BIT, offset) {
             return Ok(Bytes::from_owner(block));
         }
-        let len = usize::try_from(b.len).map_err(|_| {
-            self.corrupt("btree overflow value", offset, format!("length {}", b.len))
-        })?;
+        // Lengths come from disk: bound them before allocating (a value is
+        // at most a request, and requests are capped well below this).
+        let len = usize::try_from(b.len)
+            .ok()
+            .filter(|&l| l <= MAX_OVERFLOW_VALUE)
+            .ok_or_else(|| {
+                self.corrupt("btree overflow value", offset, format!("length {}", b.len))
+            })?;
         let mut buf = AlignedBuf::zeroed(pages_for(b.len) as usize * PAGE_SIZE);
         self.file.read_at(&mut buf, offset)?;
         let crc = crc32c::crc32c(&buf[..len]);
@@ -234,7 +288,7 @@ impl DataFile {
         }
         let block: Arc<[u8]> = Arc::from(&buf[..len]);
         self.cache
-            .insert(self.id | BIG_VALUE_CACHE_BIT, offset, block.clone());
+            .insert_referenced(self.id | BIG_VALUE_CACHE_BIT, offset, block.clone());
         Ok(Bytes::from_owner(block))
     }
 
@@ -497,7 +551,13 @@ impl BtreeEngine {
                 std::mem::take(&mut w.freed),
             )
         };
-        if let Err(e) = self.commit(&mut store, epoch, &root, applied, &file, freed) {
+        // A panic inside commit would leave the store's page accounting
+        // half-changed: poison the engine as for an I/O error.
+        let committed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.commit(&mut store, epoch, &root, applied, &file, freed)
+        }))
+        .unwrap_or_else(|_| Err(Error::Poisoned("a btree commit panicked".to_owned())));
+        if let Err(e) = committed {
             inner.poison(&e);
             return Err(e);
         }
@@ -563,6 +623,9 @@ impl BtreeEngine {
             .collect();
         for t in ready {
             for (p, n) in store.pending.remove(&t).unwrap_or_default() {
+                // Nothing reads a free page again: its cache room goes to
+                // live pages now rather than when the page is reused.
+                file.forget(p, n);
                 store
                     .free
                     .insert(p, n)
@@ -606,6 +669,9 @@ impl BtreeEngine {
         page::encode_freelist(list_first, &runs, &mut list);
         writes.push((offset_of(list_first), list));
 
+        let node_offsets: std::collections::HashSet<u64> =
+            node_writes.iter().map(|&i| writes[i].0).collect();
+        let writes = coalesce(writes);
         let batch: Vec<(u64, &AlignedBuf)> = writes.iter().map(|(o, b)| (*o, b)).collect();
         file.file.write_all_at(&batch)?;
         fail::fail_point!("btree::commit::after_page_write", |_| Err(injected(
@@ -642,9 +708,12 @@ impl BtreeEngine {
         store.freelist = (list_first, list_pages);
         // Node pages just written are the likeliest next reads (the writer's
         // tree may be trimmed down to them).
-        for i in node_writes {
-            let (offset, buf) = &writes[i];
-            file.cache.insert(file.id, *offset, Arc::from(&buf[..]));
+        for (offset, buf) in &writes {
+            for (at, page) in (*offset..).step_by(PAGE_SIZE).zip(buf.chunks(PAGE_SIZE)) {
+                if node_offsets.contains(&at) {
+                    file.cache.insert_referenced(file.id, at, Arc::from(page));
+                }
+            }
         }
         Ok(())
     }
@@ -841,6 +910,45 @@ impl BtreeEngine {
             bytes_after: offset_of(page_count),
         })
     }
+}
+
+/// A commit's page writes merged where they are adjacent in the file (into
+/// writes of at most [`COALESCE_MAX_BYTES`]), in offset order: pages of
+/// one commit often take consecutive pages (a grown file tail, a freed
+/// run), and one large write costs the device about what one page does.
+fn coalesce(mut writes: Vec<(u64, AlignedBuf)>) -> Vec<(u64, AlignedBuf)> {
+    fn flush(group: &mut Vec<(u64, AlignedBuf)>, out: &mut Vec<(u64, AlignedBuf)>) {
+        if group.len() == 1 {
+            out.append(group);
+            return;
+        }
+        let Some(start) = group.first().map(|w| w.0) else {
+            return;
+        };
+        let mut buf = AlignedBuf::zeroed(group.iter().map(|w| w.1.len()).sum());
+        let mut at = 0;
+        for (_, b) in group.drain(..) {
+            buf[at..at + b.len()].copy_from_slice(&b);
+            at += b.len();
+        }
+        out.push((start, buf));
+    }
+    writes.sort_unstable_by_key(|w| w.0);
+    let mut out = Vec::with_capacity(writes.len());
+    let mut group = Vec::new();
+    let (mut start, mut end) = (0, 0);
+    for (offset, buf) in writes {
+        let len = buf.len() as u64;
+        if group.is_empty() || offset != end || end + len - start > COALESCE_MAX_BYTES {
+            flush(&mut group, &mut out);
+            start = offset;
+            end = offset;
+        }
+        end += len;
+        group.push((offset, buf));
+    }
+    flush(&mut group, &mut out);
+    out
 }
 
 /// Writes a commit's dirty nodes and overflow values into allocated pages.
@@ -1216,18 +1324,34 @@ impl Engine for BtreeEngine {
             freed: Vec::new(),
             touched: 0,
         };
-        for op in batch.into_ops() {
-            match op {
-                BatchOp::Put { key, value } => {
-                    let value = if key.len() + value.len() <= INLINE_MAX {
-                        Val::Inline(value)
-                    } else {
-                        Val::Big(Arc::new(BigVal::fresh(value, epoch)))
-                    };
-                    ctx.put(&mut root, key, value)?;
-                }
-                BatchOp::Delete { key } => {
-                    ctx.delete(&mut root, &key)?;
+        let mut ops = batch.into_ops().into_iter();
+        loop {
+            let chunk: Vec<BatchOp> = ops.by_ref().take(PREFETCH_OPS).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            if chunk.len() > 1 {
+                let keys: Vec<&[u8]> = chunk
+                    .iter()
+                    .map(|op| match op {
+                        BatchOp::Put { key, .. } | BatchOp::Delete { key } => &key[..],
+                    })
+                    .collect();
+                tree::prefetch_paths(&file, &root, &keys);
+            }
+            for op in chunk {
+                match op {
+                    BatchOp::Put { key, value } => {
+                        let value = if key.len() + value.len() <= INLINE_MAX {
+                            Val::Inline(value)
+                        } else {
+                            Val::Big(Arc::new(BigVal::fresh(value, epoch)))
+                        };
+                        ctx.put(&mut root, key, value)?;
+                    }
+                    BatchOp::Delete { key } => {
+                        ctx.delete(&mut root, &key)?;
+                    }
                 }
             }
         }
@@ -1293,6 +1417,64 @@ mod tests {
         assert_eq!(f.to_vec(), vec![(5, 1), (7, 1)]);
         assert_eq!(f.trim_tail(8), 7);
         assert_eq!(f.alloc(2), None);
+    }
+
+    #[test]
+    fn coalesce_merges_adjacent_pages_only() {
+        let page = |b: u8| AlignedBuf::from_slice(&[b; PAGE_SIZE]);
+        let p = PAGE_SIZE as u64;
+        let writes = vec![
+            (5 * p, page(5)),
+            (2 * p, page(2)),
+            (3 * p, AlignedBuf::from_slice(&[3; 2 * PAGE_SIZE])),
+            (9 * p, page(9)),
+        ];
+        let out = coalesce(writes);
+        let shape: Vec<(u64, usize)> = out.iter().map(|(o, b)| (*o / p, b.len())).collect();
+        assert_eq!(
+            shape,
+            vec![(2, 4 * PAGE_SIZE), (9, PAGE_SIZE)],
+            "pages 2, 3-4 and 5 are one run"
+        );
+        let firsts: Vec<u8> = out[0].1.chunks(PAGE_SIZE).map(|c| c[0]).collect();
+        assert_eq!(firsts, vec![2, 3, 3, 5]);
+        // A run longer than the cap is cut.
+        let n = COALESCE_MAX_BYTES / p + 3;
+        let out = coalesce((0..n).map(|i| (i * p, page(1))).collect());
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].1.len() as u64, COALESCE_MAX_BYTES);
+        assert_eq!(out[1].0, COALESCE_MAX_BYTES);
+    }
+
+    #[test]
+    fn read_many_at_reads_every_page_and_reports_short_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let f = DirectFile::open(&path, true).unwrap();
+        let pages: Vec<AlignedBuf> = (0..300u32)
+            .map(|i| AlignedBuf::from_slice(&i.to_le_bytes()))
+            .collect();
+        let writes: Vec<(u64, &AlignedBuf)> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (offset_of(i as u64), b))
+            .collect();
+        f.write_all_at(&writes).unwrap();
+        // More reads than the ring holds, in no particular order.
+        let mut reads: Vec<(u64, AlignedBuf)> = (0..300u64)
+            .rev()
+            .map(|i| (offset_of(i), AlignedBuf::zeroed(PAGE_SIZE)))
+            .collect();
+        f.read_many_at(&mut reads).unwrap();
+        for (offset, buf) in &reads {
+            assert_eq!(buf[..4], ((offset / PAGE_SIZE as u64) as u32).to_le_bytes());
+        }
+        let mut past_end = vec![
+            (offset_of(1), AlignedBuf::zeroed(PAGE_SIZE)),
+            (offset_of(300), AlignedBuf::zeroed(PAGE_SIZE)),
+        ];
+        let err = f.read_many_at(&mut past_end).unwrap_err().to_string();
+        assert!(err.contains(&offset_of(300).to_string()), "{err}");
     }
 
     #[test]

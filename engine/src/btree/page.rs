@@ -397,6 +397,97 @@ pub fn probe(buf: &[u8], key: &[u8]) -> Result<Probe, String> {
     }
 }
 
+/// Where a leaf entry's value is, read in place from its page.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LeafValue {
+    Inline(std::ops::Range<usize>),
+    Big { len: u64, page: u64, crc: u32 },
+}
+
+/// A verified leaf page read in place (scans walk it without decoding it
+/// into entries); every access is bounds-checked like [`probe`]'s.
+pub struct LeafView<'a> {
+    buf: &'a [u8],
+    count: usize,
+}
+
+impl<'a> LeafView<'a> {
+    /// `None` for a branch page.
+    pub fn new(buf: &'a [u8]) -> Result<Option<LeafView<'a>>, String> {
+        if buf.len() != PAGE_SIZE {
+            return Err("short page".into());
+        }
+        let count = u16_at(buf, 6) as usize;
+        if NODE_HEADER + 2 * count > PAGE_SIZE {
+            return Err(format!("entry count {count} overflows the page"));
+        }
+        match buf[4] {
+            KIND_LEAF => Ok(Some(LeafView { buf, count })),
+            KIND_BRANCH => Ok(None),
+            k => Err(format!("unknown page kind {k}")),
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    fn range(at: usize, n: usize) -> Result<std::ops::Range<usize>, String> {
+        match at.checked_add(n) {
+            Some(end) if end <= PAGE_SIZE => Ok(at..end),
+            _ => Err(format!("entry at {at} overruns the page")),
+        }
+    }
+
+    /// Entry `i` (below [`LeafView::count`]): its key's byte range and its
+    /// value.
+    pub fn entry(&self, i: usize) -> Result<(std::ops::Range<usize>, LeafValue), String> {
+        let buf = self.buf;
+        let at = u16_at(buf, NODE_HEADER + 2 * i) as usize;
+        Self::range(at, 3)?;
+        let klen = u16_at(buf, at) as usize;
+        match buf[at + 2] {
+            0 => {
+                Self::range(at + 3, 2)?;
+                let vlen = u16_at(buf, at + 3) as usize;
+                let key = Self::range(at + 5, klen)?;
+                let value = Self::range(key.end, vlen)?;
+                Ok((key, LeafValue::Inline(value)))
+            }
+            1 => {
+                Self::range(at + 3, 20)?;
+                let page = u64_at(buf, at + 11);
+                if page < 2 {
+                    return Err(format!("overflow value at page {page}"));
+                }
+                let value = LeafValue::Big {
+                    len: u64_at(buf, at + 3),
+                    page,
+                    crc: u32_at(buf, at + 19),
+                };
+                Ok((Self::range(at + 23, klen)?, value))
+            }
+            f => Err(format!("unknown value flag {f}")),
+        }
+    }
+
+    /// The first entry whose key is above `key` (`after`) or at least
+    /// `key`.
+    pub fn seek(&self, key: &[u8], after: bool) -> Result<usize, String> {
+        let (mut lo, mut hi) = (0, self.count);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let k = &self.buf[self.entry(mid)?.0];
+            if k < key || (after && k == key) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+}
+
 /// Decodes a verified node page; keys and inline values are zero-copy
 /// slices of `page`.
 pub fn decode_node(page: &Bytes) -> Result<NodeKind, String> {
@@ -626,6 +717,37 @@ mod tests {
         }
     }
 
+    #[test]
+    fn leaf_view_reads_entries_in_place() {
+        let entries = ["b", "d", "f"]
+            .iter()
+            .map(|k| Entry {
+                key: Bytes::from(*k),
+                value: Val::Inline(Bytes::from(format!("v{k}"))),
+            })
+            .collect();
+        let mut buf = vec![0u8; PAGE_SIZE];
+        encode_node(&NodeKind::Leaf { entries }, 5, &[], &mut buf).unwrap();
+        let view = LeafView::new(&buf).unwrap().unwrap();
+        assert_eq!(view.count(), 3);
+        let (k, v) = view.entry(1).unwrap();
+        assert_eq!(&buf[k], b"d");
+        let LeafValue::Inline(v) = v else {
+            panic!("not inline")
+        };
+        assert_eq!(&buf[v], b"vd");
+        for (key, after, at) in [
+            (&b"a"[..], false, 0),
+            (b"b", false, 0),
+            (b"b", true, 1),
+            (b"c", false, 1),
+            (b"f", true, 3),
+            (b"g", false, 3),
+        ] {
+            assert_eq!(view.seek(key, after).unwrap(), at, "{key:?} {after}");
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
 
@@ -647,6 +769,12 @@ mod tests {
             verify_node(&buf, 9).unwrap();
             let _ = decode_node(&Bytes::from(buf.clone()));
             let _ = probe(&buf, &key);
+            if let Ok(Some(view)) = LeafView::new(&buf) {
+                for i in 0..view.count() {
+                    let _ = view.entry(i);
+                }
+                let _ = view.seek(&key, true);
+            }
             let _ = decode_freelist(9, &buf);
             let _ = decode_meta(&buf);
         }

@@ -4,12 +4,14 @@
 //! put and delete.
 //!
 //! This module owns the shape of the tree (split, merge, root growth and
-//! collapse) and the bookkeeping of what a write makes garbage ([`Freed`]).
-//! It must never modify a node another root can see: a node reachable from
-//! a snapshot, from the published root or from a commit in flight is shared
-//! (`Arc` count above one) and is copied before it changes; only nodes the
-//! current batch created itself are changed in place. It never writes: page
-//! ids are given to nodes by the commit in `mod.rs`.
+//! collapse; splits are even, except that appends at the tree's right edge
+//! leave full pages behind) and the bookkeeping of what a write makes
+//! garbage ([`Freed`]). It must never modify a node another root can see:
+//! a node reachable from a snapshot, from the published root or from a
+//! commit in flight is shared (`Arc` count above one) and is copied before
+//! it changes; only nodes the current batch created itself are changed in
+//! place. It never writes: page ids are given to nodes by the commit in
+//! `mod.rs`.
 //!
 //! # Page ids and epochs
 //!
@@ -211,13 +213,6 @@ fn before_end(key: &[u8], end: Bound<&[u8]>) -> bool {
     }
 }
 
-fn load(file: &DataFile, child: &Child) -> Result<Arc<Node>> {
-    match child {
-        Child::Mem(n) => Ok(n.clone()),
-        Child::Disk(p) => Ok(Arc::new(file.read_node(*p)?)),
-    }
-}
-
 /// The stored value of `key` under `root` (not yet read if it overflows).
 /// Resident nodes are searched as they are; pages below them are probed in
 /// place, never decoded.
@@ -253,6 +248,43 @@ pub fn lookup(file: &DataFile, root: &Child, key: &[u8]) -> Result<Option<Val>> 
     }
 }
 
+/// Brings the node pages that lookups (or puts and deletes) of `keys`
+/// under `root` go through into the cache: level by level, each level's
+/// misses read together, so a batch of random writes waits for one device
+/// round trip per level instead of one per page. Best effort: errors are
+/// left for the operations themselves to report.
+pub fn prefetch_paths(file: &DataFile, root: &Child, keys: &[&[u8]]) {
+    let mut frontier: Vec<(u64, &[u8])> = keys
+        .iter()
+        .filter_map(|&k| first_disk(root, k).map(|p| (p, k)))
+        .collect();
+    while !frontier.is_empty() {
+        let pages: Vec<u64> = frontier.iter().map(|f| f.0).collect();
+        file.prefetch(&pages);
+        frontier = frontier
+            .into_iter()
+            .filter_map(|(p, k)| match file.probe(p, k) {
+                Ok((_, Probe::Child(c))) => Some((c, k)),
+                _ => None,
+            })
+            .collect();
+    }
+}
+
+/// The first page not resident on the way from `root` to `key`, if any.
+fn first_disk(root: &Child, key: &[u8]) -> Option<u64> {
+    let mut child = root;
+    loop {
+        match child {
+            Child::Disk(p) => return Some(*p),
+            Child::Mem(n) => match &n.kind {
+                NodeKind::Leaf { .. } => return None,
+                NodeKind::Branch { keys, children } => child = children.get(route(keys, key))?,
+            },
+        }
+    }
+}
+
 pub fn get(file: &DataFile, root: &Child, key: &[u8]) -> Result<Option<Bytes>> {
     match lookup(file, root, key)? {
         Some(v) => Ok(Some(value_bytes(file, &v)?)),
@@ -270,6 +302,11 @@ pub fn value_bytes(file: &DataFile, v: &Val) -> Result<Bytes> {
     }
 }
 
+/// Children a scan reads ahead when it enters a branch, and the most it
+/// reads ahead at once (the window doubles as the scan goes on).
+const READ_AHEAD_FIRST: usize = 4;
+const READ_AHEAD_MAX: usize = 32;
+
 /// Visits `[start, end)`-style bounds in key order; returns `Scan::Stop`
 /// once the visitor or the end bound stopped it.
 pub fn scan<F>(
@@ -282,7 +319,18 @@ pub fn scan<F>(
 where
     F: FnMut(&Bytes, &Bytes) -> Scan,
 {
-    let node = load(file, child)?;
+    let node = match child {
+        Child::Mem(n) => n.clone(),
+        Child::Disk(p) => {
+            let block = file.read_block(*p)?;
+            let bad = |r: String| file.corrupt("btree page", page::offset_of(*p), r);
+            if page::LeafView::new(&block).map_err(bad)?.is_some() {
+                return scan_leaf_page(file, *p, block, start, end, visit);
+            }
+            let kind = page::decode_node(&Bytes::from_owner(block)).map_err(bad)?;
+            Arc::new(Node::stored(*p, kind))
+        }
+    };
     match &node.kind {
         NodeKind::Leaf { entries } => {
             let from = match start {
@@ -306,9 +354,26 @@ where
                 Bound::Unbounded => 0,
                 Bound::Included(s) | Bound::Excluded(s) => route(keys, s),
             };
+            // Read-ahead: the children the scan goes on to are read in
+            // windows that double (like a file read-ahead), each with its
+            // reads in flight together, instead of one read at a time.
+            let mut ahead_until = first;
+            let mut window = READ_AHEAD_FIRST;
             for i in first..children.len() {
                 if i > 0 && !before_end(&keys[i], end) {
                     return Ok(Scan::Stop);
+                }
+                if i >= ahead_until {
+                    ahead_until = (i + window).min(children.len());
+                    window = (window * 2).min(READ_AHEAD_MAX);
+                    let pages: Vec<u64> = (i..ahead_until)
+                        .take_while(|&j| j == i || before_end(&keys[j], end))
+                        .filter_map(|j| match children[j] {
+                            Child::Disk(p) => Some(p),
+                            Child::Mem(_) => None,
+                        })
+                        .collect();
+                    file.prefetch(&pages);
                 }
                 if scan(file, &children[i], start, end, visit)? == Scan::Stop {
                     return Ok(Scan::Stop);
@@ -317,6 +382,47 @@ where
             Ok(Scan::Continue)
         }
     }
+}
+
+/// [`scan`] over a leaf page, read in place: keys and inline values are
+/// slices of the cached block, nothing is decoded into entries.
+fn scan_leaf_page<F>(
+    file: &DataFile,
+    page_id: u64,
+    block: Arc<[u8]>,
+    start: Bound<&[u8]>,
+    end: Bound<&[u8]>,
+    visit: &mut F,
+) -> Result<Scan>
+where
+    F: FnMut(&Bytes, &Bytes) -> Scan,
+{
+    let bad = |r: String| file.corrupt("btree page", page::offset_of(page_id), r);
+    let bytes = Bytes::from_owner(block);
+    let Some(view) = page::LeafView::new(&bytes).map_err(bad)? else {
+        return Err(bad("not a leaf".into()));
+    };
+    let from = match start {
+        Bound::Unbounded => 0,
+        Bound::Included(s) => view.seek(s, false).map_err(bad)?,
+        Bound::Excluded(s) => view.seek(s, true).map_err(bad)?,
+    };
+    for i in from..view.count() {
+        let (k, v) = view.entry(i).map_err(bad)?;
+        if !before_end(&bytes[k.clone()], end) {
+            return Ok(Scan::Stop);
+        }
+        let value = match v {
+            page::LeafValue::Inline(r) => bytes.slice(r),
+            page::LeafValue::Big { len, page, crc } => {
+                file.read_big(&BigVal::stored(len, page, crc))?
+            }
+        };
+        if visit(&bytes.slice(k), &value) == Scan::Stop {
+            return Ok(Scan::Stop);
+        }
+    }
+    Ok(Scan::Continue)
 }
 
 /// Something a write removed from the tree whose space a later commit may
@@ -424,7 +530,7 @@ impl WriteCtx<'_> {
 
     /// Inserts or replaces `key` under `root`.
     pub fn put(&mut self, root: &mut Child, key: Bytes, value: Val) -> Result<()> {
-        self.put_in(root, key, value)?;
+        self.put_in(root, key.clone(), value, true)?;
         loop {
             let node = self.node_mut(root)?;
             if page::node_size(&node.kind) <= NODE_CAPACITY {
@@ -436,9 +542,10 @@ impl WriteCtx<'_> {
                     entries: Vec::new(),
                 },
             );
+            let append = is_append(&kind, &key);
             let mut keys = Vec::new();
             let mut children = Vec::new();
-            for (sep, part) in split(kind)? {
+            for (sep, part) in split(kind, append)? {
                 keys.push(if keys.is_empty() { Bytes::new() } else { sep });
                 children.push(Child::Mem(Arc::new(Node::dirty(part, self.epoch))));
             }
@@ -446,7 +553,9 @@ impl WriteCtx<'_> {
         }
     }
 
-    fn put_in(&mut self, child: &mut Child, key: Bytes, value: Val) -> Result<()> {
+    /// `rightmost`: `child` is on the tree's right edge (every ancestor's
+    /// last child).
+    fn put_in(&mut self, child: &mut Child, key: Bytes, value: Val, rightmost: bool) -> Result<()> {
         let node = self.node_mut(child)?;
         match &mut node.kind {
             NodeKind::Leaf { entries } => match search(entries, &key) {
@@ -458,22 +567,27 @@ impl WriteCtx<'_> {
             },
             NodeKind::Branch { keys, children } => {
                 let i = route(keys, &key);
+                let rightmost = rightmost && i + 1 == children.len();
                 let Some(c) = children.get_mut(i) else {
                     return Err(internal("branch without children"));
                 };
-                self.put_in(c, key, value)?;
-                self.split_child(keys, children, i)?;
+                self.put_in(c, key.clone(), value, rightmost)?;
+                self.split_child(keys, children, i, &key, rightmost)?;
             }
         }
         Ok(())
     }
 
-    /// Splits `children[i]` if it outgrew a page.
+    /// Splits `children[i]` if it outgrew a page. `key` is the key just
+    /// put under it; `rightmost` says `children[i]` is on the tree's right
+    /// edge.
     fn split_child(
         &mut self,
         keys: &mut Vec<Bytes>,
         children: &mut Vec<Child>,
         i: usize,
+        key: &[u8],
+        rightmost: bool,
     ) -> Result<()> {
         let node = self.node_mut(&mut children[i])?;
         if page::node_size(&node.kind) <= NODE_CAPACITY {
@@ -485,7 +599,11 @@ impl WriteCtx<'_> {
                 entries: Vec::new(),
             },
         );
-        let mut parts = split(kind)?.into_iter();
+        // Only an append at the right edge of the whole tree packs (keys
+        // that only grow, like revisions); a node inside the tree that grows
+        // at its end takes random inserts too, so it splits evenly.
+        let append = rightmost && is_append(&kind, key);
+        let mut parts = split(kind, append)?.into_iter();
         let Some((_, first)) = parts.next() else {
             return Err(internal("split produced nothing"));
         };
@@ -632,16 +750,37 @@ impl WriteCtx<'_> {
     }
 }
 
-/// Splits an oversized node into parts that each fit a page, of about equal
-/// size; each part comes with the smallest key it holds (its separator).
-fn split(kind: NodeKind) -> Result<Vec<(Bytes, NodeKind)>> {
+/// Whether `key` (just put into the node `kind`) lies past every other key
+/// of it: the last entry of a leaf, under the last child of a branch.
+fn is_append(kind: &NodeKind, key: &[u8]) -> bool {
+    match kind {
+        NodeKind::Leaf { entries } => entries.last().is_some_and(|e| e.key[..] == *key),
+        NodeKind::Branch { keys, .. } => {
+            keys.len() < 2 || keys.last().is_some_and(|k| k[..] <= *key)
+        }
+    }
+}
+
+/// Splits an oversized node into parts that each fit a page; each part
+/// comes with the smallest key it holds (its separator). The parts are of
+/// about equal size, except after an `append` at the tree's right edge:
+/// then all but the last are packed full, so keys that only grow (appends)
+/// leave full pages behind instead of half-empty ones.
+fn split(kind: NodeKind, append: bool) -> Result<Vec<(Bytes, NodeKind)>> {
+    let cuts_for = |sizes: &[usize]| {
+        if append {
+            packed_cut_points(sizes)
+        } else {
+            cut_points(sizes)
+        }
+    };
     match kind {
         NodeKind::Leaf { entries } => {
             let sizes: Vec<usize> = entries
                 .iter()
                 .map(|e| page::leaf_entry_size(&e.key, &e.value))
                 .collect();
-            let cuts = cut_points(&sizes)?;
+            let cuts = cuts_for(&sizes)?;
             let mut parts = Vec::with_capacity(cuts.len());
             let mut rest = entries;
             for &cut in cuts.iter().rev() {
@@ -656,7 +795,7 @@ fn split(kind: NodeKind) -> Result<Vec<(Bytes, NodeKind)>> {
         }
         NodeKind::Branch { keys, children } => {
             let sizes: Vec<usize> = keys.iter().map(|k| page::branch_entry_size(k)).collect();
-            let cuts = cut_points(&sizes)?;
+            let cuts = cuts_for(&sizes)?;
             let mut parts = Vec::with_capacity(cuts.len() + 1);
             let (mut rk, mut rc) = (keys, children);
             for &cut in cuts.iter().rev() {
@@ -691,29 +830,67 @@ fn split(kind: NodeKind) -> Result<Vec<(Bytes, NodeKind)>> {
 /// parts are about equally full. Returns the ascending start indices of
 /// every part but the first.
 fn cut_points(sizes: &[usize]) -> Result<Vec<usize>> {
-    let total: usize = sizes.iter().sum();
+    // prefix[i]: bytes of entries before i.
+    let mut prefix = Vec::with_capacity(sizes.len() + 1);
+    prefix.push(0usize);
+    for &s in sizes {
+        prefix.push(prefix[prefix.len() - 1] + s);
+    }
+    let total = prefix[sizes.len()];
     let mut parts = total.div_ceil(NODE_CAPACITY).max(2);
+    // Each cut goes where the running size comes closest to its share of
+    // the total (a cut at the first entry past the share would leave the
+    // last part short: 15 equal entries in two parts became 7, 7 and 1).
     while parts <= sizes.len() {
-        let target = total.div_ceil(parts);
-        let mut cuts = Vec::new();
-        let mut cur = 0;
-        let mut ok = true;
-        for (i, &s) in sizes.iter().enumerate() {
-            if cur > 0 && cur + s > target {
-                if cur > NODE_CAPACITY {
-                    ok = false;
-                }
-                cuts.push(i);
-                cur = 0;
-            }
-            cur += s;
+        let mut cuts = Vec::with_capacity(parts - 1);
+        let mut prev = 0;
+        for j in 1..parts {
+            let goal = total * j / parts;
+            let i = prefix.partition_point(|&p| p < goal);
+            let i = if i > 0 && goal - prefix[i - 1] < prefix[i].saturating_sub(goal) {
+                i - 1
+            } else {
+                i
+            };
+            let i = i.clamp(prev + 1, sizes.len() - (parts - j));
+            cuts.push(i);
+            prev = i;
         }
-        if ok && cur <= NODE_CAPACITY && !cuts.is_empty() {
+        let fits = cuts
+            .iter()
+            .chain(std::iter::once(&sizes.len()))
+            .scan(0, |start, &end| {
+                let part = prefix[end] - prefix[*start];
+                *start = end;
+                Some(part)
+            })
+            .all(|part| part <= NODE_CAPACITY);
+        if fits {
             return Ok(cuts);
         }
         parts += 1;
     }
     Err(internal("a node cannot be split into pages"))
+}
+
+/// Cut points that fill every part but the last to the page (greedily).
+fn packed_cut_points(sizes: &[usize]) -> Result<Vec<usize>> {
+    let mut cuts = Vec::new();
+    let mut cur = 0;
+    for (i, &s) in sizes.iter().enumerate() {
+        if s > NODE_CAPACITY {
+            return Err(internal("an entry larger than a page"));
+        }
+        if cur > 0 && cur + s > NODE_CAPACITY {
+            cuts.push(i);
+            cur = 0;
+        }
+        cur += s;
+    }
+    if cuts.is_empty() {
+        return Err(internal("splitting a node that fits a page"));
+    }
+    Ok(cuts)
 }
 
 /// Drops resident clean nodes from the tree under `child`, leaving page
@@ -770,6 +947,95 @@ mod tests {
                 start = c;
             }
         }
+    }
+
+    #[test]
+    fn an_overflowing_node_splits_in_two_halves() {
+        let mut sizes = vec![279; 15];
+        sizes[7] = 280;
+        assert_eq!(cut_points(&sizes).unwrap(), vec![8]);
+        assert_eq!(cut_points(&[1000; 9]).unwrap(), vec![3, 6]);
+    }
+
+    #[test]
+    fn packed_cuts_fill_pages_and_keep_the_rest() {
+        let sizes = vec![279; 15];
+        let cuts = packed_cut_points(&sizes).unwrap();
+        assert_eq!(cuts, vec![14]);
+        let cuts = packed_cut_points(&[1000; 9]).unwrap();
+        assert_eq!(cuts, vec![4, 8]);
+        assert!(packed_cut_points(&[10; 3]).is_err());
+    }
+
+    fn leaf_sizes(child: &Child, out: &mut Vec<usize>) {
+        let Child::Mem(n) = child else {
+            panic!("written tree")
+        };
+        match &n.kind {
+            NodeKind::Leaf { .. } => out.push(page::node_size(&n.kind)),
+            NodeKind::Branch { children, .. } => {
+                for c in children {
+                    leaf_sizes(c, out);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn appends_at_the_right_edge_leave_full_leaves() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::File::create(&path).unwrap();
+        let cache = Arc::new(crate::io::BlockCache::new(1 << 20));
+        let file = DataFile::open(&path, cache).unwrap();
+        let mut ctx = WriteCtx {
+            file: &file,
+            epoch: 1,
+            freed: Vec::new(),
+            touched: 0,
+        };
+        let mut root = Child::Mem(Arc::new(Node::empty_leaf(1)));
+        for i in 0..3000u32 {
+            let key = Bytes::from(format!("k{i:015}"));
+            ctx.put(&mut root, key, Val::Inline(Bytes::from(vec![7u8; 256])))
+                .unwrap();
+        }
+        let mut sizes = Vec::new();
+        leaf_sizes(&root, &mut sizes);
+        let full = NODE_CAPACITY
+            - page::leaf_entry_size(
+                b"k000000000000000",
+                &Val::Inline(Bytes::from(vec![0u8; 256])),
+            );
+        let last = sizes.pop().unwrap();
+        assert!(last > 0);
+        assert!(sizes.iter().all(|&s| s > full), "{sizes:?}");
+        // Inserting in the middle afterwards still splits evenly.
+        let mut ctx = WriteCtx {
+            file: &file,
+            epoch: 1,
+            freed: Vec::new(),
+            touched: 0,
+        };
+        ctx.put(
+            &mut root,
+            Bytes::from("k000000000000100x"),
+            Val::Inline(Bytes::from(vec![7u8; 256])),
+        )
+        .unwrap();
+        let mut after = Vec::new();
+        leaf_sizes(&root, &mut after);
+        assert_eq!(after.len(), sizes.len() + 2, "{sizes:?} {after:?}");
+        assert!(after.iter().all(|&s| s <= NODE_CAPACITY));
+        // (The last leaf, still filling, aside.)
+        assert_eq!(
+            after[..after.len() - 1]
+                .iter()
+                .filter(|&&s| s < NODE_CAPACITY / 2 + 300)
+                .count(),
+            2,
+            "{after:?}"
+        );
     }
 
     #[test]

@@ -112,6 +112,11 @@ impl Memtable {
     /// The newest version of `key` with a sequence <= `seq`: `Some(None)`
     /// is a tombstone, `None` means this memtable knows nothing of it.
     pub fn get(&self, key: &[u8], seq: u64) -> Option<Option<Bytes>> {
+        // Spares the probe key's allocation on a fresh memtable (the
+        // common case right after a rotation or persist).
+        if self.map.is_empty() {
+            return None;
+        }
         let probe = InternalKey {
             key: Bytes::copy_from_slice(key),
             seq,
