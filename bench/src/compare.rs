@@ -750,13 +750,8 @@ pub fn compare_cmd(args: CompareArgs) -> Result<(), String> {
     let etcd_version = command_output(&etcd_bin, &["--version"])
         .and_then(|v| v.lines().next().map(str::to_string))
         .unwrap_or_else(|| format!("{etcd_bin}: version unknown"));
-    let header = vec![
-        format!("machine: {}", machine_line()),
-        format!("command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
-        format!(
-            "date: {}",
-            command_output("date", &[]).unwrap_or_else(|| "unknown".into())
-        ),
+    let mut header = run_header();
+    header.extend([
         format!(
             "etcd: `{}` ({etcd_version}); metcd: `{}`",
             args.etcd.display(),
@@ -768,7 +763,7 @@ pub fn compare_cmd(args: CompareArgs) -> Result<(), String> {
             ((10_000.0 * args.scale).round() as u64).max(1),
             ((100_000.0 * args.scale).round() as u64).max(1),
         ),
-    ];
+    ]);
     let cases = etcd_docs();
     let mut tables = Vec::new();
     for &members in &args.members {
@@ -805,6 +800,21 @@ pub fn compare_cmd(args: CompareArgs) -> Result<(), String> {
     } else {
         Err("no case ran on either system".into())
     }
+}
+
+/// The lines every report starts with: machine, command, date.
+fn run_header() -> Vec<String> {
+    vec![
+        format!("machine: {}", machine_line()),
+        format!(
+            "command: `{}`",
+            std::env::args().collect::<Vec<_>>().join(" ")
+        ),
+        format!(
+            "date: {}",
+            command_output("date", &[]).unwrap_or_else(|| "unknown".into())
+        ),
+    ]
 }
 
 fn metcd_bin(args: &CompareArgs) -> Result<PathBuf, String> {
@@ -941,21 +951,14 @@ fn profiles_cmd(args: &CompareArgs) -> Result<(), String> {
         let results = run_system(System::Metcd, &metcd, 1, &extra, &cases, args.scale);
         rows.push(ProfileRow { profile, results });
     }
-    let header = vec![
-        format!("machine: {}", machine_line()),
-        format!("command: `{}`", std::env::args().collect::<Vec<_>>().join(" ")),
-        format!(
-            "date: {}",
-            command_output("date", &[]).unwrap_or_else(|| "unknown".into())
-        ),
-        format!(
+    let mut header = run_header();
+    header.push(format!(
             "one metcd member per profile of `{}` (its flags from `--config`, data and ports from the tool); scale {}: {} requests at 1 client, {} otherwise, each case at most {CASE_SECONDS} s; same metcd-bench client for all",
             dir.display(),
             args.scale,
             ((10_000.0 * args.scale).round() as u64).max(1),
             ((100_000.0 * args.scale).round() as u64).max(1),
-        ),
-    ];
+        ));
     let section = render_profiles(&header, &rows);
     println!("{section}");
     let doc = std::fs::read_to_string(&args.profiles_out).unwrap_or_default();

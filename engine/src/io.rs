@@ -6,12 +6,13 @@
 //! never hide a short read or write, and every error it returns names the
 //! file and the offset involved, so corruption reports point somewhere.
 //!
-//! Writes and syncs are submitted on a small io_uring ring owned by the file
-//! (one submission for a whole batch of pages, then `fdatasync` as a ring
-//! op), and wait for completion: the engines call them from a commit or a
-//! flush, off the request path. Reads are positional `pread`s into aligned
-//! buffers so any thread can read without sharing a ring; the block cache in
-//! front keeps them rare.
+//! Writes and syncs are submitted on an io_uring ring owned by the file (a
+//! whole batch of pages kept in flight, then `fdatasync` as a ring op), and
+//! wait for completion: the engines call them from a commit or a flush, off
+//! the request path. Single reads are positional `pread`s into aligned
+//! buffers so any thread can read without sharing a ring; batches of reads
+//! (read-ahead) go through a ring of the calling thread. The block cache in
+//! front keeps reads rare.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -27,10 +28,6 @@ use crate::{Error, Result};
 /// Alignment (and granularity) of every direct I/O: offsets, lengths and
 /// buffer addresses are multiples of it.
 pub const ALIGN: usize = 4096;
-
-/// Entries of each file's ring: one batch submits at most this many writes
-/// at once and loops for more.
-const RING_ENTRIES: u32 = 64;
 
 /// A heap buffer aligned to [`ALIGN`] whose length is a multiple of it.
 pub struct AlignedBuf {
@@ -163,54 +160,34 @@ impl DirectFile {
             .map_err(|e| Error::io_at(&self.path, offset, e))
     }
 
-    /// Writes every `(offset, buffer)` pair (offsets aligned) in as few
-    /// io_uring submissions as the ring allows, and waits for all of them.
-    /// Not durable until [`DirectFile::sync_data`].
+    /// Writes every `(offset, buffer)` pair (offsets aligned), kept in
+    /// flight together on the file's io_uring ring, and waits for all of
+    /// them. Not durable until [`DirectFile::sync_data`].
     pub fn write_all_at(&self, writes: &[(u64, &AlignedBuf)]) -> Result<()> {
         let fd = types::Fd(self.file.as_raw_fd());
-        for chunk in writes.chunks(RING_ENTRIES as usize) {
-            let mut ops = Vec::with_capacity(chunk.len());
-            for (i, (offset, buf)) in chunk.iter().enumerate() {
-                check_aligned(&self.path, *offset)?;
-                let len = u32::try_from(buf.len()).map_err(|_| {
-                    Error::io_at(
-                        &self.path,
-                        *offset,
-                        std::io::Error::other("write too large"),
-                    )
-                })?;
-                ops.push(
-                    opcode::Write::new(fd, buf.as_ptr(), len)
-                        .offset(*offset)
-                        .build()
-                        .user_data(i as u64),
-                );
-            }
-            // SAFETY: every buffer is borrowed from `writes` for this whole
-            // call, and `run` returns only once every submitted op has
-            // completed (or the ring, with anything unsubmitted, is gone).
-            let results = unsafe { self.run(&ops, chunk[0].0) }?;
-            for ((offset, buf), res) in chunk.iter().zip(results) {
-                if res < 0 {
-                    return Err(Error::io_at(
-                        &self.path,
-                        *offset,
-                        std::io::Error::from_raw_os_error(-res),
-                    ));
-                }
-                if res as usize != buf.len() {
-                    return Err(Error::io_at(
-                        &self.path,
-                        *offset,
-                        std::io::Error::new(
-                            std::io::ErrorKind::WriteZero,
-                            format!("short write: {res} of {} bytes", buf.len()),
-                        ),
-                    ));
-                }
-            }
+        let mut ops = Vec::with_capacity(writes.len());
+        for (i, (offset, buf)) in writes.iter().enumerate() {
+            check_aligned(&self.path, *offset)?;
+            let len = u32::try_from(buf.len()).map_err(|_| {
+                Error::io_at(
+                    &self.path,
+                    *offset,
+                    std::io::Error::other("write too large"),
+                )
+            })?;
+            ops.push(
+                opcode::Write::new(fd, buf.as_ptr(), len)
+                    .offset(*offset)
+                    .build()
+                    .user_data(i as u64),
+            );
         }
-        Ok(())
+        let first = writes.first().map_or(0, |w| w.0);
+        // SAFETY: every buffer is borrowed from `writes` for this whole
+        // call, and `run` returns only once every submitted op has
+        // completed (or the ring, with anything unsubmitted, is gone).
+        let results = unsafe { self.run(&ops, first) }?;
+        self.check_results(writes.iter().map(|(o, b)| (*o, b.len())), &results, "write")
     }
 
     /// `fdatasync` as an io_uring op: everything written before is durable.
@@ -236,48 +213,17 @@ impl DirectFile {
         }
     }
 
-    /// Submits `ops` (at most [`RING_ENTRIES`], `user_data` = their index)
-    /// and waits for every completion; returns each op's result in order.
-    /// Interrupted waits are retried. On any other failure the ring is
-    /// dropped, so nothing left in it can complete into a later call.
+    /// Runs `ops` (`user_data` = their index) on the file's own ring and
+    /// waits for every completion; returns each op's result in order. On a
+    /// failure the ring is dropped, so nothing left in it can complete into
+    /// a later call.
     ///
     /// # Safety
     /// Memory the ops point to must stay valid until this returns.
     unsafe fn run(&self, ops: &[io_uring::squeue::Entry], offset: u64) -> Result<Vec<i32>> {
         let mut slot = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-        let result = (|| {
-            let ring = self.ring_of(&mut slot)?;
-            for op in ops {
-                // SAFETY: guaranteed by the caller.
-                unsafe { ring.submission().push(op) }.map_err(|_| {
-                    Error::io_at(
-                        &self.path,
-                        offset,
-                        std::io::Error::other("io_uring queue full"),
-                    )
-                })?;
-            }
-            let mut results = vec![0i32; ops.len()];
-            let mut done = 0;
-            while done < ops.len() {
-                match ring.submit_and_wait(1) {
-                    Ok(_) => {}
-                    Err(e)
-                        if matches!(
-                            e.raw_os_error(),
-                            Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                        ) => {}
-                    Err(e) => return Err(Error::io_at(&self.path, offset, e)),
-                }
-                for cqe in ring.completion() {
-                    if let Some(r) = results.get_mut(cqe.user_data() as usize) {
-                        *r = cqe.result();
-                        done += 1;
-                    }
-                }
-            }
-            Ok(results)
-        })();
+        // SAFETY: guaranteed by the caller.
+        let result = unsafe { self.run_pipelined_on(&mut slot, ops, offset) };
         if result.is_err() {
             *slot = None;
         }
@@ -290,25 +236,10 @@ impl DirectFile {
             .set_len(len)
             .map_err(|e| Error::io_at(&self.path, len, e))
     }
-
-    fn ring_of<'a>(&self, slot: &'a mut Option<IoUring>) -> Result<&'a mut IoUring> {
-        if slot.is_none() {
-            let ring = IoUring::new(RING_ENTRIES).map_err(|e| Error::io_at(&self.path, 0, e))?;
-            *slot = Some(ring);
-        }
-        match slot.as_mut() {
-            Some(r) => Ok(r),
-            None => Err(Error::io_at(
-                &self.path,
-                0,
-                std::io::Error::other("no ring"),
-            )),
-        }
-    }
 }
 
-/// Depth of the per-thread rings of [`DirectFile::read_many_at`]:
-/// operations kept in flight at once.
+/// Depth of every ring (a file's own, and the per-thread rings of
+/// [`DirectFile::read_many_at`]): operations kept in flight at once.
 const DEEP_RING_ENTRIES: u32 = 256;
 
 thread_local! {
