@@ -89,14 +89,18 @@ impl FromStr for EngineKind {
 /// An on-disk engine that persists itself (the Raft WAL covers what it has
 /// not persisted yet).
 trait DiskEngine: Engine + Clone + Send + Sync + Sized {
-    fn open_dir(dir: &Path) -> Result<Self>;
+    fn open_dir(dir: &Path, cache_bytes: usize) -> Result<Self>;
     /// Blocking: writes and syncs everything applied so far.
     fn persist(&self) -> Result<u64>;
 }
 
 impl DiskEngine for BtreeEngine {
-    fn open_dir(dir: &Path) -> Result<Self> {
-        BtreeEngine::open(dir, Default::default())
+    fn open_dir(dir: &Path, cache_bytes: usize) -> Result<Self> {
+        let options = crate::btree::BtreeOptions {
+            cache_bytes,
+            ..Default::default()
+        };
+        BtreeEngine::open(dir, options)
     }
     fn persist(&self) -> Result<u64> {
         BtreeEngine::persist(self)
@@ -104,8 +108,12 @@ impl DiskEngine for BtreeEngine {
 }
 
 impl DiskEngine for LsmEngine {
-    fn open_dir(dir: &Path) -> Result<Self> {
-        LsmEngine::open(dir, Default::default())
+    fn open_dir(dir: &Path, cache_bytes: usize) -> Result<Self> {
+        let options = crate::lsm::LsmOptions {
+            block_cache_bytes: cache_bytes,
+            ..Default::default()
+        };
+        LsmEngine::open(dir, options)
     }
     fn persist(&self) -> Result<u64> {
         LsmEngine::persist(self)
@@ -207,7 +215,12 @@ impl AnyEngine {
 pub struct EngineDir {
     dir: PathBuf,
     kind: EngineKind,
+    /// Block cache of the btree and lsm engines.
+    cache_bytes: usize,
 }
+
+/// The btree/lsm block cache unless configured (`--engine-cache-bytes`).
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 impl EngineDir {
     /// Opens `dir` for `kind`: a new directory records `kind`; one that
@@ -247,7 +260,15 @@ impl EngineDir {
         Ok(EngineDir {
             dir: dir.to_path_buf(),
             kind,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         })
+    }
+
+    /// Sizes the block cache of the btree and lsm engines (they read with
+    /// O_DIRECT, so this cache is all the memory their reads get).
+    pub fn with_cache_bytes(mut self, cache_bytes: usize) -> EngineDir {
+        self.cache_bytes = cache_bytes;
+        self
     }
 
     pub fn kind(&self) -> EngineKind {
@@ -360,7 +381,7 @@ impl EngineDir {
         };
         // Directories of interrupted or superseded installs.
         self.remove_dbs_except(n)?;
-        E::open_dir(&db)
+        E::open_dir(&db, self.cache_bytes)
     }
 
     fn install_disk<E: DiskEngine>(&self, file: &Path) -> Result<E> {
@@ -373,7 +394,7 @@ impl EngineDir {
         remove_dir_if_present(&db)?;
         std::fs::create_dir_all(&db).map_err(|e| Error::io("create", &db, e))?;
         crate::io::sync_dir(&self.dir)?;
-        let engine = E::open_dir(&db)?;
+        let engine = E::open_dir(&db, self.cache_bytes)?;
         // Streamed in batches, persisted every INSTALL_PERSIST_BYTES so the
         // engine's unpersisted state stays bounded whatever the snapshot's
         // size; db.current still names the old db until the end, so a

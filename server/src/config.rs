@@ -44,6 +44,10 @@ pub struct Config {
     /// Storage engine: `memory`, `btree` or `lsm` (recorded in the data
     /// dir at first start; another engine is refused later).
     pub engine: String,
+    /// Block cache of the btree and lsm engines, in bytes. They read with
+    /// O_DIRECT, so this is all the memory their reads get: size it like
+    /// a database buffer pool (up to the data size).
+    pub engine_cache_bytes: usize,
     /// Executor cores; 0 = every core.
     pub shards: usize,
     /// Applied entries between two snapshots (then WAL segments are released).
@@ -114,6 +118,7 @@ impl Default for Config {
             listen_peer_urls: None,
             max_txn_ops: 128,
             engine: "memory".into(),
+            engine_cache_bytes: engine::any::DEFAULT_CACHE_BYTES,
             shards: 0,
             snapshot_count: 100_000,
             heartbeat_interval: 100,
@@ -175,6 +180,8 @@ pub struct Flags {
     pub max_txn_ops: Option<usize>,
     #[arg(long)]
     pub engine: Option<String>,
+    #[arg(long)]
+    pub engine_cache_bytes: Option<usize>,
     #[arg(long)]
     pub shards: Option<usize>,
     #[arg(long)]
@@ -305,6 +312,7 @@ impl Config {
             initial_cluster_state,
             max_txn_ops,
             engine,
+            engine_cache_bytes,
             shards,
             snapshot_count,
             heartbeat_interval,
@@ -498,6 +506,13 @@ impl Config {
         }
         if self.name.is_empty() {
             return Err(invalid("name", self.name.clone(), "must not be empty"));
+        }
+        if self.engine_cache_bytes < 1 << 20 {
+            return Err(invalid(
+                "engine-cache-bytes",
+                self.engine_cache_bytes.to_string(),
+                "must be at least 1 MiB",
+            ));
         }
         self.validate_peer_tls()?;
         if self.max_request_bytes == 0 || self.max_request_bytes > 64 << 20 {
@@ -722,6 +737,21 @@ impl Config {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn engine_cache_bytes_has_a_floor() {
+        let load = |v: &str| {
+            Config::from_flags(Flags::parse_from(["metcd", "--engine-cache-bytes", v]))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(load("268435456").unwrap().engine_cache_bytes, 256 << 20);
+        let err = load("4096").unwrap_err();
+        assert!(err.contains("at least 1 MiB"), "{err}");
+        assert_eq!(
+            Config::default().engine_cache_bytes,
+            engine::any::DEFAULT_CACHE_BYTES
+        );
+    }
 
     #[test]
     fn peer_tls_flags_go_together_with_https_peer_urls() {

@@ -425,7 +425,8 @@ impl Node {
                 }
             }
         }
-        let engine_dir = EngineDir::open(&dirs.snap, cfg.engine_kind())?;
+        let engine_dir = EngineDir::open(&dirs.snap, cfg.engine_kind())?
+            .with_cache_bytes(cfg.engine_cache_bytes);
         let engine = engine_dir.open_engine()?;
         let engine_applied = engine.applied_index();
         let recovered = wal::recover(&dirs.wal)?;

@@ -92,6 +92,9 @@ fn writes_survive_kill9_with(engine: &str) {
         &[
             "--engine",
             engine,
+            // A small cache: reads after restart go to the files.
+            "--engine-cache-bytes",
+            "2097152",
             "--shards",
             "2",
             "--snapshot-count",
