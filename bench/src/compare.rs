@@ -583,18 +583,8 @@ impl Cluster {
             let found = load::run_on_executor(None, move || async move {
                 let mut leader = None;
                 for ep in &endpoints {
-                    let status = async {
-                        let mut conn = grpc::Conn::connect(ep).await?;
-                        conn.unary::<_, pb::StatusResponse>(
-                            "/etcdserverpb.Maintenance/Status",
-                            &pb::StatusRequest {},
-                        )
-                        .await
-                    }
-                    .await;
-                    let s = status.ok()?;
-                    let member = s.header.as_ref().map_or(0, |h| h.member_id);
-                    if s.leader != 0 && s.leader == member {
+                    // Every member must answer before the cluster counts as up.
+                    if load::leader_member(ep).await.ok()?.is_some() {
                         leader = Some(ep.clone());
                     }
                 }

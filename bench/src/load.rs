@@ -102,6 +102,17 @@ fn strip_scheme(endpoint: &str) -> &str {
         .trim_end_matches('/')
 }
 
+/// Asks `endpoint` for Maintenance/Status: its member ID if that member
+/// is the leader, `None` if it answered and is not.
+pub async fn leader_member(endpoint: &str) -> Result<Option<u64>, String> {
+    let mut conn = grpc::Conn::connect(endpoint).await?;
+    let s = conn
+        .unary::<_, pb::StatusResponse>("/etcdserverpb.Maintenance/Status", &pb::StatusRequest {})
+        .await?;
+    let member = s.header.as_ref().map_or(0, |h| h.member_id);
+    Ok((s.leader != 0 && s.leader == member).then_some(member))
+}
+
 /// The endpoints to load: all of them, or only the leader.
 async fn endpoints(args: &LoadArgs) -> Result<Vec<String>, String> {
     let all: Vec<String> = args
@@ -117,23 +128,12 @@ async fn endpoints(args: &LoadArgs) -> Result<Vec<String>, String> {
         return Ok(all);
     }
     for endpoint in &all {
-        let status = async {
-            let mut conn = grpc::Conn::connect(endpoint).await?;
-            conn.unary::<_, pb::StatusResponse>(
-                "/etcdserverpb.Maintenance/Status",
-                &pb::StatusRequest {},
-            )
-            .await
-        }
-        .await;
-        match status {
-            Ok(s) => {
-                let member = s.header.as_ref().map_or(0, |h| h.member_id);
-                if s.leader != 0 && s.leader == member {
-                    eprintln!("metcd-bench: --target-leader: {endpoint} (member {member:x})");
-                    return Ok(vec![endpoint.clone()]);
-                }
+        match leader_member(endpoint).await {
+            Ok(Some(member)) => {
+                eprintln!("metcd-bench: --target-leader: {endpoint} (member {member:x})");
+                return Ok(vec![endpoint.clone()]);
             }
+            Ok(None) => {}
             Err(e) => eprintln!("metcd-bench: status of {endpoint}: {e}"),
         }
     }

@@ -167,14 +167,7 @@ impl DirectFile {
         let fd = types::Fd(self.file.as_raw_fd());
         let mut ops = Vec::with_capacity(writes.len());
         for (i, (offset, buf)) in writes.iter().enumerate() {
-            check_aligned(&self.path, *offset)?;
-            let len = u32::try_from(buf.len()).map_err(|_| {
-                Error::io_at(
-                    &self.path,
-                    *offset,
-                    std::io::Error::other("write too large"),
-                )
-            })?;
+            let len = self.op_len(*offset, buf.len(), "write")?;
             ops.push(
                 opcode::Write::new(fd, buf.as_ptr(), len)
                     .offset(*offset)
@@ -258,10 +251,7 @@ impl DirectFile {
         let fd = types::Fd(self.file.as_raw_fd());
         let mut ops = Vec::with_capacity(reads.len());
         for (i, (offset, buf)) in reads.iter_mut().enumerate() {
-            check_aligned(&self.path, *offset)?;
-            let len = u32::try_from(buf.len()).map_err(|_| {
-                Error::io_at(&self.path, *offset, std::io::Error::other("read too large"))
-            })?;
+            let len = self.op_len(*offset, buf.len(), "read")?;
             ops.push(
                 opcode::Read::new(fd, buf.as_mut_ptr(), len)
                     .offset(*offset)
@@ -275,6 +265,19 @@ impl DirectFile {
         // op has completed (or the ring is gone).
         let results = unsafe { self.run_pipelined(&ops, first) }?;
         self.check_results(reads.iter().map(|(o, b)| (*o, b.len())), &results, "read")
+    }
+
+    /// Checks one ring op's offset alignment and returns its length as the
+    /// ring wants it.
+    fn op_len(&self, offset: u64, len: usize, what: &str) -> Result<u32> {
+        check_aligned(&self.path, offset)?;
+        u32::try_from(len).map_err(|_| {
+            Error::io_at(
+                &self.path,
+                offset,
+                std::io::Error::other(format!("{what} too large")),
+            )
+        })
     }
 
     fn check_results(

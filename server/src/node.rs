@@ -1009,15 +1009,9 @@ impl Node {
             .await
     }
 
-    /// Serves a read from the applied state on this core. Every write that
-    /// was acknowledged is already applied, so on a single member this is
-    /// linearizable.
-    pub fn range(&self, req: &mvcc::RangeRequest) -> Result<mvcc::RangeResponse> {
-        Ok(self.mvcc.borrow().range(req)?)
-    }
-
     /// The owner's half of a range (index walk and a snapshot); the caller
-    /// loads the values, on its own core.
+    /// loads the values, on its own core. Every write that was acknowledged
+    /// is already applied, so on a single member this is linearizable.
     pub fn start_range(
         &self,
         req: mvcc::RangeRequest,
@@ -1037,6 +1031,13 @@ impl Node {
         let path = self.dirs.snap.join(format!("backup-{n:016x}.stream"));
         let bytes = engine::memory::write_snapshot_file_off_core(snapshot, &path).await?;
         Ok((path, bytes, revision))
+    }
+
+    /// Hands one feed item to every shard's watch hub (they only enqueue).
+    fn feed_watchers(&self, item: &crate::watch::Feed) {
+        for subscriber in self.watch_subscribers.borrow().iter() {
+            subscriber(item);
+        }
     }
 
     /// Registers a receiver of applied events; it must only enqueue.
@@ -1440,10 +1441,7 @@ impl Node {
             }
         }
         let revision = self.mvcc.borrow().current_revision();
-        let item = crate::watch::Feed::Restored { revision };
-        for subscriber in self.watch_subscribers.borrow().iter() {
-            subscriber(&item);
-        }
+        self.feed_watchers(&crate::watch::Feed::Restored { revision });
         log(format_args!(
             "installed the leader's snapshot at index {index} (term {}, revision {revision}); \
              watchers re-read the events it covers",
@@ -1685,10 +1683,7 @@ impl Node {
             }
         }
         if !events.is_empty() {
-            let item = crate::watch::Feed::Events(events.into());
-            for subscriber in self.watch_subscribers.borrow().iter() {
-                subscriber(&item);
-            }
+            self.feed_watchers(&crate::watch::Feed::Events(events.into()));
         }
         Ok(())
     }
