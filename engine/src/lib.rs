@@ -17,6 +17,8 @@
 pub mod any;
 pub mod btree;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod io;
 pub mod lsm;
 pub mod memory;

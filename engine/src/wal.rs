@@ -844,6 +844,44 @@ async fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::glommio("close_dir", dir, e))
 }
 
+/// Fuzzing: builds segment 1 (first index 1) in `dir` from `data` and
+/// recovers it. The first byte's low bit puts a valid header record first;
+/// the rest is cut into frames, each a length byte (× 4) and that many
+/// payload bytes, framed with a valid length and checksum. A cut-short last
+/// chunk is written raw, as a torn tail would be.
+pub(crate) fn fuzz_recover(dir: &Path, data: &[u8]) -> Result<()> {
+    const SEQ: u64 = 1;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io("create dir", dir, e))?;
+    let Some((&flags, mut rest)) = data.split_first() else {
+        return Ok(());
+    };
+    let mut file = Vec::new();
+    let frame = |file: &mut Vec<u8>, payload: &[u8]| {
+        file.put_u32_le(payload.len() as u32);
+        file.put_u32_le(crc(SEQ, payload));
+        file.extend_from_slice(payload);
+        file.resize(padded(file.len()), 0);
+    };
+    if flags & 1 == 1 {
+        let mut payload = Vec::new();
+        encode_record(&mut payload, KIND_HEADER, 0, &header_bytes(SEQ, 1));
+        frame(&mut file, &payload);
+    }
+    while let Some((&len, tail)) = rest.split_first() {
+        let len = usize::from(len) * 4;
+        if len > tail.len() {
+            file.extend_from_slice(tail);
+            break;
+        }
+        let (payload, next) = tail.split_at(len);
+        frame(&mut file, payload);
+        rest = next;
+    }
+    let path = dir.join(segment_name(SEQ, 1));
+    std::fs::write(&path, &file).map_err(|e| Error::io("write", &path, e))?;
+    recover(dir).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -9,6 +9,8 @@ pub mod api;
 pub mod compactor;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ids;
 pub mod lease;
 pub mod members;

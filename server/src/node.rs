@@ -78,7 +78,7 @@ const TAG_MEMBER_ATTRS: u8 = 4;
 const TAG_CONF_RECORD: u8 = 5;
 const TAG_MEMBER_PEERS: u8 = 6;
 
-enum Decoded {
+pub(crate) enum Decoded {
     Kv(mvcc::Request),
     LeaseGrant {
         id: i64,
@@ -94,7 +94,7 @@ enum Decoded {
     MemberPeers(MemberRecord),
 }
 
-fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decoded)> {
+pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decoded)> {
     if data.len() < HEADER_BYTES {
         return None;
     }

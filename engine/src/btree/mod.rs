@@ -79,6 +79,7 @@ use bytes::Bytes;
 
 use crate::io::{sync_dir, AlignedBuf, BlockCache, DirectFile};
 use crate::{BatchOp, Engine, EngineSnapshot, Error, Result, Scan, WriteBatch};
+pub(crate) use page::{fuzz_decoders as fuzz_page, fuzz_sealed_file};
 use page::{offset_of, pages_for, Meta, MetaSlot, INLINE_MAX, NODE_CAPACITY};
 use tree::{BigVal, Child, Entry, Freed, Node, NodeKind, Val, WriteCtx};
 
@@ -1217,7 +1218,8 @@ fn read_meta(file: &DataFile) -> Result<Meta> {
         return Err(bad(format!("root page {} out of range", meta.root)));
     }
     if meta.freelist_pages > 0
-        && (meta.freelist_page < 2 || meta.freelist_page + meta.freelist_pages > meta.page_count)
+        && (meta.freelist_page < 2
+            || meta.freelist_page.saturating_add(meta.freelist_pages) > meta.page_count)
     {
         return Err(bad(format!(
             "free list page {} out of range",

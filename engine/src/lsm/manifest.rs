@@ -179,6 +179,23 @@ pub(crate) fn write(dir: &Path, state: &ManifestState, ctx: &str) -> Result<()> 
     sync_dir(dir)
 }
 
+/// Fuzzing: `data` decoded as a manifest as given, then with magic,
+/// version, body length and checksum made valid around it.
+pub(crate) fn fuzz_decode(data: &[u8]) {
+    let path = Path::new("fuzz-manifest");
+    let _ = ManifestState::decode(path, data);
+    let mut sealed = Vec::with_capacity(HEADER_BYTES + data.len() + 4);
+    sealed.extend_from_slice(MANIFEST_MAGIC);
+    sealed.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let Ok(len) = u32::try_from(data.len()) else {
+        return;
+    };
+    sealed.extend_from_slice(&len.to_le_bytes());
+    sealed.extend_from_slice(data);
+    seal(&mut sealed);
+    let _ = ManifestState::decode(path, &sealed);
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

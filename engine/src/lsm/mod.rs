@@ -72,6 +72,9 @@ mod manifest;
 mod memtable;
 mod sst;
 
+pub(crate) use manifest::fuzz_decode as fuzz_manifest;
+pub(crate) use sst::{fuzz_block, fuzz_table};
+
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::ops::Bound;

@@ -1,0 +1,206 @@
+//! Fuzzing entry points for the server's own decoders: what a WAL record,
+//! a committed Raft entry or a peer's frame can hand the apply path. They
+//! serve the libFuzzer targets in `fuzz/` (nightly, `cargo fuzz`); the
+//! tests below replay seeded random and mutated inputs through them on
+//! stable in CI. (The engine's file decoders are in `engine::fuzzing`.)
+//!
+//! The contract under test: a decoder returns a value or an error; it never
+//! panics and never allocates by a length it has not checked against its
+//! input. Checksums in the WAL and peer frames sit in front of all of
+//! these, so what reaches them is a bug or a collision, not line noise;
+//! they must hold anyway.
+
+use bytes::Bytes;
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChange, ConfChangeV2, EntryType, Message};
+
+use crate::{members, mvcc, node, raftlog};
+
+/// A WAL entry record as the Raft log reads it back, and the conf change
+/// it carries when it says it is one; plus the same bytes as a hard-state
+/// record and as a snapshot marker.
+pub fn raft_log_records(data: &[u8]) {
+    if let Ok(entry) = raftlog::decode_entry(1, Bytes::copy_from_slice(data)) {
+        match entry.entry_type {
+            EntryType::EntryConfChange => {
+                let _ = ConfChange::parse_from_bytes(&entry.data);
+            }
+            EntryType::EntryConfChangeV2 => {
+                let _ = ConfChangeV2::parse_from_bytes(&entry.data);
+            }
+            EntryType::EntryNormal => {}
+        }
+        let _ = node::decode_proposal(entry.context);
+    }
+    let _ = raftlog::decode_hard_state(data);
+    let _ = raftlog::decode_snapshot_meta(1, data);
+}
+
+/// A committed entry's data: the proposal header and its body (a KV
+/// request, a lease or a member record).
+pub fn proposal(data: &[u8]) {
+    let _ = node::decode_proposal(Bytes::copy_from_slice(data));
+}
+
+/// A KV request payload (mvcc's log encoding), and the same bytes as a
+/// stored key revision.
+pub fn kv_request(data: &[u8]) {
+    let bytes = Bytes::copy_from_slice(data);
+    let _ = mvcc::codec::decode_shared(&bytes);
+    let _ = mvcc::codec::decode_kv_key(data);
+    let _ = mvcc::codec::decode_kv(&bytes, 1);
+}
+
+/// A member record (JSON in the log and in MVCC metadata).
+pub fn member_record(data: &[u8]) {
+    let _ = members::decode(data);
+}
+
+/// A peer frame's body: a raft message as the transport parses it.
+pub fn peer_message(data: &[u8]) {
+    let _ = Message::parse_from_bytes(data);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::mvcc::{
+        Compare, CompareResult, CompareTarget, PutRequest, Request, RequestOp, TargetUnion,
+        TxnRequest,
+    };
+
+    /// Inputs per target; bounded so the test stays in seconds.
+    const INPUTS: usize = 3000;
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+
+        fn mutate(&mut self, seed: &[u8]) -> Vec<u8> {
+            let mut out = seed.to_vec();
+            for _ in 0..1 + self.below(6) {
+                if out.is_empty() {
+                    break;
+                }
+                let at = self.below(out.len());
+                match self.below(4) {
+                    0 => out[at] ^= 1 << self.below(8),
+                    1 => out[at] = [0x00, 0x01, 0x7f, 0x80, 0xff][self.below(5)],
+                    2 => out.insert(at, self.next() as u8),
+                    _ => out.truncate(at + 1),
+                }
+            }
+            out
+        }
+    }
+
+    fn put(key: &str) -> RequestOp {
+        RequestOp::Put(PutRequest {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Bytes::from_static(b"value"),
+            lease: 7,
+            prev_kv: true,
+            ..Default::default()
+        })
+    }
+
+    /// A nested txn with every kind of compare: the richest payload.
+    fn kv_seed() -> Vec<u8> {
+        let compare = |target, union| Compare {
+            result: CompareResult::Greater,
+            target,
+            key: Bytes::from_static(b"k"),
+            range_end: Bytes::from_static(b"l"),
+            target_union: union,
+        };
+        let inner = TxnRequest {
+            compare: vec![compare(
+                CompareTarget::Value,
+                TargetUnion::Value(Bytes::from_static(b"v")),
+            )],
+            success: vec![put("a")],
+            failure: vec![],
+        };
+        let txn = TxnRequest {
+            compare: vec![
+                compare(CompareTarget::Mod, TargetUnion::ModRevision(3)),
+                compare(CompareTarget::Lease, TargetUnion::Lease(9)),
+            ],
+            success: vec![put("b"), RequestOp::Txn(inner)],
+            failure: vec![put("c")],
+        };
+        let mut out = Vec::new();
+        mvcc::codec::encode(&Request::Txn(txn), &mut out);
+        out
+    }
+
+    #[test]
+    fn seeds_decode_before_they_are_damaged() {
+        // Guards the replay below: its seeds must be valid inputs, or the
+        // mutations would only ever exercise the first error path.
+        let kv = kv_seed();
+        assert!(mvcc::codec::decode(&kv).is_ok());
+        let mut proposal = vec![0u8; 16];
+        proposal.push(1); // TAG_KV
+        proposal.extend_from_slice(&kv);
+        assert!(node::decode_proposal(Bytes::from(proposal)).is_some());
+    }
+
+    #[test]
+    fn decoders_survive_garbage_and_damage() {
+        let kv = kv_seed();
+        let mut proposal_bytes = vec![0u8; 16];
+        proposal_bytes.push(1);
+        proposal_bytes.extend_from_slice(&kv);
+        let mut entry = Vec::new();
+        let mut e = raft::eraftpb::Entry {
+            term: 3,
+            entry_type: EntryType::EntryNormal,
+            data: Bytes::from(proposal_bytes.clone()),
+            context: Bytes::from(proposal_bytes.clone()),
+            ..Default::default()
+        };
+        raftlog::encode_entry(&e, &mut entry);
+        let mut cc_entry = Vec::new();
+        e.entry_type = EntryType::EntryConfChangeV2;
+        e.data = Bytes::from(ConfChangeV2::default().write_to_bytes().unwrap());
+        raftlog::encode_entry(&e, &mut cc_entry);
+        let member = members::encode(&members::MemberRecord {
+            id: 0x8e9e_05c5_2164_694d,
+            name: "m1".into(),
+            peer_urls: vec!["http://127.0.0.1:2380".into()],
+            client_urls: vec!["http://127.0.0.1:2379".into()],
+            is_learner: true,
+        });
+        let mut rng = Rng(0x853c_49e6_748f_ea9b);
+        for _ in 0..INPUTS {
+            let noise: Vec<u8> = (0..rng.below(200)).map(|_| rng.next() as u8).collect();
+            for f in [
+                raft_log_records,
+                proposal,
+                kv_request,
+                member_record,
+                peer_message,
+            ] {
+                f(&noise);
+            }
+            kv_request(&rng.mutate(&kv));
+            proposal(&rng.mutate(&proposal_bytes));
+            raft_log_records(&rng.mutate(&entry));
+            raft_log_records(&rng.mutate(&cc_entry));
+            member_record(&rng.mutate(&member));
+        }
+    }
+}
