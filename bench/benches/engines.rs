@@ -42,11 +42,13 @@
 //!   every 1000 operations, and every read is checked (the key must be there
 //!   with a value of the right length; a scan must return 100 keys or up to
 //!   the end of the key space), so an engine cannot win by skipping work.
-//! - Same cache budget: 64 MiB block/page cache for every engine that has
-//!   one. redb and fjall do buffered I/O, so the OS page cache also serves
-//!   their reads; metcd's on-disk engines use O_DIRECT and only their own
-//!   cache (`--metcd-cache-mib` sizes it, to see what a cache as large as
-//!   the page cache gives them).
+//! - Same cache budget: `--cache-mib` (64 by default) of block/page cache
+//!   for every engine that has one. redb and fjall do buffered I/O, so the
+//!   OS page cache also serves their reads whatever the budget; metcd's
+//!   on-disk engines use O_DIRECT and only their own cache. A budget that
+//!   holds the data (`--cache-mib 1024` for 1M keys) compares the engines
+//!   with everything in memory, as the page cache gives redb and fjall.
+//! - Same allocator: mimalloc with metcd's settings (`server::alloc`).
 //! - Timing: fills time each batch (including its sync, if any), every
 //!   other phase times each operation (including the snapshot refresh or
 //!   sync the operation triggers). ops/s = operations / sum of the timed
@@ -59,6 +61,12 @@
 //!   the "whole store" row, measured from open to after close.
 //! - Read/mix phases stop at their operation count or after
 //!   `--max-phase-secs`, whichever comes first; fills always complete.
+
+/// Every engine runs on metcd's allocator, tuned as the server tunes it
+/// (`server::alloc`). With glibc's malloc, a flush thread freeing a
+/// memtable while the writer allocates contends on the arena lock.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[path = "../src/engine_bench.rs"]
 mod engine_bench;
@@ -85,8 +93,6 @@ const FILL_BATCH: usize = 1000;
 /// Read and mix phases refresh their snapshot and (mixes) sync this often.
 const OPS_PER_SNAPSHOT: u64 = 1000;
 const SCAN_LEN: usize = 100;
-/// Block/page cache given to every engine that has one.
-const CACHE_BYTES: usize = 64 << 20;
 
 #[derive(Parser, Debug)]
 #[command(about = "metcd storage engines vs redb and fjall")]
@@ -117,11 +123,12 @@ struct Args {
     /// Upper bound on each read or mix phase.
     #[arg(long, default_value_t = 60)]
     max_phase_secs: u64,
-    /// Block cache of metcd's on-disk engines (btree, lsm), in MiB. redb
-    /// and fjall get 64 MiB of their own; the OS page cache also serves
-    /// them, never the O_DIRECT engines.
+    /// Block/page cache of every engine that has one (btree, lsm, redb,
+    /// fjall), in MiB. redb and fjall also read through the OS page cache,
+    /// which holds their files whatever this says; metcd's engines use
+    /// O_DIRECT and only this.
     #[arg(long, default_value_t = 64)]
-    metcd_cache_mib: usize,
+    cache_mib: usize,
     /// A fill makes every this many batches durable (and its last one).
     #[arg(long, default_value_t = 10)]
     fill_sync_batches: usize,
@@ -260,9 +267,9 @@ struct Redb {
 }
 
 impl Redb {
-    fn open(dir: &Path) -> Res<Redb> {
+    fn open(dir: &Path, cache_bytes: usize) -> Res<Redb> {
         let db = redb::Builder::new()
-            .set_cache_size(CACHE_BYTES)
+            .set_cache_size(cache_bytes)
             .create(dir.join("data.redb"))?;
         // Create the table so the first read transaction finds it.
         let txn = db.begin_write()?;
@@ -338,9 +345,9 @@ struct Fjall {
 }
 
 impl Fjall {
-    fn open(dir: &Path) -> Res<Fjall> {
+    fn open(dir: &Path, cache_bytes: usize) -> Res<Fjall> {
         let db = fjall::Database::builder(dir)
-            .cache_size(CACHE_BYTES as u64)
+            .cache_size(cache_bytes as u64)
             .open()?;
         let keyspace = db.keyspace("bench", fjall::KeyspaceCreateOptions::default)?;
         Ok(Fjall {
@@ -400,14 +407,14 @@ const ENGINES: &[&str] = &["memory", "btree", "lsm", "redb", "fjall"];
 
 fn open_store(name: &str, dir: &Path, args: &Args) -> Res<Box<dyn BenchStore>> {
     std::fs::create_dir_all(dir)?;
-    let metcd_cache_bytes = args.metcd_cache_mib << 20;
+    let cache_bytes = args.cache_mib << 20;
     Ok(match name {
         "memory" => Box::new(Ours::new(MemoryEngine::new(), None)),
         "btree" => Box::new(Ours::new(
             BtreeEngine::open(
                 dir,
                 BtreeOptions {
-                    cache_bytes: metcd_cache_bytes,
+                    cache_bytes,
                     ..BtreeOptions::default()
                 },
             )?,
@@ -417,14 +424,14 @@ fn open_store(name: &str, dir: &Path, args: &Args) -> Res<Box<dyn BenchStore>> {
             LsmEngine::open(
                 dir,
                 LsmOptions {
-                    block_cache_bytes: metcd_cache_bytes,
+                    block_cache_bytes,
                     ..LsmOptions::default()
                 },
             )?,
             Some(LsmEngine::persist),
         )),
-        "redb" => Box::new(Redb::open(dir)?),
-        "fjall" => Box::new(Fjall::open(dir)?),
+        "redb" => Box::new(Redb::open(dir, cache_bytes)?),
+        "fjall" => Box::new(Fjall::open(dir, cache_bytes)?),
         other => {
             return Err(format!(
                 "unknown engine {other:?} (this build knows {})",
@@ -763,9 +770,9 @@ fn text_report(args: &Args, reports: &[EngineReport]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# {} keys, {}-byte values, btree/lsm cache {} MiB; \
+        "# {} keys, {}-byte values, engine caches {} MiB; \
          fills timed per 1000-key batch, other phases per op",
-        args.keys, args.value_bytes, args.metcd_cache_mib
+        args.keys, args.value_bytes, args.cache_mib
     );
     let _ = write!(out, "| phase |");
     for r in reports {
@@ -887,7 +894,7 @@ fn json_report(args: &Args, reports: &[EngineReport]) -> Res<String> {
     Ok(serde_json::to_string_pretty(&serde_json::json!({
         "keys": args.keys,
         "value_bytes": args.value_bytes,
-        "metcd_cache_mib": args.metcd_cache_mib,
+        "cache_mib": args.cache_mib,
         "fill_batch": FILL_BATCH,
         "fill_sync_batches": args.fill_sync_batches,
         "mix_sync_ops": args.mix_sync_ops,
@@ -897,6 +904,7 @@ fn json_report(args: &Args, reports: &[EngineReport]) -> Res<String> {
 }
 
 fn main() -> Res<()> {
+    server::alloc::tune();
     let args = Args::parse();
     if args.keys == 0 || args.value_bytes == 0 {
         return Err("--keys and --value-bytes must be positive".into());

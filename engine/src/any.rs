@@ -219,8 +219,27 @@ pub struct EngineDir {
     cache_bytes: usize,
 }
 
-/// The btree/lsm block cache unless configured (`--engine-cache-bytes`).
-pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+/// The btree/lsm block cache unless configured (`--engine-cache-bytes`):
+/// a quarter of physical memory, between 64 MiB and 1 GiB. It plays the
+/// part the OS page cache plays for bbolt's mmap (etcd) or redb's buffered
+/// reads, which our O_DIRECT engines bypass; it fills only as blocks are
+/// read, so a small store never uses it all. 1 GiB holds etcd's default
+/// 2 GiB quota's usual working set and matches redb's own default cache.
+pub fn default_cache_bytes() -> usize {
+    const FLOOR: u64 = 64 << 20;
+    const CEILING: u64 = 1 << 30;
+    // SAFETY: sysconf only reads system constants.
+    let (pages, page_size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let memory = u64::try_from(pages)
+        .unwrap_or(0)
+        .saturating_mul(u64::try_from(page_size).unwrap_or(0));
+    usize::try_from((memory / 4).clamp(FLOOR, CEILING)).unwrap_or(FLOOR as usize)
+}
 
 impl EngineDir {
     /// Opens `dir` for `kind`: a new directory records `kind`; one that
@@ -260,7 +279,7 @@ impl EngineDir {
         Ok(EngineDir {
             dir: dir.to_path_buf(),
             kind,
-            cache_bytes: DEFAULT_CACHE_BYTES,
+            cache_bytes: default_cache_bytes(),
         })
     }
 

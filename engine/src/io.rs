@@ -32,7 +32,10 @@ pub const ALIGN: usize = 4096;
 /// A heap buffer aligned to [`ALIGN`] whose length is a multiple of it.
 pub struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
+    /// Bytes in use (what the buffer derefs to and an I/O transfers).
     len: usize,
+    /// Bytes allocated, all initialised; `len <= capacity`.
+    capacity: usize,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively (like a Vec<u8>); no
@@ -51,7 +54,23 @@ impl AlignedBuf {
         let Some(ptr) = std::ptr::NonNull::new(raw) else {
             std::alloc::handle_alloc_error(layout)
         };
-        AlignedBuf { ptr, len }
+        AlignedBuf {
+            ptr,
+            len,
+            capacity: len,
+        }
+    }
+
+    /// Bytes allocated: the largest length [`AlignedBuf::set_len`] gives.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Uses the first `len` bytes (rounded up to the alignment, at most the
+    /// capacity), so one allocation serves transfers of varying size. The
+    /// bytes a longer length brings back hold whatever was written last.
+    pub fn set_len(&mut self, len: usize) {
+        self.len = round_up(len.max(1)).min(self.capacity);
     }
 
     /// A buffer holding `data`, zero-padded up to the alignment.
@@ -74,14 +93,15 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `zeroed` with exactly this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity)) }
     }
 }
 
 impl std::ops::Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: ptr points to len initialised (zeroed at least) bytes we own.
+        // SAFETY: ptr points to capacity >= len initialised (zeroed at
+        // least) bytes we own.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }

@@ -118,7 +118,7 @@ impl Default for Config {
             listen_peer_urls: None,
             max_txn_ops: 128,
             engine: "memory".into(),
-            engine_cache_bytes: engine::any::DEFAULT_CACHE_BYTES,
+            engine_cache_bytes: engine::any::default_cache_bytes(),
             shards: 0,
             snapshot_count: 100_000,
             heartbeat_interval: 100,
@@ -747,10 +747,9 @@ mod tests {
         assert_eq!(load("268435456").unwrap().engine_cache_bytes, 256 << 20);
         let err = load("4096").unwrap_err();
         assert!(err.contains("at least 1 MiB"), "{err}");
-        assert_eq!(
-            Config::default().engine_cache_bytes,
-            engine::any::DEFAULT_CACHE_BYTES
-        );
+        let default = Config::default().engine_cache_bytes;
+        assert_eq!(default, engine::any::default_cache_bytes());
+        assert!((64 << 20..=1 << 30).contains(&default), "{default}");
     }
 
     #[test]

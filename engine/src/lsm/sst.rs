@@ -183,7 +183,10 @@ pub(crate) struct TableBuilder {
     /// Failpoint prefix, e.g. `lsm::flush`: which background job writes.
     ctx: &'static str,
     bloom_bits_per_key: usize,
-    staged: Vec<u8>,
+    /// Padded blocks waiting for one batched write (reused for the whole
+    /// table): `staged[..staged_len]` goes to `staged_offset`.
+    staged: AlignedBuf,
+    staged_len: usize,
     staged_offset: u64,
     block: Vec<u8>,
     restarts: Vec<u32>,
@@ -215,7 +218,8 @@ impl TableBuilder {
         header.extend_from_slice(SST_MAGIC);
         header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         seal(&mut header);
-        header.resize(ALIGN, 0);
+        let mut staged = AlignedBuf::zeroed(STAGE_BYTES);
+        staged[..header.len()].copy_from_slice(&header);
         Ok(TableBuilder {
             file,
             file_no,
@@ -223,7 +227,8 @@ impl TableBuilder {
             fill,
             ctx,
             bloom_bits_per_key,
-            staged: header,
+            staged,
+            staged_len: ALIGN,
             staged_offset: 0,
             block: Vec::with_capacity(BLOCK_BYTES),
             restarts: Vec::new(),
@@ -324,31 +329,45 @@ impl TableBuilder {
     }
 
     /// Appends a sealed block (padded to the alignment) to the staging
-    /// buffer, writing the buffer out when it is full. Returns the block's
-    /// file offset and unpadded length.
+    /// buffer, writing the buffer out first when the block does not fit.
+    /// Returns the block's file offset and unpadded length.
     fn stage(&mut self, block: &[u8]) -> Result<(u64, u32)> {
         let len = u32::try_from(block.len())
             .map_err(|_| Error::Invalid(format!("sst block of {} bytes", block.len())))?;
         let offset = self.offset;
-        self.staged.extend_from_slice(block);
-        self.staged
-            .resize(self.staged.len() + round_up(block.len()) - block.len(), 0);
-        self.offset += round_up(block.len()) as u64;
-        if self.staged.len() >= STAGE_BYTES {
+        let padded = round_up(block.len());
+        if self.staged_len + padded > self.staged.capacity() {
             self.write_staged()?;
         }
+        if padded > self.staged.capacity() {
+            // One entry larger than the staging buffer: written on its own.
+            failpoint(&format!("{}::sst_write", self.ctx), self.file.path())?;
+            self.file
+                .write_all_at(&[(offset, &AlignedBuf::from_slice(block))])?;
+            self.staged_offset = offset + padded as u64;
+        } else {
+            let at = self.staged_len;
+            self.staged[at..at + block.len()].copy_from_slice(block);
+            self.staged[at + block.len()..at + padded].fill(0);
+            self.staged_len += padded;
+        }
+        self.offset += padded as u64;
         Ok((offset, len))
     }
 
     fn write_staged(&mut self) -> Result<()> {
-        if self.staged.is_empty() {
+        if self.staged_len == 0 {
             return Ok(());
         }
         failpoint(&format!("{}::sst_write", self.ctx), self.file.path())?;
-        let buf = AlignedBuf::from_slice(&self.staged);
-        self.file.write_all_at(&[(self.staged_offset, &buf)])?;
-        self.staged_offset += self.staged.len() as u64;
-        self.staged.clear();
+        self.staged.set_len(self.staged_len);
+        let written = self
+            .file
+            .write_all_at(&[(self.staged_offset, &self.staged)]);
+        self.staged.set_len(self.staged.capacity());
+        written?;
+        self.staged_offset += self.staged_len as u64;
+        self.staged_len = 0;
         Ok(())
     }
 
