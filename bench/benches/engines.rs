@@ -424,7 +424,7 @@ fn open_store(name: &str, dir: &Path, args: &Args) -> Res<Box<dyn BenchStore>> {
             LsmEngine::open(
                 dir,
                 LsmOptions {
-                    block_cache_bytes,
+                    block_cache_bytes: cache_bytes,
                     ..LsmOptions::default()
                 },
             )?,
