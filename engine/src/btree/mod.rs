@@ -248,11 +248,29 @@ impl DataFile {
         Ok(Node::stored(page, kind))
     }
 
-    /// One step of a point lookup in node page `page`, without decoding it.
-    pub(crate) fn probe(&self, page: u64, key: &[u8]) -> Result<(Arc<[u8]>, page::Probe)> {
-        let block = self.read_block(page)?;
-        let step =
-            page::probe(&block, key).map_err(|r| self.corrupt("btree page", offset_of(page), r))?;
+    /// One step of a point lookup in node page `page`, without decoding
+    /// it. The page comes back only when the step found an inline value
+    /// (its bytes are a slice of the page); a cached branch step takes no
+    /// reference to the page at all.
+    pub(crate) fn probe(&self, page: u64, key: &[u8]) -> Result<(Option<Arc<[u8]>>, page::Probe)> {
+        let cached = (page >= 2)
+            .then(|| {
+                self.cache.with(self.id, offset_of(page), |block| {
+                    let step = page::probe(block, key);
+                    let keep = matches!(step, Ok(page::Probe::Inline(_))).then(|| block.clone());
+                    (keep, step)
+                })
+            })
+            .flatten();
+        let (block, step) = match cached {
+            Some(found) => found,
+            None => {
+                let block = self.read_block(page)?;
+                let step = page::probe(&block, key);
+                (Some(block), step)
+            }
+        };
+        let step = step.map_err(|r| self.corrupt("btree page", offset_of(page), r))?;
         Ok((block, step))
     }
 

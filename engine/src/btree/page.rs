@@ -175,6 +175,25 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// Byte-wise key order (as `<[u8]>::cmp`), eight bytes at a time: keys are
+/// short, and a lookup compares about seven per page, so the call into
+/// `memcmp` cost more than the comparison (10 % of a cached point read).
+pub fn compare_keys(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    let (mut a_rest, mut b_rest) = (a, b);
+    while let (Some((a8, a_tail)), Some((b8, b_tail))) = (
+        a_rest.split_first_chunk::<8>(),
+        b_rest.split_first_chunk::<8>(),
+    ) {
+        let order = u64::from_be_bytes(*a8).cmp(&u64::from_be_bytes(*b8));
+        if order.is_ne() {
+            return order;
+        }
+        a_rest = a_tail;
+        b_rest = b_tail;
+    }
+    a_rest.cmp(b_rest)
+}
+
 /// Bytes a leaf entry takes in a page, slot included.
 pub fn leaf_entry_size(key: &[u8], value: &Val) -> usize {
     2 + match value {
@@ -343,7 +362,7 @@ pub fn probe(buf: &[u8], key: &[u8]) -> Result<Probe, String> {
             let (mut lo, mut hi) = (0, count);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
-                match key_at(mid)?.cmp(key) {
+                match compare_keys(key_at(mid)?, key) {
                     std::cmp::Ordering::Less => lo = mid + 1,
                     std::cmp::Ordering::Greater => hi = mid,
                     std::cmp::Ordering::Equal => {
@@ -381,7 +400,7 @@ pub fn probe(buf: &[u8], key: &[u8]) -> Result<Probe, String> {
                 let at = slot(mid);
                 range(at, 10)?;
                 let klen = u16_at(buf, at + 8) as usize;
-                if buf[range(at + 10, klen)?] <= *key {
+                if compare_keys(&buf[range(at + 10, klen)?], key).is_le() {
                     lo = mid + 1;
                 } else {
                     hi = mid;
@@ -480,7 +499,8 @@ impl<'a> LeafView<'a> {
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             let k = &self.buf[self.entry(mid)?.0];
-            if k < key || (after && k == key) {
+            let order = compare_keys(k, key);
+            if order.is_lt() || (after && order.is_eq()) {
                 lo = mid + 1;
             } else {
                 hi = mid;
@@ -827,6 +847,16 @@ mod tests {
             data[6..8].copy_from_slice(&count.to_le_bytes());
             data.extend_from_slice(&key);
             fuzz_decoders(&data);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn compare_keys_orders_like_slices(
+            a in proptest::collection::vec(0u8..4, 0..20),
+            b in proptest::collection::vec(0u8..4, 0..20),
+        ) {
+            proptest::prop_assert_eq!(compare_keys(&a, &b), a.cmp(&b));
         }
     }
 

@@ -238,6 +238,9 @@ pub fn lookup(file: &DataFile, root: &Child, key: &[u8]) -> Result<Option<Val>> 
         match step {
             Probe::Child(next) => page = next,
             Probe::Inline(range) => {
+                let Some(block) = block else {
+                    return Err(internal("an inline value without its page"));
+                };
                 return Ok(Some(Val::Inline(Bytes::from_owner(block).slice(range))));
             }
             Probe::Big { len, page, crc } => {
