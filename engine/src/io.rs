@@ -649,7 +649,7 @@ impl CacheShard {
                     cached.referenced = false;
                     self.hand += 1;
                 }
-                _ => {
+                Some(_) => {
                     self.remove(&at_hand);
                     // The last slot (the newest block) was swapped into the
                     // victim's place: step past it, or the next eviction
@@ -657,6 +657,9 @@ impl CacheShard {
                     // new blocks.
                     self.hand += 1;
                 }
+                // Every slot has its entry; were one missing, dropping the
+                // slot keeps the sweep finite.
+                None => self.remove_slot(self.hand),
             }
         }
         self.used_bytes += block.len();
@@ -672,20 +675,18 @@ impl CacheShard {
         self.slots.push(key);
     }
 
-    /// Removes `key` (if cached): its map entry, and its slot by swapping
-    /// the last slot into its place.
+    /// Removes `key` if cached: its map entry, and its slot.
     fn remove(&mut self, key: &(u64, u64)) {
-        let Some(cached) = self.map.remove(key) else {
-            // Not in the map: drop a stray slot so the ring stays exact.
-            if let Some(i) = self.slots.iter().position(|k| k == key) {
-                self.slots.swap_remove(i);
-                self.fix_moved_slot(i);
-            }
-            return;
-        };
-        self.used_bytes -= cached.block.len();
-        self.slots.swap_remove(cached.slot);
-        self.fix_moved_slot(cached.slot);
+        if let Some(cached) = self.map.remove(key) {
+            self.used_bytes -= cached.block.len();
+            self.remove_slot(cached.slot);
+        }
+    }
+
+    /// Removes slot `i` by swapping the last slot into its place.
+    fn remove_slot(&mut self, i: usize) {
+        self.slots.swap_remove(i);
+        self.fix_moved_slot(i);
     }
 
     /// After a `swap_remove(i)`: the key now at `i` learns its new place.
