@@ -15,7 +15,7 @@
 //! has not checked against its input. None of this is on a request path.
 
 use std::ops::Bound;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::btree::{BtreeEngine, BtreeOptions};
@@ -118,4 +118,60 @@ fn read_everything(snapshot: &impl EngineSnapshot, data: &[u8]) -> Result<()> {
         snapshot.scan(Bound::Included(key), Bound::Unbounded, |_, _| Scan::Stop)?;
     }
     Ok(())
+}
+
+/// The scratch directory of the file-level entry points in this process
+/// (under the system temp dir), emptied: call it once per input.
+pub fn scratch_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("metcd-fuzz-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Seeded inputs for replaying the entry points without libFuzzer: random
+/// bytes, and mutations of valid inputs (flipped bits, boundary bytes,
+/// inserted bytes, cuts), so the decoders see damage next to real data.
+pub struct Inputs(u64);
+
+impl Inputs {
+    pub fn new(seed: u64) -> Inputs {
+        Inputs(seed | 1)
+    }
+
+    /// xorshift64: reproducible, and enough to spread bytes and choices.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+
+    /// Up to `max_len` random bytes.
+    pub fn bytes(&mut self, max_len: usize) -> Vec<u8> {
+        let len = self.below(max_len + 1);
+        (0..len).map(|_| self.next_u64() as u8).collect()
+    }
+
+    /// `seed` with one to eight edits.
+    pub fn mutate(&mut self, seed: &[u8]) -> Vec<u8> {
+        let mut out = seed.to_vec();
+        for _ in 0..1 + self.below(8) {
+            if out.is_empty() {
+                break;
+            }
+            let at = self.below(out.len());
+            match self.below(5) {
+                0 => out[at] ^= 1 << self.below(8),
+                1 => out[at] = [0x00, 0x01, 0x7f, 0x80, 0xff][self.below(5)],
+                2 => out[at] = self.next_u64() as u8,
+                3 => out.insert(at, self.next_u64() as u8),
+                _ => out.truncate(at + 1),
+            }
+        }
+        out
+    }
 }

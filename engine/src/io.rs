@@ -542,14 +542,7 @@ impl BlockCache {
     }
 
     pub fn get(&self, file_id: u64, offset: u64) -> Option<Arc<[u8]>> {
-        let key = (file_id, offset);
-        let mut shard = self
-            .shard(key)
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let cached = shard.map.get_mut(&key)?;
-        cached.referenced = true;
-        Some(cached.block.clone())
+        self.with(file_id, offset, Arc::clone)
     }
 
     /// Runs `f` on a cached block under its shard's lock, without taking

@@ -12,51 +12,13 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use engine::btree::{BtreeEngine, BtreeOptions};
-use engine::fuzzing;
+use engine::fuzzing::{self, Inputs};
 use engine::lsm::{LsmEngine, LsmOptions};
 use engine::{Engine, WriteBatch};
 
 /// Inputs per target and seed; bounded so the test stays in seconds.
 const RANDOM_INPUTS: usize = 2000;
 const MUTATIONS: usize = 2000;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-
-    fn bytes(&mut self, max_len: usize) -> Vec<u8> {
-        let len = self.below(max_len + 1);
-        (0..len).map(|_| self.next() as u8).collect()
-    }
-
-    /// `seed` with a few bytes flipped, set to boundary values, or cut.
-    fn mutate(&mut self, seed: &[u8]) -> Vec<u8> {
-        let mut out = seed.to_vec();
-        for _ in 0..1 + self.below(8) {
-            if out.is_empty() {
-                break;
-            }
-            let at = self.below(out.len());
-            match self.below(4) {
-                0 => out[at] ^= 1 << self.below(8),
-                1 => out[at] = [0x00, 0x01, 0x7f, 0x80, 0xff][self.below(5)],
-                2 => out[at] = self.next() as u8,
-                _ => out.truncate(at + 1),
-            }
-        }
-        out
-    }
-}
 
 fn scratch(root: &Path, i: usize) -> PathBuf {
     let dir = root.join(format!("case-{i}"));
@@ -155,7 +117,7 @@ fn real_files_pass_through_the_entry_points_unharmed() {
 fn btree_decoders_survive_garbage_and_damage() {
     let root = tempfile::tempdir().unwrap();
     let seed = btree_seed(&root.path().join("seed"), 600);
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Inputs::new(0x9e37_79b9_7f4a_7c15);
     for i in 0..RANDOM_INPUTS {
         fuzzing::btree_page(&rng.bytes(5000));
         let _ = fuzzing::btree_file(&scratch(root.path(), i), &rng.bytes(3 * 4096));
@@ -172,7 +134,7 @@ fn btree_decoders_survive_garbage_and_damage() {
 fn lsm_decoders_survive_garbage_and_damage() {
     let root = tempfile::tempdir().unwrap();
     let (table, manifest) = lsm_seeds(&root.path().join("seed"), 600);
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut rng = Inputs::new(0x2545_f491_4f6c_dd1d);
     for i in 0..RANDOM_INPUTS {
         fuzzing::lsm_block(&rng.bytes(600));
         fuzzing::lsm_manifest(&rng.bytes(300));
@@ -192,7 +154,7 @@ fn lsm_decoders_survive_garbage_and_damage() {
 #[test]
 fn wal_and_snapshot_decoders_survive_garbage_and_damage() {
     let root = tempfile::tempdir().unwrap();
-    let mut rng = Rng(0xdead_beef_cafe_f00d);
+    let mut rng = Inputs::new(0xdead_beef_cafe_f00d);
     let (wal, snap) = (wal_seed(), snapfile_seed());
     for i in 0..RANDOM_INPUTS {
         let _ = fuzzing::wal_segment(&scratch(root.path(), i), &rng.bytes(2000));

@@ -74,38 +74,6 @@ mod tests {
     /// Inputs per target; bounded so the test stays in seconds.
     const INPUTS: usize = 3000;
 
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n.max(1) as u64) as usize
-        }
-
-        fn mutate(&mut self, seed: &[u8]) -> Vec<u8> {
-            let mut out = seed.to_vec();
-            for _ in 0..1 + self.below(6) {
-                if out.is_empty() {
-                    break;
-                }
-                let at = self.below(out.len());
-                match self.below(4) {
-                    0 => out[at] ^= 1 << self.below(8),
-                    1 => out[at] = [0x00, 0x01, 0x7f, 0x80, 0xff][self.below(5)],
-                    2 => out.insert(at, self.next() as u8),
-                    _ => out.truncate(at + 1),
-                }
-            }
-            out
-        }
-    }
-
     fn put(key: &str) -> RequestOp {
         RequestOp::Put(PutRequest {
             key: Bytes::copy_from_slice(key.as_bytes()),
@@ -184,9 +152,9 @@ mod tests {
             client_urls: vec!["http://127.0.0.1:2379".into()],
             is_learner: true,
         });
-        let mut rng = Rng(0x853c_49e6_748f_ea9b);
+        let mut rng = engine::fuzzing::Inputs::new(0x853c_49e6_748f_ea9b);
         for _ in 0..INPUTS {
-            let noise: Vec<u8> = (0..rng.below(200)).map(|_| rng.next() as u8).collect();
+            let noise: Vec<u8> = (0..rng.below(200)).map(|_| rng.next_u64() as u8).collect();
             for f in [
                 raft_log_records,
                 proposal,
