@@ -506,18 +506,18 @@ fn foreign_and_newer_files_are_refused() {
 
     std::fs::remove_file(&path).unwrap();
     drop(BtreeEngine::open(dir.path(), BtreeOptions::default()).unwrap());
-    // Rewrite both metas as format version 2 with valid checksums.
+    // Rewrite both metas as format version 3 with valid checksums.
     let mut bytes = std::fs::read(&path).unwrap();
     for slot in 0..2 {
         let m = &mut bytes[slot * PAGE_SIZE..];
-        m[8..12].copy_from_slice(&2u32.to_le_bytes());
+        m[8..12].copy_from_slice(&3u32.to_le_bytes());
         let crc = crc32c::crc32c(&m[..64]);
         m[64..68].copy_from_slice(&crc.to_le_bytes());
     }
     std::fs::write(&path, &bytes).unwrap();
     let err = BtreeEngine::open(dir.path(), BtreeOptions::default()).unwrap_err();
     assert!(matches!(err, Error::Invalid(_)), "{err}");
-    assert!(err.to_string().contains("format version 2"), "{err}");
+    assert!(err.to_string().contains("format version 3"), "{err}");
 }
 
 #[test]

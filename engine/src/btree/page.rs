@@ -30,9 +30,13 @@
 //!  8  this page's id u64 (catches pages written to the wrong place)
 //! 16  count slot offsets u16, then the entries they point at
 //! ```
-//! Leaf entry: `key_len u16, flag u8`, then for an inline value
-//! (`flag 0`) `value_len u16, key, value`; for an overflow value (`flag 1`)
-//! `value_len u64, first page u64, value crc32c u32, key`. A branch entry
+//! Leaf entry: `key_len u16, flag u8`, then for an inline value stored
+//! apart (`flag 2`, what this version writes) `value_len u16, value offset
+//! u16, key`, the values following all the entries, so a lookup's binary
+//! search reads keys packed together rather than one cache line per entry;
+//! for an overflow value (`flag 1`) `value_len u64, first page u64, value
+//! crc32c u32, key`. Format version 1 wrote inline values next to their
+//! key (`flag 0`: `value_len u16, key, value`); such pages are still read. A branch entry
 //! is `child page u64, key_len u16, key`; entry 0's key is empty (child 0
 //! holds everything below entry 1's key), entry `i`'s key is the smallest
 //! key child `i` may hold.
@@ -52,8 +56,10 @@ use crate::io::ALIGN;
 pub const PAGE_SIZE: usize = ALIGN;
 /// The magic at the start of both meta pages.
 pub const MAGIC: [u8; 8] = *b"METCDBT\0";
-/// The format version this code writes and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this code writes and the newest it reads (2: leaf
+/// values stored apart from their keys; version 1 files are read, and
+/// become version 2 at their next commit).
+pub const FORMAT_VERSION: u32 = 2;
 
 const META_LEN: usize = 64;
 const NODE_HEADER: usize = 16;
@@ -66,6 +72,11 @@ pub const MAX_KEY_LEN: usize = 1024;
 pub const INLINE_MAX: usize = 1024;
 
 const KIND_LEAF: u8 = 1;
+/// Leaf entry flags: inline value after the key (format 1), overflow run,
+/// inline value stored apart (format 2).
+const VALUE_NEXT_TO_KEY: u8 = 0;
+const VALUE_OVERFLOW: u8 = 1;
+const VALUE_APART: u8 = 2;
 const KIND_BRANCH: u8 = 2;
 const KIND_FREELIST: u8 = 3;
 const FREELIST_HEADER: usize = 24;
@@ -197,7 +208,7 @@ pub fn compare_keys(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
 /// Bytes a leaf entry takes in a page, slot included.
 pub fn leaf_entry_size(key: &[u8], value: &Val) -> usize {
     2 + match value {
-        Val::Inline(v) => 5 + key.len() + v.len(),
+        Val::Inline(v) => 7 + key.len() + v.len(),
         Val::Big(_) => 23 + key.len(),
     }
 }
@@ -252,23 +263,33 @@ pub fn encode_node(
     };
     match kind {
         NodeKind::Leaf { entries } => {
+            // Inline values go after every entry, in entry order.
+            let records: usize = entries
+                .iter()
+                .map(|e| match &e.value {
+                    Val::Inline(_) => 7 + e.key.len(),
+                    Val::Big(_) => 23 + e.key.len(),
+                })
+                .sum();
+            let mut value_at = at + records;
             for (i, e) in entries.iter().enumerate() {
                 let slot = NODE_HEADER + 2 * i;
                 buf[slot..slot + 2].copy_from_slice(&(at as u16).to_le_bytes());
                 put(buf, &mut at, &(e.key.len() as u16).to_le_bytes());
                 match &e.value {
                     Val::Inline(v) => {
-                        put(buf, &mut at, &[0]);
+                        put(buf, &mut at, &[VALUE_APART]);
                         put(buf, &mut at, &(v.len() as u16).to_le_bytes());
+                        put(buf, &mut at, &(value_at as u16).to_le_bytes());
                         put(buf, &mut at, &e.key);
-                        put(buf, &mut at, v);
+                        put(buf, &mut value_at, v);
                     }
                     Val::Big(b) => {
                         let first = b.page();
                         if first == 0 {
                             return Err("overflow value without a page".into());
                         }
-                        put(buf, &mut at, &[1]);
+                        put(buf, &mut at, &[VALUE_OVERFLOW]);
                         put(buf, &mut at, &b.len.to_le_bytes());
                         put(buf, &mut at, &first.to_le_bytes());
                         put(buf, &mut at, &b.crc().to_le_bytes());
@@ -353,8 +374,9 @@ pub fn probe(buf: &[u8], key: &[u8]) -> Result<Probe, String> {
                 range(at, 3)?;
                 let klen = u16_at(buf, at) as usize;
                 let start = match buf[at + 2] {
-                    0 => at + 5,
-                    1 => at + 23,
+                    VALUE_NEXT_TO_KEY => at + 5,
+                    VALUE_APART => at + 7,
+                    VALUE_OVERFLOW => at + 23,
                     f => return Err(format!("unknown value flag {f}")),
                 };
                 Ok(&buf[range(start, klen)?])
@@ -368,7 +390,12 @@ pub fn probe(buf: &[u8], key: &[u8]) -> Result<Probe, String> {
                     std::cmp::Ordering::Equal => {
                         let at = slot(mid);
                         let klen = u16_at(buf, at) as usize;
-                        return if buf[at + 2] == 0 {
+                        return if buf[at + 2] == VALUE_APART {
+                            range(at + 3, 4)?;
+                            let vlen = u16_at(buf, at + 3) as usize;
+                            let value_at = u16_at(buf, at + 5) as usize;
+                            Ok(Probe::Inline(range(value_at, vlen)?))
+                        } else if buf[at + 2] == VALUE_NEXT_TO_KEY {
                             range(at + 3, 2)?;
                             let vlen = u16_at(buf, at + 3) as usize;
                             Ok(Probe::Inline(range(at + 5 + klen, vlen)?))
@@ -468,14 +495,21 @@ impl<'a> LeafView<'a> {
         Self::range(at, 3)?;
         let klen = u16_at(buf, at) as usize;
         match buf[at + 2] {
-            0 => {
+            VALUE_APART => {
+                Self::range(at + 3, 4)?;
+                let vlen = u16_at(buf, at + 3) as usize;
+                let value_at = u16_at(buf, at + 5) as usize;
+                let key = Self::range(at + 7, klen)?;
+                Ok((key, LeafValue::Inline(Self::range(value_at, vlen)?)))
+            }
+            VALUE_NEXT_TO_KEY => {
                 Self::range(at + 3, 2)?;
                 let vlen = u16_at(buf, at + 3) as usize;
                 let key = Self::range(at + 5, klen)?;
                 let value = Self::range(key.end, vlen)?;
                 Ok((key, LeafValue::Inline(value)))
             }
-            1 => {
+            VALUE_OVERFLOW => {
                 Self::range(at + 3, 20)?;
                 let page = u64_at(buf, at + 11);
                 if page < 2 {
@@ -546,7 +580,21 @@ pub fn decode_node(page: &Bytes) -> Result<NodeKind, String> {
                 need(at, 3)?;
                 let klen = u16_at(buf, at) as usize;
                 let value = match buf[at + 2] {
-                    0 => {
+                    VALUE_APART => {
+                        need(at + 3, 4 + klen)?;
+                        let vlen = u16_at(buf, at + 3) as usize;
+                        let value_at = u16_at(buf, at + 5) as usize;
+                        need(value_at, vlen)?;
+                        let key = page.slice(at + 7..at + 7 + klen);
+                        check_order(&key, i == 0)?;
+                        let v = page.slice(value_at..value_at + vlen);
+                        entries.push(Entry {
+                            key,
+                            value: Val::Inline(v),
+                        });
+                        continue;
+                    }
+                    VALUE_NEXT_TO_KEY => {
                         need(at + 3, 2)?;
                         let vlen = u16_at(buf, at + 3) as usize;
                         let k = at + 5;
@@ -560,7 +608,7 @@ pub fn decode_node(page: &Bytes) -> Result<NodeKind, String> {
                         });
                         continue;
                     }
-                    1 => {
+                    VALUE_OVERFLOW => {
                         need(at + 3, 20 + klen)?;
                         let len = u64_at(buf, at + 3);
                         let first = u64_at(buf, at + 11);
@@ -773,6 +821,60 @@ mod tests {
         assert_eq!(probe(&buf, b"c").unwrap(), Probe::Absent);
         buf[100] ^= 0x40;
         assert!(verify_node(&buf, 5).is_err());
+    }
+
+    /// A leaf written by format version 1 (values next to their keys)
+    /// reads back through every reader; this version writes values apart.
+    #[test]
+    fn format_1_leaves_still_read() {
+        let pairs: [(&[u8], &[u8]); 3] = [(b"apple", b"red"), (b"kiwi", b""), (b"plum", b"purple")];
+        let mut buf = vec![0u8; PAGE_SIZE];
+        buf[4] = KIND_LEAF;
+        buf[6..8].copy_from_slice(&(pairs.len() as u16).to_le_bytes());
+        buf[8..16].copy_from_slice(&9u64.to_le_bytes());
+        let mut at = NODE_HEADER + 2 * pairs.len();
+        for (i, (k, v)) in pairs.iter().enumerate() {
+            buf[NODE_HEADER + 2 * i..NODE_HEADER + 2 * i + 2]
+                .copy_from_slice(&(at as u16).to_le_bytes());
+            let mut entry = (k.len() as u16).to_le_bytes().to_vec();
+            entry.push(VALUE_NEXT_TO_KEY);
+            entry.extend_from_slice(&(v.len() as u16).to_le_bytes());
+            entry.extend_from_slice(k);
+            entry.extend_from_slice(v);
+            buf[at..at + entry.len()].copy_from_slice(&entry);
+            at += entry.len();
+        }
+        let crc = crc32c::crc32c(&buf[4..]);
+        buf[0..4].copy_from_slice(&crc.to_le_bytes());
+        verify_node(&buf, 9).unwrap();
+
+        let NodeKind::Leaf { entries } = decode_node(&Bytes::from(buf.clone())).unwrap() else {
+            panic!("not a leaf")
+        };
+        let view = LeafView::new(&buf).unwrap().unwrap();
+        for (i, (k, v)) in pairs.iter().enumerate() {
+            assert_eq!(&entries[i].key[..], *k);
+            assert!(matches!(&entries[i].value, Val::Inline(got) if got[..] == **v));
+            let Probe::Inline(r) = probe(&buf, k).unwrap() else {
+                panic!("{k:?} not found")
+            };
+            assert_eq!(&buf[r], *v);
+            let (key, LeafValue::Inline(value)) = view.entry(i).unwrap() else {
+                panic!("not inline")
+            };
+            assert_eq!((&buf[key], &buf[value]), (*k, *v));
+        }
+        assert_eq!(probe(&buf, b"banana").unwrap(), Probe::Absent);
+
+        // Re-encoded, the same entries come back with their values apart.
+        let mut again = vec![0u8; PAGE_SIZE];
+        encode_node(&NodeKind::Leaf { entries }, 9, &[], &mut again).unwrap();
+        let at = u16_at(&again, NODE_HEADER) as usize;
+        assert_eq!(again[at + 2], VALUE_APART);
+        let Probe::Inline(r) = probe(&again, b"plum").unwrap() else {
+            panic!("plum not found")
+        };
+        assert_eq!(&again[r], b"purple");
     }
 
     #[test]
