@@ -1422,6 +1422,118 @@ mod tests {
         e.write(b).unwrap();
     }
 
+    /// A format-1 leaf page (values next to keys) holding `keys`, each
+    /// with the value "abc", sealed as page `id`.
+    fn format_1_leaf(id: u64, keys: &[Vec<u8>]) -> Vec<u8> {
+        let mut leaf = vec![0u8; PAGE_SIZE];
+        leaf[4] = 1;
+        leaf[6..8].copy_from_slice(&(keys.len() as u16).to_le_bytes());
+        leaf[8..16].copy_from_slice(&id.to_le_bytes());
+        let mut at = 16 + 2 * keys.len();
+        for (i, k) in keys.iter().enumerate() {
+            leaf[16 + 2 * i..18 + 2 * i].copy_from_slice(&(at as u16).to_le_bytes());
+            let mut entry = (k.len() as u16).to_le_bytes().to_vec();
+            entry.push(0);
+            entry.extend_from_slice(&3u16.to_le_bytes());
+            entry.extend_from_slice(k);
+            entry.extend_from_slice(b"abc");
+            leaf[at..at + entry.len()].copy_from_slice(&entry);
+            at += entry.len();
+        }
+        assert!(at <= PAGE_SIZE);
+        let crc = crc32c::crc32c(&leaf[4..]);
+        leaf[0..4].copy_from_slice(&crc.to_le_bytes());
+        leaf
+    }
+
+    /// Writes a version-1 data file of `pages` (page 2 on) rooted at page 2.
+    fn write_format_1_file(dir: &Path, pages: &[Vec<u8>]) {
+        let meta = Meta {
+            txn: 9,
+            root: 2,
+            freelist_page: 0,
+            freelist_pages: 0,
+            page_count: 2 + pages.len() as u64,
+            applied_index: 7,
+        };
+        let mut file = vec![0u8; 2 * PAGE_SIZE];
+        for slot in file.chunks_mut(PAGE_SIZE) {
+            page::encode_meta(&meta, slot);
+            slot[8..12].copy_from_slice(&1u32.to_le_bytes());
+            let crc = crc32c::crc32c(&slot[..64]);
+            slot[64..68].copy_from_slice(&crc.to_le_bytes());
+        }
+        for p in pages {
+            file.extend_from_slice(p);
+        }
+        std::fs::write(dir.join(DATA_FILE), &file).unwrap();
+    }
+
+    /// Leaves packed full by format 1 measure more than a page in format 2
+    /// (2 bytes more per inline entry); deleting from one, as the root or
+    /// under a branch, then committing must still work (the leaf splits)
+    /// and keep every other key.
+    #[test]
+    fn packed_format_1_leaves_survive_deletes_and_commits() {
+        // 226 entries of 2 + 5 + 8 + 3 bytes: 4,068 bytes in format 1,
+        // 4,520 in format 2 (a page holds 4,080).
+        let low: Vec<Vec<u8>> = (0..226).map(|i| format!("a{i:07}").into_bytes()).collect();
+        let high: Vec<Vec<u8>> = (0..226).map(|i| format!("b{i:07}").into_bytes()).collect();
+        let mut branch = vec![0u8; PAGE_SIZE];
+        branch[4] = 2;
+        branch[6..8].copy_from_slice(&2u16.to_le_bytes());
+        branch[8..16].copy_from_slice(&2u64.to_le_bytes());
+        let entries: [(u64, &[u8]); 2] = [(3, b""), (4, &high[0])];
+        let mut at = 16 + 4;
+        for (i, (child, key)) in entries.iter().enumerate() {
+            branch[16 + 2 * i..18 + 2 * i].copy_from_slice(&(at as u16).to_le_bytes());
+            branch[at..at + 8].copy_from_slice(&child.to_le_bytes());
+            branch[at + 8..at + 10].copy_from_slice(&(key.len() as u16).to_le_bytes());
+            branch[at + 10..at + 10 + key.len()].copy_from_slice(key);
+            at += 10 + key.len();
+        }
+        let crc = crc32c::crc32c(&branch[4..]);
+        branch[0..4].copy_from_slice(&crc.to_le_bytes());
+
+        let layouts = [
+            vec![format_1_leaf(2, &low)],
+            vec![branch, format_1_leaf(3, &low), format_1_leaf(4, &high)],
+        ];
+        for pages in layouts {
+            let dir = tempfile::tempdir().unwrap();
+            drop(BtreeEngine::open(dir.path(), BtreeOptions::default()).unwrap());
+            write_format_1_file(dir.path(), &pages);
+            let all: Vec<&Vec<u8>> = low
+                .iter()
+                .chain(if pages.len() > 1 { &high[..] } else { &[] })
+                .collect();
+            let gone: Vec<&Vec<u8>> = all
+                .iter()
+                .copied()
+                .filter(|k| k.ends_with(b"100"))
+                .collect();
+            let engine = BtreeEngine::open(dir.path(), BtreeOptions::default()).unwrap();
+            let mut b = WriteBatch::new();
+            for k in &gone {
+                assert_eq!(engine.get(k).unwrap().unwrap(), Bytes::from_static(b"abc"));
+                b.delete(Bytes::copy_from_slice(k));
+            }
+            b.set_applied_index(8);
+            engine.write(b).unwrap();
+            assert_eq!(engine.persist().unwrap(), 8);
+            drop(engine);
+            let engine = BtreeEngine::open(dir.path(), BtreeOptions::default()).unwrap();
+            for k in &all {
+                let got = engine.get(k).unwrap();
+                if gone.contains(k) {
+                    assert_eq!(got, None);
+                } else {
+                    assert_eq!(got.unwrap(), Bytes::from_static(b"abc"), "{k:?}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn free_runs_coalesce_and_refuse_double_frees() {
         let mut f = FreeRuns::default();

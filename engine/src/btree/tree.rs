@@ -534,6 +534,12 @@ impl WriteCtx<'_> {
     /// Inserts or replaces `key` under `root`.
     pub fn put(&mut self, root: &mut Child, key: Bytes, value: Val) -> Result<()> {
         self.put_in(root, key.clone(), value, true)?;
+        self.fit_root(root, &key)
+    }
+
+    /// Splits the root (making it a branch over the parts) until it fits a
+    /// page. `key` is the one just written (for the append heuristic).
+    fn fit_root(&mut self, root: &mut Child, key: &[u8]) -> Result<()> {
         loop {
             let node = self.node_mut(root)?;
             if page::node_size(&node.kind) <= NODE_CAPACITY {
@@ -545,7 +551,7 @@ impl WriteCtx<'_> {
                     entries: Vec::new(),
                 },
             );
-            let append = is_append(&kind, &key);
+            let append = is_append(&kind, key);
             let mut keys = Vec::new();
             let mut children = Vec::new();
             for (sep, part) in split(kind, append)? {
@@ -627,6 +633,10 @@ impl WriteCtx<'_> {
             return Ok(false);
         }
         self.delete_in(root, key)?;
+        // A leaf written by format 1 measures more now than when it was
+        // written (2 bytes per inline entry), so losing an entry may still
+        // leave it over a page: such a root splits like after a put.
+        self.fit_root(root, key)?;
         // Collapse single-child roots; an empty branch root becomes a leaf.
         loop {
             let collapses = match root {
@@ -675,6 +685,9 @@ impl WriteCtx<'_> {
                     return Err(internal("branch without children"));
                 };
                 self.delete_in(c, key)?;
+                // As for the root (see `delete`): a format-1 leaf may not
+                // fit a page as format 2 even after losing an entry.
+                self.split_child(keys, children, i, key, false)?;
                 self.rebalance(keys, children, i)?;
             }
         }
