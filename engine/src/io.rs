@@ -597,7 +597,7 @@ impl BlockCache {
             while i < shard.slots.len() {
                 let key = shard.slots[i];
                 if file_ids.contains(&key.0) {
-                    shard.remove(&key);
+                    shard.remove_at(i);
                 } else {
                     i += 1;
                 }
@@ -642,17 +642,14 @@ impl CacheShard {
                     cached.referenced = false;
                     self.hand += 1;
                 }
-                Some(_) => {
-                    self.remove(&at_hand);
+                _ => {
+                    self.remove_at(self.hand);
                     // The last slot (the newest block) was swapped into the
                     // victim's place: step past it, or the next eviction
                     // would take it first and the cache would stop taking
                     // new blocks.
                     self.hand += 1;
                 }
-                // Every slot has its entry; were one missing, dropping the
-                // slot keeps the sweep finite.
-                None => self.remove_slot(self.hand),
             }
         }
         self.used_bytes += block.len();
@@ -674,6 +671,16 @@ impl CacheShard {
             self.used_bytes -= cached.block.len();
             self.remove_slot(cached.slot);
         }
+    }
+
+    /// Removes ring slot `i` and its key's entry. Goes by position, so a
+    /// sweep over the ring always advances (even were a slot's entry gone).
+    fn remove_at(&mut self, i: usize) {
+        let key = self.slots[i];
+        if let Some(cached) = self.map.remove(&key) {
+            self.used_bytes -= cached.block.len();
+        }
+        self.remove_slot(i);
     }
 
     /// Removes slot `i` by swapping the last slot into its place.
