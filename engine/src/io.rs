@@ -420,10 +420,7 @@ impl BlockCache {
             .shard(key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        shard.insert(key, block);
-        if let Some(cached) = shard.map.get_mut(&key) {
-            cached.referenced = true;
-        }
+        shard.insert(key, block, true);
     }
 
     /// Whether the block is cached (without marking it used).
@@ -565,7 +562,7 @@ impl BlockCache {
             .shard(key)
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        shard.insert(key, block);
+        shard.insert(key, block, false);
     }
 
     /// Caches `block` only if its shard has room for it without evicting
@@ -584,7 +581,7 @@ impl BlockCache {
         if shard.used_bytes + block.len() > shard.capacity_bytes {
             return false;
         }
-        shard.insert(key, block);
+        shard.insert(key, block, false);
         true
     }
 
@@ -625,7 +622,10 @@ impl BlockCache {
 }
 
 impl CacheShard {
-    fn insert(&mut self, key: (u64, u64), block: Arc<[u8]>) {
+    /// Caches `block` under `key`, evicting by CLOCK to make room; a new
+    /// block starts with the CLOCK bit `referenced` (a replaced one is
+    /// marked referenced either way).
+    fn insert(&mut self, key: (u64, u64), block: Arc<[u8]>, referenced: bool) {
         if let Some(cached) = self.map.get_mut(&key) {
             self.used_bytes = self.used_bytes - cached.block.len() + block.len();
             cached.block = block;
@@ -659,7 +659,7 @@ impl CacheShard {
             CachedBlock {
                 block,
                 slot,
-                referenced: false,
+                referenced,
             },
         );
         self.slots.push(key);
@@ -683,14 +683,10 @@ impl CacheShard {
         self.remove_slot(i);
     }
 
-    /// Removes slot `i` by swapping the last slot into its place.
+    /// Removes slot `i` by swapping the last slot into its place (whose
+    /// key then learns its new position).
     fn remove_slot(&mut self, i: usize) {
         self.slots.swap_remove(i);
-        self.fix_moved_slot(i);
-    }
-
-    /// After a `swap_remove(i)`: the key now at `i` learns its new place.
-    fn fix_moved_slot(&mut self, i: usize) {
         if let Some(moved) = self.slots.get(i).copied() {
             if let Some(cached) = self.map.get_mut(&moved) {
                 cached.slot = i;
