@@ -765,8 +765,20 @@ impl Node {
         Ok(())
     }
 
+    /// The loop publishes term, leader and indexes once per turn, but a
+    /// turn's replies go out as each entry applies, before that turn ends:
+    /// a client that saw its write acknowledged (through another shard,
+    /// on another thread) must find its revision here, so the store's own
+    /// figures are read live.
     pub fn status(&self) -> NodeStatus {
-        self.status.get()
+        let mut status = self.status.get();
+        if let Ok(mvcc) = self.mvcc.try_borrow() {
+            status.revision = mvcc.current_revision();
+            status.compact_revision = mvcc.compact_revision();
+            status.applied_index = status.applied_index.max(mvcc.applied_index());
+            status.committed_index = status.committed_index.max(status.applied_index);
+        }
+        status
     }
 
     /// Bytes this member's data occupies on disk (engine files and WAL
