@@ -206,7 +206,7 @@ fn prefetch_lines(buf: &[u8], from: usize, to: usize) {
         // SAFETY: `at < buf.len()`, so the pointer is inside `buf`; a
         // prefetch never faults and has no effect the program can observe.
         unsafe {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             _mm_prefetch::<_MM_HINT_T0>(buf.as_ptr().add(at).cast());
         }
         at += LINE;
