@@ -199,6 +199,7 @@ mod tests {
                 ..Default::default()
             },
             prev_kv: None,
+            prev_kv_unread: false,
         }
     }
 

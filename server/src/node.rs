@@ -1544,6 +1544,7 @@ impl Node {
             return Ok(());
         }
         let mut mvcc = self.mvcc.borrow_mut();
+        mvcc.set_read_prev_for_watchers(crate::watch::prev_kv_watched());
         let mut pending = self.pending.borrow_mut();
         let mut events = Vec::new();
         for entry in entries {

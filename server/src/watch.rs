@@ -14,6 +14,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -75,6 +76,36 @@ pub fn in_range(k: &[u8], key: &[u8], range_end: &[u8]) -> bool {
     k >= key && k < range_end
 }
 
+/// Watchers with `prev_kv` in this process, on every shard. The apply
+/// path reads a put's previous value only while some exist. Only a hint:
+/// it races with watchers being created on other cores, and a watcher
+/// that meets an event whose previous value was not read
+/// ([`mvcc::Event::prev_kv_unread`]) re-reads it from history. (Servers
+/// started in one process, as in tests, share it: they read more, never
+/// less.)
+static PREV_KV_WATCHERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the apply path should read previous values for watchers.
+pub fn prev_kv_watched() -> bool {
+    PREV_KV_WATCHERS.load(Ordering::Relaxed) > 0
+}
+
+/// Counts one `prev_kv` watcher in [`PREV_KV_WATCHERS`] while it lives.
+struct PrevKvInterest;
+
+impl PrevKvInterest {
+    fn new() -> Self {
+        PREV_KV_WATCHERS.fetch_add(1, Ordering::Relaxed);
+        PrevKvInterest
+    }
+}
+
+impl Drop for PrevKvInterest {
+    fn drop(&mut self) {
+        PREV_KV_WATCHERS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct Watcher {
     stream: u64,
     watch_id: i64,
@@ -87,6 +118,7 @@ struct Watcher {
     /// live events stay held until it re-reads from the new store.
     needs_resync: bool,
     out: UnboundedSender<pb::WatchResponse>,
+    _prev_kv_interest: Option<PrevKvInterest>,
 }
 
 /// Identity for response headers.
@@ -170,6 +202,7 @@ impl WatchHub {
             Watcher {
                 stream,
                 watch_id,
+                _prev_kv_interest: spec.prev_kv.then(PrevKvInterest::new),
                 spec,
                 next_rev: start_rev,
                 syncing: syncing.then(Vec::new),
@@ -305,12 +338,43 @@ impl WatchHub {
         header_rev: i64,
     ) -> bool {
         let mut out_events = Vec::new();
+        let mut unread_at = None;
         for e in events {
             if e.kv.mod_revision < w.next_rev || !w.spec.matches(e) {
                 continue;
             }
+            if w.spec.prev_kv && e.prev_kv_unread {
+                unread_at = Some(e.kv.mod_revision);
+                break;
+            }
             out_events.push(to_pb_event(e, w.spec.prev_kv));
         }
+        if let Some(rev) = unread_at {
+            // The previous value was not read when this was applied: the
+            // watcher gets this revision (whole, as etcd groups it) and
+            // everything after from history, which reads previous values.
+            while out_events
+                .last()
+                .and_then(|e| e.kv.as_ref())
+                .is_some_and(|kv| kv.mod_revision == rev)
+            {
+                out_events.pop();
+            }
+            w.syncing.get_or_insert_with(Vec::new);
+            w.needs_resync = true;
+            self.resync.borrow_mut().push((w.stream, w.watch_id));
+            self.resync_ready.notify();
+        }
+        let alive = self.send(w, out_events, header_rev);
+        if let Some(rev) = unread_at {
+            w.next_rev = rev;
+        }
+        alive
+    }
+
+    /// Sends `out_events` in one response (or fragments of it) and moves
+    /// the watcher past them. False if the stream is gone.
+    fn send(&self, w: &mut Watcher, out_events: Vec<mvccpb::Event>, header_rev: i64) -> bool {
         if let Some(last) = out_events.last().and_then(|e| e.kv.as_ref()) {
             w.next_rev = last.mod_revision + 1;
         } else {
@@ -412,6 +476,7 @@ mod tests {
                 lease: 0,
             },
             prev_kv: None,
+            prev_kv_unread: false,
         }
     }
 
@@ -493,6 +558,49 @@ mod tests {
         assert!(cancelled.canceled);
         assert_eq!(cancelled.compact_revision, 11);
         assert_eq!(hub.watcher_count(), 1);
+    }
+
+    /// A put applied without reading its previous value reaches a
+    /// `prev_kv` watcher through history instead, that revision whole;
+    /// watchers without `prev_kv` take it as it is.
+    #[test]
+    fn an_unread_prev_kv_is_read_from_history() {
+        let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
+        let (plain_tx, mut plain) = unbounded();
+        let (prev_tx, mut prev) = unbounded();
+        hub.add(1, 0, spec("k", "l"), 1, false, plain_tx);
+        let mut with_prev = spec("k", "l");
+        with_prev.prev_kv = true;
+        hub.add(2, 0, with_prev, 1, false, prev_tx);
+        assert!(prev_kv_watched());
+        let unread = |key, rev| {
+            let mut e = put(key, rev);
+            e.kv.create_revision = 2;
+            e.kv.version = 2;
+            e.prev_kv_unread = true;
+            e
+        };
+        hub.publish(&[put("k2", 2)]);
+        // Revision 3 is a txn: a create (read) and a replacement (unread).
+        hub.publish(&[put("k3", 3), unread("k2", 3)]);
+        hub.publish(&[put("k4", 4)]);
+        assert_eq!(revs(&mut plain), vec![2, 3, 3, 4]);
+        assert_eq!(revs(&mut prev), vec![2], "revision 3 waits, whole");
+        let pending = futures_lite::future::block_on(hub.take_resync());
+        assert_eq!(pending, vec![((2, 0), 3)]);
+        let mut replaced = put("k2", 3);
+        replaced.prev_kv = Some(put("k2", 2).kv);
+        hub.finish_sync(2, 0, &[put("k3", 3), replaced, put("k4", 4)], 4);
+        let got: Vec<_> = std::iter::from_fn(|| prev.try_recv().ok())
+            .flat_map(|r| r.events)
+            .map(|e| {
+                (
+                    e.kv.unwrap().mod_revision,
+                    e.prev_kv.map(|p| p.mod_revision),
+                )
+            })
+            .collect();
+        assert_eq!(got, vec![(3, None), (3, Some(2)), (4, None)]);
     }
 
     #[test]

@@ -67,9 +67,36 @@ fn garbage_len(revs: &[Rev], at: i64) -> usize {
     }
 }
 
+/// The creation revision and version of a key's newest event, a put: what
+/// the next put of the key needs, known without reading the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Generation {
+    pub(crate) created: i64,
+    pub(crate) version: i64,
+}
+
+/// What the index knows of a key as a put at revision `at` sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Newest {
+    /// Never written, or deleted: the put creates it.
+    Absent,
+    /// Its newest event is a put of this generation.
+    Put(Generation),
+    /// A put whose generation the index does not hold (events loaded at
+    /// open, or a rolled-back request): read it from the engine.
+    Unknown,
+}
+
+#[derive(Debug, Default)]
+struct History {
+    revs: Vec<Rev>,
+    /// Of the newest event in `revs`, when it is a put and known.
+    newest: Option<Generation>,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct KeyIndex {
-    keys: BTreeMap<Bytes, Vec<Rev>>,
+    keys: BTreeMap<Bytes, History>,
 }
 
 impl KeyIndex {
@@ -80,7 +107,24 @@ impl KeyIndex {
 
     /// The event visible for `key` at revision `at`.
     pub(crate) fn get(&self, key: &[u8], at: i64) -> Option<Rev> {
-        visible(self.keys.get(key)?, at)
+        visible(&self.keys.get(key)?.revs, at)
+    }
+
+    /// The key's newest event as a put at revision `at` sees it. An event
+    /// at `at` itself (an earlier change of the same request) is
+    /// `Unknown`: the put's watchers compare with the value before the
+    /// whole request, which the index does not hold.
+    pub(crate) fn newest(&self, key: &[u8], at: i64) -> Newest {
+        let Some(h) = self.keys.get(key) else {
+            return Newest::Absent;
+        };
+        match (h.revs.last(), h.newest) {
+            (Some(last), _) if last.main >= at => Newest::Unknown,
+            (None, _) => Newest::Absent,
+            (Some(last), _) if last.tombstone => Newest::Absent,
+            (Some(_), Some(g)) => Newest::Put(g),
+            (Some(_), None) => Newest::Unknown,
+        }
     }
 
     /// Calls `f` for every key of `range` visible at `at`, in ascending key
@@ -94,8 +138,8 @@ impl KeyIndex {
         let bounds: (Bound<&[u8]>, Bound<&[u8]>) = match range {
             KeyRange::Empty => return,
             KeyRange::Single(key) => {
-                if let Some((k, revs)) = self.keys.get_key_value(key) {
-                    if let Some(r) = visible(revs, at) {
+                if let Some((k, h)) = self.keys.get_key_value(key) {
+                    if let Some(r) = visible(&h.revs, at) {
                         f(k, r);
                     }
                 }
@@ -104,8 +148,8 @@ impl KeyIndex {
             KeyRange::From(key) => (Bound::Included(key), Bound::Unbounded),
             KeyRange::Between(key, end) => (Bound::Included(key), Bound::Excluded(end)),
         };
-        for (k, revs) in self.keys.range::<[u8], _>(bounds) {
-            if let Some(r) = visible(revs, at) {
+        for (k, h) in self.keys.range::<[u8], _>(bounds) {
+            if let Some(r) = visible(&h.revs, at) {
                 if !f(k, r) {
                     return;
                 }
@@ -123,29 +167,40 @@ impl KeyIndex {
         n
     }
 
-    /// Records a new event for `key`. Events must arrive in increasing
-    /// `(main, sub)` order, which the apply path and the engine scan in
-    /// `open` both guarantee.
-    pub(crate) fn push(&mut self, key: &[u8], rev: Rev) {
-        if let Some(revs) = self.keys.get_mut(key) {
-            revs.push(rev);
+    /// Records a new event for `key`, with its generation when it is a put
+    /// whose creation revision and version the caller knows. Events must
+    /// arrive in increasing `(main, sub)` order, which the apply path and
+    /// the engine scan in `open` both guarantee.
+    pub(crate) fn push(&mut self, key: &[u8], rev: Rev, generation: Option<Generation>) {
+        let newest = if rev.tombstone { None } else { generation };
+        if let Some(h) = self.keys.get_mut(key) {
+            h.revs.push(rev);
+            h.newest = newest;
         } else {
             // Copy the key: the caller's bytes may be a slice of a whole Raft
             // entry, which the index would otherwise pin for its lifetime.
-            self.keys.insert(Bytes::copy_from_slice(key), vec![rev]);
+            self.keys.insert(
+                Bytes::copy_from_slice(key),
+                History {
+                    revs: vec![rev],
+                    newest,
+                },
+            );
         }
     }
 
     /// Undoes the last [`KeyIndex::push`] for `key` if it was at `main`
     /// (rollback of a failed request).
     pub(crate) fn pop(&mut self, key: &[u8], main: i64) {
-        let Some(revs) = self.keys.get_mut(key) else {
+        let Some(h) = self.keys.get_mut(key) else {
             return;
         };
-        if revs.last().is_some_and(|r| r.main == main) {
-            revs.pop();
+        if h.revs.last().is_some_and(|r| r.main == main) {
+            h.revs.pop();
+            // The event before is not remembered: the next put reads it.
+            h.newest = None;
         }
-        if revs.is_empty() {
+        if h.revs.is_empty() {
             self.keys.remove(key);
         }
     }
@@ -153,23 +208,25 @@ impl KeyIndex {
     /// Calls `f` for every event that [`KeyIndex::compact`] at `at` would
     /// drop, without changing anything.
     pub(crate) fn compaction_garbage(&self, at: i64, mut f: impl FnMut(Rev)) {
-        for revs in self.keys.values() {
-            let n = garbage_len(revs, at);
-            revs.iter().take(n).for_each(|r| f(*r));
+        for h in self.keys.values() {
+            let n = garbage_len(&h.revs, at);
+            h.revs.iter().take(n).for_each(|r| f(*r));
         }
     }
 
     /// Drops every event no read at a revision `>= at` can reach, and keys
     /// left with no event.
     pub(crate) fn compact(&mut self, at: i64) {
-        self.keys.retain(|_, revs| {
-            let n = garbage_len(revs, at);
+        // The newest event always survives (only a tombstone goes, and its
+        // key with it), so `newest` stays true.
+        self.keys.retain(|_, h| {
+            let n = garbage_len(&h.revs, at);
             if n > 0 {
-                revs.drain(..n);
+                h.revs.drain(..n);
                 // Compaction is rare; give back the memory of long histories.
-                revs.shrink_to_fit();
+                h.revs.shrink_to_fit();
             }
-            !revs.is_empty()
+            !h.revs.is_empty()
         });
     }
 }
@@ -204,14 +261,53 @@ mod tests {
     }
 
     #[test]
+    fn newest_generation_for_the_next_put() {
+        let g = |created, version| Some(Generation { created, version });
+        let mut ix = KeyIndex::default();
+        assert_eq!(ix.newest(b"a", 2), Newest::Absent);
+        ix.push(b"a", put(2, 0), g(2, 1));
+        assert_eq!(
+            ix.newest(b"a", 3),
+            Newest::Put(Generation {
+                created: 2,
+                version: 1
+            })
+        );
+        // Loaded at open: generation unknown until the next put records it.
+        ix.push(b"b", put(2, 1), None);
+        assert_eq!(ix.newest(b"b", 3), Newest::Unknown);
+        ix.push(b"a", del(3, 0), None);
+        assert_eq!(ix.newest(b"a", 4), Newest::Absent);
+        ix.push(b"a", put(4, 0), g(4, 1));
+        assert_eq!(ix.newest(b"a", 4), Newest::Unknown, "same request");
+        ix.push(b"a", put(5, 0), g(4, 2));
+        // A rolled-back put leaves the one before it unknown.
+        ix.pop(b"a", 5);
+        assert_eq!(ix.newest(b"a", 5), Newest::Unknown);
+        // A tombstone never carries a generation.
+        ix.push(b"c", del(6, 0), g(1, 1));
+        assert_eq!(ix.newest(b"c", 7), Newest::Absent);
+        // Compaction keeps the newest event and so its generation.
+        ix.push(b"a", put(7, 0), g(4, 3));
+        ix.compact(7);
+        assert_eq!(
+            ix.newest(b"a", 8),
+            Newest::Put(Generation {
+                created: 4,
+                version: 3
+            })
+        );
+    }
+
+    #[test]
     fn visibility_and_compaction() {
         let mut ix = KeyIndex::default();
-        ix.push(b"a", put(2, 0));
-        ix.push(b"a", put(3, 0));
-        ix.push(b"a", del(5, 0));
-        ix.push(b"a", put(5, 1));
-        ix.push(b"b", put(4, 0));
-        ix.push(b"b", del(6, 0));
+        ix.push(b"a", put(2, 0), None);
+        ix.push(b"a", put(3, 0), None);
+        ix.push(b"a", del(5, 0), None);
+        ix.push(b"a", put(5, 1), None);
+        ix.push(b"b", put(4, 0), None);
+        ix.push(b"b", del(6, 0), None);
         assert_eq!(ix.get(b"a", 1), None);
         assert_eq!(ix.get(b"a", 2), Some(put(2, 0)));
         assert_eq!(ix.get(b"a", 4), Some(put(3, 0)));

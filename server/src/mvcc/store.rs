@@ -38,7 +38,7 @@ use engine::{Engine, EngineSnapshot, Scan, WriteBatch};
 
 use super::codec::{self, MAX_TXN_DEPTH};
 use super::error::MvccError;
-use super::key_index::{KeyIndex, KeyRange, Rev};
+use super::key_index::{Generation, KeyIndex, KeyRange, Newest, Rev};
 use super::types::{
     ApplyOutcome, CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
     DeleteRangeRequest, DeleteRangeResponse, Event, EventKind, HashKv, KeyValue, PutRequest,
@@ -121,6 +121,10 @@ pub struct MvccStore<E: Engine> {
     index: KeyIndex,
     current_rev: i64,
     compact_rev: i64,
+    /// Whether a put reads the key's previous value for watchers with
+    /// `prev_kv` even when its request does not need it (see
+    /// [`Event::prev_kv_unread`]).
+    read_prev_for_watchers: bool,
 }
 
 impl<E: Engine> std::fmt::Debug for MvccStore<E> {
@@ -157,6 +161,8 @@ impl<E: Engine> MvccStore<E> {
         scan_revisions(&snap, &[KEY_PREFIX], |main, sub, v| {
             let (tombstone, key) = codec::decode_kv_key(v)
                 .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
+            // Generations are not decoded here (open stays a key scan):
+            // the first put of each key reads its previous value once.
             index.push(
                 key,
                 Rev {
@@ -164,6 +170,7 @@ impl<E: Engine> MvccStore<E> {
                     sub,
                     tombstone,
                 },
+                None,
             );
             max_main = main;
             Ok(())
@@ -176,7 +183,14 @@ impl<E: Engine> MvccStore<E> {
             // etcd's store starts at revision 1: the first write is 2.
             current_rev: max_main.max(compact_rev).max(INITIAL_REVISION),
             compact_rev,
+            read_prev_for_watchers: true,
         })
+    }
+
+    /// Whether some watcher may want `prev_kv` (a hint: a watcher that
+    /// finds an event's previous value unread reads it from history).
+    pub fn set_read_prev_for_watchers(&mut self, read: bool) {
+        self.read_prev_for_watchers = read;
     }
 
     /// The revision of the last change (1 for an empty store, as etcd's).
@@ -328,7 +342,12 @@ impl<E: Engine> MvccStore<E> {
                 } else {
                     EventKind::Put
                 };
-                events.push(Event { kind, kv, prev_kv });
+                events.push(Event {
+                    kind,
+                    kv,
+                    prev_kv,
+                    prev_kv_unread: false,
+                });
             }
             Ok(())
         })?;
@@ -414,6 +433,7 @@ impl<E: Engine> MvccStore<E> {
             snap: &snap,
             begin_rev,
             compact_rev: self.compact_rev,
+            read_prev_for_watchers: self.read_prev_for_watchers,
             changes: Vec::new(),
         };
         let result = match req {
@@ -459,6 +479,7 @@ impl<E: Engine> MvccStore<E> {
                 },
                 kv: c.kv,
                 prev_kv: c.event_prev,
+                prev_kv_unread: c.event_prev_unread,
             })
             .collect();
         Ok(ApplyOutcome { response, events })
@@ -531,6 +552,8 @@ struct Change {
     tombstone: bool,
     /// The watcher's `prev_kv` for this change (see [`Event::prev_kv`]).
     event_prev: Option<KeyValue>,
+    /// See [`Event::prev_kv_unread`].
+    event_prev_unread: bool,
 }
 
 /// A read-only view: the index, an engine snapshot, and the changes staged
@@ -918,6 +941,7 @@ struct WriteTxn<'a, S> {
     /// The store revision before the request; writes go to `begin_rev + 1`.
     begin_rev: i64,
     compact_rev: i64,
+    read_prev_for_watchers: bool,
     changes: Vec<Change>,
 }
 
@@ -938,11 +962,13 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
         self.begin_rev + i64::from(!self.changes.is_empty())
     }
 
+    /// Stages one change; `event_prev` is `None` when the previous value
+    /// was not read (see [`Event::prev_kv_unread`]).
     fn stage(
         &mut self,
         kv: KeyValue,
         tombstone: bool,
-        event_prev: Option<KeyValue>,
+        event_prev: Option<Option<KeyValue>>,
     ) -> Result<(), MvccError> {
         let sub = u32::try_from(self.changes.len())
             .map_err(|_| corrupt("more than 2^32 changes in one revision"))?;
@@ -953,17 +979,50 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
                 sub,
                 tombstone,
             },
+            Some(Generation {
+                created: kv.create_revision,
+                version: kv.version,
+            }),
         );
         self.changes.push(Change {
             kv,
             tombstone,
-            event_prev,
+            event_prev_unread: event_prev.is_none(),
+            event_prev: event_prev.flatten(),
         });
         Ok(())
     }
 
     fn put(&mut self, p: &PutRequest) -> Result<PutResponse, MvccError> {
         let rev = self.begin_rev + 1;
+        let needs_prev = p.prev_kv || p.ignore_value || p.ignore_lease;
+        if !needs_prev {
+            // etcd's keyIndex answers a plain put without a backend read:
+            // creation revision and version come from the index, and the
+            // previous value is read only if a watcher may want it.
+            let known = match self.index.newest(&p.key, rev) {
+                Newest::Absent => Some(((rev, 1), Some(None))),
+                Newest::Put(g) if !self.read_prev_for_watchers => {
+                    Some(((g.created, g.version.saturating_add(1)), None))
+                }
+                _ => None,
+            };
+            if let Some(((create_revision, version), event_prev)) = known {
+                let kv = KeyValue {
+                    key: p.key.clone(),
+                    create_revision,
+                    mod_revision: rev,
+                    version,
+                    value: p.value.clone(),
+                    lease: p.lease,
+                };
+                self.stage(kv, false, event_prev)?;
+                return Ok(PutResponse {
+                    header: header(rev),
+                    prev_kv: None,
+                });
+            }
+        }
         let view = self.view();
         let prev = view.get(&p.key, rev)?;
         let (value, lease) = match &prev {
@@ -996,7 +1055,7 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
             value,
             lease,
         };
-        self.stage(kv, false, event_prev)?;
+        self.stage(kv, false, Some(event_prev))?;
         Ok(PutResponse {
             header: header(rev),
             prev_kv: if p.prev_kv { prev } else { None },
@@ -1037,7 +1096,7 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
                 mod_revision: rev,
                 ..KeyValue::default()
             };
-            self.stage(kv, true, event_prev)?;
+            self.stage(kv, true, Some(event_prev))?;
         }
         Ok(DeleteRangeResponse {
             header: header(if self.changes.is_empty() {

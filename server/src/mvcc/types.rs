@@ -300,6 +300,11 @@ pub struct Event {
     /// revision `kv.mod_revision - 1` (before the whole request), and `None`
     /// for a create (`create_revision == mod_revision`) or a key absent then.
     pub prev_kv: Option<KeyValue>,
+    /// The put did not read the key's previous value (no watcher wanted
+    /// `prev_kv` when it was applied, and the request did not need it):
+    /// `prev_kv` is `None` without meaning "no previous value". A watcher
+    /// that wants `prev_kv` re-reads such an event from history.
+    pub prev_kv_unread: bool,
 }
 
 /// What [`super::MvccStore::apply`] did.

@@ -356,3 +356,83 @@ fn big_watch_responses_are_fragmented_on_request() {
         assert_eq!(one.events().len(), 3);
     });
 }
+
+/// Puts read the previous value only while some watcher wants `prev_kv`;
+/// watchers created while puts stream in (on whichever shard their
+/// connection lands) must still get every previous value right, the
+/// first events after their creation included.
+#[test]
+fn prev_kv_watchers_created_under_writes_get_every_previous_value() {
+    use std::collections::HashMap;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("m"), &[]);
+    runtime().block_on(async {
+        let mut writer = connect(&s).await;
+        let puts = 800usize;
+        let writes = tokio::spawn(async move {
+            // revision -> (key, value), in write order.
+            let mut log = Vec::with_capacity(puts);
+            for n in 0..puts {
+                let (key, value) = (format!("hot/{}", n % 8), format!("v{n}"));
+                let resp = within("put", writer.put(key.clone(), value.clone(), None))
+                    .await
+                    .unwrap();
+                log.push((resp.header().unwrap().revision(), key, value));
+            }
+            log
+        });
+        let mut streams = Vec::new();
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            let mut c = connect(&s).await;
+            let (watcher, stream) = within(
+                "watch",
+                c.watch(
+                    "hot/",
+                    Some(WatchOptions::new().with_prefix().with_prev_key()),
+                ),
+            )
+            .await
+            .unwrap();
+            streams.push((c, watcher, stream));
+        }
+        let log = writes.await.unwrap();
+        let last_rev = log.last().unwrap().0;
+        let by_rev: HashMap<i64, (String, String)> = log
+            .iter()
+            .map(|(r, k, v)| (*r, (k.clone(), v.clone())))
+            .collect();
+        // The revision of each key's write before revision `r`.
+        let previous = |key: &str, r: i64| {
+            log.iter()
+                .filter(|(rev, k, _)| k == key && *rev < r)
+                .map(|(rev, _, v)| (*rev, v.clone()))
+                .next_back()
+        };
+        let mut checked = 0;
+        for (_c, _w, mut stream) in streams {
+            let mut seen = 0i64;
+            while seen < last_rev {
+                let resp = within("events", stream.message()).await.unwrap().unwrap();
+                for ev in resp.events() {
+                    let kv = ev.kv().unwrap();
+                    let rev = kv.mod_revision();
+                    assert!(rev > seen, "revision {rev} after {seen}");
+                    seen = rev;
+                    let (key, value) = &by_rev[&rev];
+                    assert_eq!(
+                        (kv.key_str().unwrap(), kv.value_str().unwrap()),
+                        (&key[..], &value[..])
+                    );
+                    let want = previous(key, rev);
+                    let got = ev
+                        .prev_kv()
+                        .map(|p| (p.mod_revision(), p.value_str().unwrap().to_string()));
+                    assert_eq!(got, want, "prev_kv of {key} at revision {rev}");
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 0, "the watchers saw no event");
+    });
+}
