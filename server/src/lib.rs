@@ -14,6 +14,7 @@ pub mod fuzzing;
 pub mod ids;
 pub mod lease;
 pub mod members;
+pub mod metrics;
 pub mod mvcc;
 pub mod node;
 pub mod notify;

@@ -331,6 +331,8 @@ type ReadWaiter = oneshot::Sender<Result<()>>;
 pub struct Node {
     /// This member's ID (its Raft ID too), derived as etcd derives it.
     id: u64,
+    /// Counters and latency histograms for `/metrics`.
+    pub metrics: crate::metrics::NodeMetrics,
     cluster_id: u64,
     registry: RefCell<Registry>,
     /// The attributes this member publishes through the log.
@@ -392,6 +394,8 @@ pub struct Node {
     last_snapshot_index: Cell<u64>,
     max_request_bytes: usize,
     max_pending: usize,
+    /// `--quota-backend-bytes`, reported in `/metrics`.
+    quota_backend_bytes: u64,
     max_batch: usize,
     batch_window: Duration,
     snapshot_count: u64,
@@ -615,6 +619,7 @@ impl Node {
             .map_or(0, |d| d.as_nanos() as u64);
         let node = Rc::new(Node {
             id,
+            metrics: Default::default(),
             cluster_id,
             registry: RefCell::new(registry),
             my_attrs,
@@ -659,6 +664,7 @@ impl Node {
             snapshot_retry_at: Cell::new(None),
             max_request_bytes: cfg.max_request_bytes,
             max_pending: cfg.max_pending_proposals,
+            quota_backend_bytes: cfg.quota_backend_bytes,
             max_batch: cfg.wal_max_batch,
             batch_window: Duration::from_micros(cfg.wal_batch_window_us),
             snapshot_count: cfg.snapshot_count,
@@ -801,6 +807,26 @@ impl Node {
                 .sum()
         }
         bytes_under(&self.dirs.snap, 2) + bytes_under(&self.dirs.wal, 0)
+    }
+
+    /// The Prometheus `/metrics` page (see [`crate::metrics`]).
+    pub fn metrics_page(&self) -> String {
+        let status = self.status();
+        let keys = self.mvcc.try_borrow().map_or(0, |m| m.key_count());
+        let gauges = crate::metrics::Gauges {
+            member_id: self.id,
+            has_leader: status.leader != 0,
+            is_leader: status.leader == self.id,
+            is_learner: status.is_learner,
+            committed_index: status.committed_index,
+            applied_index: status.applied_index,
+            proposals_pending: self.queue.borrow().len() + self.pending.borrow().len(),
+            db_size: self.disk_usage(),
+            keys,
+            watchers: crate::watch::watchers_in_process(),
+            quota_backend_bytes: self.quota_backend_bytes,
+        };
+        crate::metrics::render(&gauges, &self.metrics)
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -970,8 +996,17 @@ impl Node {
         let answer = self
             .within_request_timeout(async { rx.await.map_err(|_| ServerError::Stopped)? })
             .await;
-        if answer.is_err() {
+        if let Err(e) = &answer {
             self.pending.borrow_mut().remove(&id);
+            if matches!(
+                e,
+                ServerError::Timeout
+                    | ServerError::LeaderChanged
+                    | ServerError::NoLeader
+                    | ServerError::Stopped
+            ) {
+                self.metrics.note_failed_proposal();
+            }
         }
         answer
     }
@@ -1371,7 +1406,9 @@ impl Node {
             raw.store().wl().set_hardstate(hs.clone());
         }
         // The group commit: one frame, one fdatasync for the whole Ready.
+        let started = Instant::now();
         wal.sync().await?;
+        self.metrics.wal_fsync.observe(started.elapsed());
         self.send(ready.take_persisted_messages());
         let mut light = raw.advance(ready);
         self.send(light.take_messages());
@@ -1704,6 +1741,7 @@ impl Node {
     fn refresh_status(&self, raw: &RawNode<MemStorage>, wal: &Wal) {
         let mvcc = self.mvcc.borrow();
         let raft = &raw.raft;
+        self.metrics.note_leader(raft.leader_id);
         self.status.set(NodeStatus {
             term: raft.term,
             leader: raft.leader_id,
@@ -1740,11 +1778,13 @@ impl Node {
         let node = self.clone();
         let engine = self.engine.borrow().clone();
         glommio::spawn_local(async move {
+            let started = Instant::now();
             let result = node
                 .engine_dir
                 .checkpoint(&engine)
                 .await
                 .map_err(ServerError::from);
+            node.metrics.backend_commit.observe(started.elapsed());
             *node.snapshot_done.borrow_mut() = Some(result);
             node.queue_ready.notify();
         })

@@ -63,6 +63,8 @@ pub enum Command {
     LeaseTimeToLive(i64),
     Leases,
     Status,
+    /// The Prometheus `/metrics` page.
+    Metrics,
     Members,
     MemberAdd {
         peer_urls: Vec<String>,
@@ -103,6 +105,7 @@ pub enum Reply {
     Backup(Result<(std::path::PathBuf, u64, i64)>, u64),
     /// A lease query: the answer, the store revision and the term.
     Lease(LeaseInfo, i64, u64),
+    Metrics(String),
     Status {
         status: NodeStatus,
         healthy: bool,
@@ -337,6 +340,7 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             let result = node.defragment().await;
             Reply::Defragment(result, node.status().term)
         }
+        Command::Metrics => Reply::Metrics(node.metrics_page()),
         Command::Status => Reply::Status {
             status: node.status(),
             healthy: node.is_healthy(),
@@ -739,11 +743,15 @@ async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
         )));
     }
     let router = Router::new(
-        Services::new(backend, hub, listeners.member.clone()),
+        Services::new(backend.clone(), hub, listeners.member.clone()),
         listeners.max_grpc_message_bytes,
     );
     for addr in &listeners.grpc {
-        tasks.push(glommio::spawn_local(grpc_serve(bind(addr), router.clone())));
+        tasks.push(glommio::spawn_local(grpc_serve(
+            bind(addr),
+            router.clone(),
+            backend.clone(),
+        )));
     }
     for t in tasks {
         t.await;

@@ -90,19 +90,36 @@ pub fn prev_kv_watched() -> bool {
     PREV_KV_WATCHERS.load(Ordering::Relaxed) > 0
 }
 
-/// Counts one `prev_kv` watcher in [`PREV_KV_WATCHERS`] while it lives.
-struct PrevKvInterest;
+/// Watchers in this process, on every shard (`/metrics`).
+static WATCHERS: AtomicUsize = AtomicUsize::new(0);
 
-impl PrevKvInterest {
-    fn new() -> Self {
-        PREV_KV_WATCHERS.fetch_add(1, Ordering::Relaxed);
-        PrevKvInterest
+/// Watchers on every shard of this process.
+pub fn watchers_in_process() -> usize {
+    WATCHERS.load(Ordering::Relaxed)
+}
+
+/// Counts one watcher in [`WATCHERS`], and in [`PREV_KV_WATCHERS`] if it
+/// wants `prev_kv`, while it lives.
+struct Counted {
+    prev_kv: bool,
+}
+
+impl Counted {
+    fn new(prev_kv: bool) -> Self {
+        WATCHERS.fetch_add(1, Ordering::Relaxed);
+        if prev_kv {
+            PREV_KV_WATCHERS.fetch_add(1, Ordering::Relaxed);
+        }
+        Counted { prev_kv }
     }
 }
 
-impl Drop for PrevKvInterest {
+impl Drop for Counted {
     fn drop(&mut self) {
-        PREV_KV_WATCHERS.fetch_sub(1, Ordering::Relaxed);
+        WATCHERS.fetch_sub(1, Ordering::Relaxed);
+        if self.prev_kv {
+            PREV_KV_WATCHERS.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -118,7 +135,7 @@ struct Watcher {
     /// live events stay held until it re-reads from the new store.
     needs_resync: bool,
     out: UnboundedSender<pb::WatchResponse>,
-    _prev_kv_interest: Option<PrevKvInterest>,
+    _counted: Counted,
 }
 
 /// Identity for response headers.
@@ -202,7 +219,7 @@ impl WatchHub {
             Watcher {
                 stream,
                 watch_id,
-                _prev_kv_interest: spec.prev_kv.then(PrevKvInterest::new),
+                _counted: Counted::new(spec.prev_kv),
                 spec,
                 next_rev: start_rev,
                 syncing: syncing.then(Vec::new),

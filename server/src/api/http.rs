@@ -59,12 +59,77 @@ pub async fn serve(listener: glommio::net::TcpListener, backend: Backend, limits
             // already answered with 400): nothing to do but drop the socket.
             let _ = hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)
-                .serve_connection(HyperStream(stream), service)
+                .serve_connection(HyperStream::new(stream), service)
                 .await;
         }
     })
     .await
 }
+
+/// etcd's HTTP/1.1 endpoints on the client URLs (`--listen-client-urls`,
+/// shared with gRPC): `/version`, `/health` and `/metrics`, with etcd's
+/// bodies and headers; anything else is Go's `404 page not found`.
+pub async fn serve_etcd_http1(io: HyperStream, backend: Backend) {
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let backend = backend.clone();
+        async move { Ok::<_, Infallible>(etcd_http1(&backend, req.uri().path()).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .keep_alive(true)
+        .serve_connection(io, service)
+        .await;
+}
+
+async fn etcd_http1(backend: &Backend, path: &str) -> HttpResponse {
+    const JSON: &str = "application/json";
+    const TEXT: &str = "text/plain; charset=utf-8";
+    let (status, content_type, body) = match path {
+        "/version" => (StatusCode::OK, JSON, Bytes::from(version_body())),
+        "/health" => match backend.call(Command::Status).await {
+            Reply::Status { healthy: true, .. } => (
+                StatusCode::OK,
+                TEXT,
+                Bytes::from_static(br#"{"health":"true"}"#),
+            ),
+            _ => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
+                Bytes::from_static(br#"{"health":"false"}"#),
+            ),
+        },
+        "/metrics" => match backend.call(Command::Metrics).await {
+            Reply::Metrics(page) => (StatusCode::OK, METRICS_CONTENT_TYPE, Bytes::from(page)),
+            _ => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
+                Bytes::from_static(b"metcd is stopping\n"),
+            ),
+        },
+        _ => (
+            StatusCode::NOT_FOUND,
+            TEXT,
+            Bytes::from_static(b"404 page not found\n"),
+        ),
+    };
+    let mut resp = Response::new(Full::new(body));
+    *resp.status_mut() = status;
+    let headers = resp.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    // etcd's client handler allows cross-origin requests.
+    headers.insert(
+        "access-control-allow-headers",
+        HeaderValue::from_static("accept, content-type, authorization"),
+    );
+    headers.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("POST, GET, OPTIONS, PUT, DELETE"),
+    );
+    headers.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    resp
+}
+
+/// Prometheus' text exposition format, as etcd serves it.
+const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Binds with SO_REUSEPORT (every shard listens on the same port) and
 /// SO_REUSEADDR (a restart right after a kill must not trip over the old
@@ -102,12 +167,20 @@ async fn route(
     let query = Query::parse(req.uri().query().unwrap_or(""))?;
     match path.as_str() {
         "/health" => return health(backend).await,
-        "/version" => return Ok(json_response(StatusCode::OK, &version_json(), None)),
+        "/version" => {
+            let mut resp = Response::new(Full::new(Bytes::from(version_body())));
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            return Ok(resp);
+        }
         "/metrics" => {
-            return Ok(text_response(
-                StatusCode::NOT_FOUND,
-                "metrics are not served yet\n",
-            ))
+            let Reply::Metrics(page) = backend.call(Command::Metrics).await else {
+                return Err(ServerError::Stopped);
+            };
+            let mut resp = Response::new(Full::new(Bytes::from(page)));
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));
+            return Ok(resp);
         }
         "/-/compact" if req.method() == Method::POST => return compact(backend, &query).await,
         "/-/members/replace" if req.method() == Method::POST => {
@@ -179,12 +252,14 @@ async fn health(backend: &Backend) -> Result<HttpResponse, ServerError> {
     ))
 }
 
-fn version_json() -> Value {
-    json!({
-        "etcdserver": crate::ETCD_API_VERSION,
-        "etcdcluster": crate::ETCD_CLUSTER_VERSION,
-        "metcd": env!("CARGO_PKG_VERSION"),
-    })
+/// etcd's `/version` body, fields in etcd's order, plus metcd's version.
+fn version_body() -> String {
+    format!(
+        r#"{{"etcdserver":"{}","etcdcluster":"{}","metcd":"{}"}}"#,
+        crate::ETCD_API_VERSION,
+        crate::ETCD_CLUSTER_VERSION,
+        env!("CARGO_PKG_VERSION"),
+    )
 }
 
 async fn compact(backend: &Backend, query: &Query) -> Result<HttpResponse, ServerError> {
@@ -444,12 +519,6 @@ fn json_response(status: StatusCode, body: &Value, rev: Option<i64>) -> HttpResp
     if let Some(rev) = rev {
         set_revision(&mut resp, rev);
     }
-    resp
-}
-
-fn text_response(status: StatusCode, body: &'static str) -> HttpResponse {
-    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-    *resp.status_mut() = status;
     resp
 }
 

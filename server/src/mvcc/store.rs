@@ -193,6 +193,12 @@ impl<E: Engine> MvccStore<E> {
         self.read_prev_for_watchers = read;
     }
 
+    /// Keys in the index (live or deleted since the last compaction), as
+    /// etcd's `etcd_debugging_mvcc_keys_total` counts them.
+    pub fn key_count(&self) -> usize {
+        self.index.len()
+    }
+
     /// The revision of the last change (1 for an empty store, as etcd's).
     pub fn current_revision(&self) -> i64 {
         self.current_rev

@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
+mod client_url_http;
 mod cluster;
 mod crash;
 mod engines;

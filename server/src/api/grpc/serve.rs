@@ -100,21 +100,56 @@ impl Router {
 }
 
 /// Serves the gRPC API on `listener`: one task per connection, hyper
-/// spawns one per stream.
-pub async fn serve(listener: glommio::net::TcpListener, router: Router) {
-    crate::api::accept_loop(listener, "grpc", move |stream| {
+/// spawns one per stream. As etcd does on its client URLs, a connection
+/// that does not open with the HTTP/2 preface is HTTP/1.1 and gets etcd's
+/// `/version`, `/health` and `/metrics` ([`crate::api::http::serve_etcd_http1`]).
+pub async fn serve(
+    listener: glommio::net::TcpListener,
+    router: Router,
+    backend: crate::shard::Backend,
+) {
+    crate::api::accept_loop(listener, "grpc", move |mut stream| {
         let router = router.clone();
+        let backend = backend.clone();
         async move {
+            let Ok(head) = read_preface(&mut stream).await else {
+                return;
+            };
+            if head != H2_PREFACE {
+                let io = HyperStream::with_replay(stream, head);
+                crate::api::http::serve_etcd_http1(io, backend).await;
+                return;
+            }
             let service = hyper::service::service_fn(move |req| router.clone().route(req));
             // A failing connection is the client's business (reset, bad
             // preface, protocol error answered with GOAWAY).
             let _ = hyper::server::conn::http2::Builder::new(GlommioExec)
                 .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-                .serve_connection(HyperStream(stream), service)
+                .serve_connection(HyperStream::with_replay(stream, head), service)
                 .await;
         }
     })
     .await
+}
+
+/// What every HTTP/2 connection with prior knowledge (gRPC) starts with.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads the connection's first bytes: the whole HTTP/2 preface, or up to
+/// the first byte that differs from it (then it is HTTP/1).
+async fn read_preface(stream: &mut glommio::net::TcpStream) -> std::io::Result<Vec<u8>> {
+    use futures_lite::AsyncReadExt;
+    let mut head = vec![0u8; H2_PREFACE.len()];
+    let mut n = 0;
+    while n < head.len() && head[..n] == H2_PREFACE[..n] {
+        let got = stream.read(&mut head[n..]).await?;
+        if got == 0 {
+            break;
+        }
+        n += got;
+    }
+    head.truncate(n);
+    Ok(head)
 }
 
 /// etcd's default (`--max-concurrent-streams` is unlimited in 3.4, but a

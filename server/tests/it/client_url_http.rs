@@ -1,0 +1,98 @@
+//! etcd's HTTP/1.1 endpoints on the client URL, which gRPC shares:
+//! `curl 127.0.0.1:2379/version`, `/health` and `/metrics` (Prometheus),
+//! compared with a real etcd 3.4 where etcd is exact.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use crate::etcd_peer::{etcdctl, require_etcd, RealEtcd};
+use crate::support::Server;
+
+/// (status line, body) of one HTTP/1.0 GET: the server closes the
+/// connection after the answer, so no chunked decoding is needed.
+fn get(endpoint: &str, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(endpoint).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {endpoint}\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The metric families a page declares: its `# HELP` and `# TYPE` lines.
+fn declarations(page: &str) -> Vec<&str> {
+    page.lines().filter(|l| l.starts_with("# ")).collect()
+}
+
+/// The value of an unlabelled sample.
+fn sample(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{page}"))
+}
+
+#[test]
+fn version_health_and_metrics_on_the_client_url_as_etcd_serves_them() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = RealEtcd::start(&dir.path().join("etcd"));
+    let metcd = Server::start(&dir.path().join("metcd"), &["--shards", "2"]);
+    let ep = metcd.client_endpoint();
+
+    // gRPC keeps working on the same port (several connections: each shard
+    // accepts some).
+    for i in 0..4 {
+        let out = etcdctl(&ep, &["put", &format!("k{i}"), "v"]);
+        assert!(out.status.success(), "{out:?}");
+    }
+
+    for (path, want_status) in [("/health", "200 OK"), ("/nope", "404 Not Found")] {
+        let (theirs, ours) = (get(&etcd.endpoint, path), get(&ep, path));
+        assert!(theirs.0.ends_with(want_status), "etcd {path}: {theirs:?}");
+        assert!(ours.0.ends_with(want_status), "metcd {path}: {ours:?}");
+        assert_eq!(ours.1, theirs.1, "body of {path}");
+    }
+
+    // etcd's fields in etcd's order, then metcd's own.
+    let (status, body) = get(&ep, "/version");
+    assert!(status.ends_with("200 OK"), "{status}");
+    let theirs = get(&etcd.endpoint, "/version").1;
+    let field_names = |b: &str| -> Vec<String> {
+        b.split('"')
+            .skip(1)
+            .step_by(4)
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(field_names(&theirs), ["etcdserver", "etcdcluster"]);
+    assert_eq!(field_names(&body), ["etcdserver", "etcdcluster", "metcd"]);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["etcdserver"], server::ETCD_API_VERSION);
+
+    // Every family metcd serves is declared exactly as etcd declares it.
+    let (status, ours) = get(&ep, "/metrics");
+    assert!(status.ends_with("200 OK"), "{status}");
+    let theirs = get(&etcd.endpoint, "/metrics").1;
+    let etcd_declares = declarations(&theirs);
+    let ours_declared = declarations(&ours);
+    assert!(ours_declared.len() >= 30, "{ours}");
+    for d in ours_declared {
+        assert!(etcd_declares.contains(&d), "etcd does not declare {d:?}");
+    }
+    assert_eq!(sample(&ours, "etcd_server_has_leader"), 1.0);
+    assert_eq!(sample(&ours, "etcd_server_is_leader"), 1.0);
+    assert_eq!(sample(&ours, "etcd_server_leader_changes_seen_total"), 1.0);
+    assert_eq!(sample(&ours, "etcd_debugging_mvcc_keys_total"), 4.0);
+    assert!(sample(&ours, "etcd_disk_wal_fsync_duration_seconds_count") >= 4.0);
+    let committed = sample(&ours, "etcd_server_proposals_committed_total");
+
+    // The figures move with the work done.
+    let out = etcdctl(&ep, &["put", "k9", "v"]);
+    assert!(out.status.success(), "{out:?}");
+    let after = get(&ep, "/metrics").1;
+    assert!(sample(&after, "etcd_server_proposals_committed_total") > committed);
+    assert_eq!(sample(&after, "etcd_debugging_mvcc_keys_total"), 5.0);
+}
