@@ -97,6 +97,15 @@ pub struct Config {
     pub peer_trusted_ca_file: Option<PathBuf>,
     /// Refuse peers that present no certificate of the trusted CA.
     pub peer_client_cert_auth: bool,
+    /// Client TLS (etcd's flags): the certificate chain and key (PEM) the
+    /// client URLs present; with them every `--listen-client-urls` URL is
+    /// `https://`.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// The CA client certificates must chain to (with `client_cert_auth`).
+    pub trusted_ca_file: Option<PathBuf>,
+    /// Refuse clients that present no certificate of the trusted CA.
+    pub client_cert_auth: bool,
     /// Log entries a member keeps in memory behind its last snapshot so a
     /// lagging follower catches up from the log instead of a snapshot
     /// (etcd's `--experimental-snapshot-catchup-entries`).
@@ -140,6 +149,10 @@ impl Default for Config {
             peer_key_file: None,
             peer_trusted_ca_file: None,
             peer_client_cert_auth: false,
+            cert_file: None,
+            key_file: None,
+            trusted_ca_file: None,
+            client_cert_auth: false,
             experimental_snapshot_catchup_entries: 5000,
         }
     }
@@ -228,6 +241,15 @@ pub struct Flags {
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub peer_client_cert_auth: Option<bool>,
     #[arg(long)]
+    pub cert_file: Option<PathBuf>,
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    #[arg(long)]
+    pub trusted_ca_file: Option<PathBuf>,
+    /// `--client-cert-auth` alone means true, as in etcd.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub client_cert_auth: Option<bool>,
+    #[arg(long)]
     pub experimental_snapshot_catchup_entries: Option<u64>,
 }
 
@@ -286,6 +308,9 @@ impl Config {
                 &mut flags.peer_trusted_ca_file,
                 &mut cfg.peer_trusted_ca_file,
             ),
+            (&mut flags.cert_file, &mut cfg.cert_file),
+            (&mut flags.key_file, &mut cfg.key_file),
+            (&mut flags.trusted_ca_file, &mut cfg.trusted_ca_file),
         ] {
             if let Some(path) = from.take() {
                 *to = Some(path);
@@ -293,6 +318,9 @@ impl Config {
         }
         if let Some(on) = flags.peer_client_cert_auth.take() {
             cfg.peer_client_cert_auth = on;
+        }
+        if let Some(on) = flags.client_cert_auth.take() {
+            cfg.client_cert_auth = on;
         }
         if let Some(path) = flags.experimental_peer_fault_file.take() {
             cfg.experimental_peer_fault_file = Some(path);
@@ -352,9 +380,10 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(format!("{}.metcd", self.name)))
     }
 
-    /// The socket addresses of `--listen-client-urls` (etcd's gRPC API).
+    /// The socket addresses of `--listen-client-urls` (etcd's gRPC API);
+    /// `https://` ones with client TLS (checked at load).
     pub fn client_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
-        parse_urls("listen-client-urls", &self.listen_client_urls)
+        parse_urls_with("listen-client-urls", &self.listen_client_urls, true)
     }
 
     /// This member's etcd member ID.
@@ -515,6 +544,7 @@ impl Config {
             ));
         }
         self.validate_peer_tls()?;
+        self.validate_client_tls()?;
         if self.max_request_bytes == 0 || self.max_request_bytes > 64 << 20 {
             return Err(invalid(
                 "max-request-bytes",
@@ -717,6 +747,56 @@ impl Config {
         Ok(())
     }
 
+    /// Client TLS is a certificate and key (and a CA with
+    /// `--client-cert-auth`), and then every listen client URL is https://
+    /// (and without them, none is).
+    fn validate_client_tls(&self) -> Result<(), ConfigError> {
+        let invalid = |flag: &'static str, value: &str, reason: &str| ConfigError::Invalid {
+            flag,
+            value: value.to_string(),
+            reason: reason.to_string(),
+        };
+        let tls = match (&self.cert_file, &self.key_file) {
+            (Some(_), Some(_)) => true,
+            (None, None) => false,
+            (None, Some(_)) => {
+                return Err(invalid("cert-file", "", "--key-file needs --cert-file"))
+            }
+            (Some(_), None) => return Err(invalid("key-file", "", "--cert-file needs --key-file")),
+        };
+        if self.client_cert_auth && (!tls || self.trusted_ca_file.is_none()) {
+            return Err(invalid(
+                "client-cert-auth",
+                "true",
+                "needs --cert-file, --key-file and --trusted-ca-file",
+            ));
+        }
+        for url in split_list(&self.listen_client_urls) {
+            if url.starts_with("https://") != tls {
+                return Err(invalid(
+                    "listen-client-urls",
+                    url,
+                    if tls {
+                        "with --cert-file every listen client URL must be https://"
+                    } else {
+                        "https:// client URLs need --cert-file and --key-file"
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The client TLS files, when configured.
+    pub fn client_tls_files(&self) -> Option<crate::tls::ClientTlsFiles<'_>> {
+        Some(crate::tls::ClientTlsFiles {
+            cert: self.cert_file.as_deref()?,
+            key: self.key_file.as_deref()?,
+            trusted_ca: self.trusted_ca_file.as_deref(),
+            client_cert_auth: self.client_cert_auth,
+        })
+    }
+
     /// The peer TLS files, when configured.
     pub fn peer_tls_files(&self) -> Option<crate::tls::PeerTlsFiles<'_>> {
         Some(crate::tls::PeerTlsFiles {
@@ -781,6 +861,42 @@ mod tests {
             Path::new("ca.pem")
         );
         assert!(load(&["--listen-client-urls", "https://127.0.0.1:2379"]).is_err());
+    }
+
+    #[test]
+    fn client_tls_flags_go_together_with_https_client_urls() {
+        let load = |args: &[&str]| {
+            let mut all = vec!["metcd", "--name", "n1"];
+            all.extend_from_slice(args);
+            Config::from_flags(Flags::parse_from(all)).map_err(|e| e.to_string())
+        };
+        let https = ["--listen-client-urls", "https://127.0.0.1:2379"];
+        let err = load(&https).unwrap_err();
+        assert!(err.contains("need --cert-file and --key-file"), "{err}");
+        let files = ["--cert-file", "c.pem", "--key-file", "k.pem"];
+        let err = load(&files).unwrap_err();
+        assert!(err.contains("must be https://"), "{err}");
+        let err = load(&[&https[..], &files[..2]].concat()).unwrap_err();
+        assert!(err.contains("--cert-file needs --key-file"), "{err}");
+        let err = load(&[&https[..], &files[..], &["--client-cert-auth"]].concat()).unwrap_err();
+        assert!(err.contains("--trusted-ca-file"), "{err}");
+        let cfg = load(
+            &[
+                &https[..],
+                &files[..],
+                &["--client-cert-auth", "--trusted-ca-file", "ca.pem"],
+            ]
+            .concat(),
+        )
+        .unwrap();
+        let tls = cfg.client_tls_files().unwrap();
+        assert!(tls.client_cert_auth);
+        assert_eq!(tls.trusted_ca, Some(Path::new("ca.pem")));
+        assert_eq!(
+            cfg.client_listen_addrs().unwrap(),
+            ["127.0.0.1:2379".parse().unwrap()]
+        );
+        assert!(load(&[]).unwrap().client_tls_files().is_none());
     }
 
     #[test]

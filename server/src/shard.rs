@@ -445,7 +445,12 @@ pub fn run(cfg: Config) -> Result<()> {
     }
     let _lock = crate::node::lock_data_dir(&cfg.data_dir())?;
     let (cluster_id, member_id) = crate::node::resolve_identity(&cfg)?;
+    let client_tls = match cfg.client_tls_files() {
+        Some(files) => Some(crate::tls::client_url_acceptor(&files).map_err(ServerError::Startup)?),
+        None => None,
+    };
     let listeners = Listeners {
+        client_tls,
         http: addrs.clone(),
         grpc: grpc_addrs.clone(),
         http_limits: HttpLimits {
@@ -598,6 +603,8 @@ struct Listeners {
     http_limits: HttpLimits,
     member: MemberInfo,
     max_grpc_message_bytes: usize,
+    /// `--cert-file`: every client URL connection is TLS.
+    client_tls: Option<futures_rustls::TlsAcceptor>,
 }
 
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -751,6 +758,7 @@ async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
             bind(addr),
             router.clone(),
             backend.clone(),
+            listeners.client_tls.clone(),
         )));
     }
     for t in tasks {

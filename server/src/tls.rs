@@ -1,5 +1,7 @@
 //! TLS for the peer transport (etcd's `--peer-cert-file`,
-//! `--peer-key-file`, `--peer-trusted-ca-file`, `--peer-client-cert-auth`).
+//! `--peer-key-file`, `--peer-trusted-ca-file`, `--peer-client-cert-auth`)
+//! and for the client URLs (`--cert-file`, `--key-file`,
+//! `--trusted-ca-file`, `--client-cert-auth`).
 //!
 //! This module owns loading the PEM files into rustls configurations and
 //! [`PeerStream`], the one stream type the transport reads and writes,
@@ -57,35 +59,77 @@ fn invalid(what: &str, path: &Path, e: impl std::fmt::Display) -> String {
     format!("{what} {}: {e}", path.display())
 }
 
+/// A PEM certificate chain (`flag` names it in errors).
+fn load_chain(flag: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| invalid(flag, path, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| invalid(flag, path, e))?;
+    if chain.is_empty() {
+        return Err(invalid(flag, path, "no certificate"));
+    }
+    Ok(chain)
+}
+
+fn load_key(flag: &str, path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| invalid(flag, path, e))
+}
+
+/// The CA certificates of a PEM file.
+fn load_roots(flag: &str, path: &Path) -> Result<Arc<rustls::RootCertStore>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(path).map_err(|e| invalid(flag, path, e))? {
+        let ca = ca.map_err(|e| invalid(flag, path, e))?;
+        roots.add(ca).map_err(|e| invalid(flag, path, e))?;
+    }
+    if roots.is_empty() {
+        return Err(invalid(flag, path, "no certificate"));
+    }
+    Ok(Arc::new(roots))
+}
+
+/// Where the client URLs' TLS material lives (etcd's `--cert-file`,
+/// `--key-file`, `--trusted-ca-file`, `--client-cert-auth`).
+#[derive(Debug, Clone)]
+pub struct ClientTlsFiles<'a> {
+    pub cert: &'a Path,
+    pub key: &'a Path,
+    pub trusted_ca: Option<&'a Path>,
+    /// Require clients to present a certificate of the trusted CA.
+    pub client_cert_auth: bool,
+}
+
+/// The TLS acceptor of the client URLs. It offers HTTP/2 (gRPC) and
+/// HTTP/1.1 (`/health`, `/metrics`) by ALPN, as etcd does.
+pub fn client_url_acceptor(files: &ClientTlsFiles<'_>) -> Result<TlsAcceptor, String> {
+    let chain = load_chain("--cert-file", files.cert)?;
+    let key = load_key("--key-file", files.key)?;
+    let client_verifier = match (files.client_cert_auth, files.trusted_ca) {
+        (true, Some(ca)) => {
+            let roots = load_roots("--trusted-ca-file", ca)?;
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
+                .build()
+                .map_err(|e| invalid("--trusted-ca-file", ca, e))?
+        }
+        (true, None) => return Err("--client-cert-auth needs --trusted-ca-file".into()),
+        (false, _) => rustls::server::WebPkiClientVerifier::no_client_auth(),
+    };
+    let mut server = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(rustls::DEFAULT_VERSIONS)
+        .map_err(|e| e.to_string())?
+        .with_client_cert_verifier(client_verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| invalid("--key-file", files.key, e))?;
+    server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(server)))
+}
+
 impl PeerTls {
     /// Loads the certificate chain, key and CA; errors name the file.
     pub fn load(files: &PeerTlsFiles<'_>) -> Result<PeerTls, String> {
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(files.cert)
-            .map_err(|e| invalid("--peer-cert-file", files.cert, e))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| invalid("--peer-cert-file", files.cert, e))?;
-        if chain.is_empty() {
-            return Err(invalid("--peer-cert-file", files.cert, "no certificate"));
-        }
-        let key = PrivateKeyDer::from_pem_file(files.key)
-            .map_err(|e| invalid("--peer-key-file", files.key, e))?;
-        let mut roots = rustls::RootCertStore::empty();
-        for ca in CertificateDer::pem_file_iter(files.trusted_ca)
-            .map_err(|e| invalid("--peer-trusted-ca-file", files.trusted_ca, e))?
-        {
-            let ca = ca.map_err(|e| invalid("--peer-trusted-ca-file", files.trusted_ca, e))?;
-            roots
-                .add(ca)
-                .map_err(|e| invalid("--peer-trusted-ca-file", files.trusted_ca, e))?;
-        }
-        if roots.is_empty() {
-            return Err(invalid(
-                "--peer-trusted-ca-file",
-                files.trusted_ca,
-                "no certificate",
-            ));
-        }
-        let roots = Arc::new(roots);
+        let chain = load_chain("--peer-cert-file", files.cert)?;
+        let key = load_key("--peer-key-file", files.key)?;
+        let roots = load_roots("--peer-trusted-ca-file", files.trusted_ca)?;
         let versions = rustls::DEFAULT_VERSIONS;
         let client_verifier = if files.client_cert_auth {
             rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
@@ -137,7 +181,7 @@ impl PeerTls {
     }
 }
 
-/// A peer connection, plain or TLS.
+/// A peer or client connection, plain or TLS.
 pub enum PeerStream {
     Plain(TcpStream),
     Client(Box<futures_rustls::client::TlsStream<TcpStream>>),

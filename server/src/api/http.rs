@@ -69,7 +69,10 @@ pub async fn serve(listener: glommio::net::TcpListener, backend: Backend, limits
 /// etcd's HTTP/1.1 endpoints on the client URLs (`--listen-client-urls`,
 /// shared with gRPC): `/version`, `/health` and `/metrics`, with etcd's
 /// bodies and headers; anything else is Go's `404 page not found`.
-pub async fn serve_etcd_http1(io: HyperStream, backend: Backend) {
+pub async fn serve_etcd_http1<S>(io: HyperStream<S>, backend: Backend)
+where
+    S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
+{
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let backend = backend.clone();
         async move { Ok::<_, Infallible>(etcd_http1(&backend, req.uri().path()).await) }

@@ -1,5 +1,5 @@
 //! Glue that lets hyper run on glommio: its I/O traits over glommio's
-//! `TcpStream`. No tokio runtime is ever started.
+//! `TcpStream` (or a TLS stream over it). No tokio runtime is ever started.
 
 use std::io;
 use std::pin::Pin;
@@ -8,21 +8,21 @@ use std::task::{Context, Poll};
 use futures_lite::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
 
-pub struct HyperStream {
-    stream: TcpStream,
+pub struct HyperStream<S = TcpStream> {
+    stream: S,
     /// Bytes already read from `stream` (to tell protocols apart) that
     /// hyper must still see first.
     replay: Vec<u8>,
     replayed: usize,
 }
 
-impl HyperStream {
-    pub fn new(stream: TcpStream) -> Self {
+impl<S> HyperStream<S> {
+    pub fn new(stream: S) -> Self {
         HyperStream::with_replay(stream, Vec::new())
     }
 
     /// A stream whose first bytes, `replay`, were read already.
-    pub fn with_replay(stream: TcpStream, replay: Vec<u8>) -> Self {
+    pub fn with_replay(stream: S, replay: Vec<u8>) -> Self {
         HyperStream {
             stream,
             replay,
@@ -31,7 +31,7 @@ impl HyperStream {
     }
 }
 
-impl hyper::rt::Read for HyperStream {
+impl<S: AsyncRead + Unpin> hyper::rt::Read for HyperStream<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -65,7 +65,7 @@ impl hyper::rt::Read for HyperStream {
     }
 }
 
-impl hyper::rt::Write for HyperStream {
+impl<S: AsyncWrite + Unpin> hyper::rt::Write for HyperStream<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

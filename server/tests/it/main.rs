@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
+mod client_tls;
 mod client_url_http;
 mod cluster;
 mod crash;

@@ -36,6 +36,8 @@ pub struct Server {
     pub client_port: u16,
     pub data_dir: PathBuf,
     pub extra: Vec<String>,
+    /// The client URL is `https://` (client TLS flags in `extra`).
+    client_https: bool,
     child: Option<Child>,
     log: PathBuf,
 }
@@ -50,11 +52,23 @@ impl Server {
     /// Starts without waiting for health (a cluster member is healthy only
     /// once a quorum is up); call `wait_healthy` later.
     pub fn start_unchecked(data_dir: &Path, extra: &[&str]) -> Server {
+        Server::start_with_scheme(data_dir, extra, false)
+    }
+
+    /// Starts with an `https://` client URL; `extra` carries the TLS flags.
+    pub fn start_https(data_dir: &Path, extra: &[&str]) -> Server {
+        let mut s = Server::start_with_scheme(data_dir, extra, true);
+        s.wait_healthy();
+        s
+    }
+
+    fn start_with_scheme(data_dir: &Path, extra: &[&str], client_https: bool) -> Server {
         let mut s = Server {
             port: free_port(),
             client_port: free_port(),
             data_dir: data_dir.to_path_buf(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            client_https,
             child: None,
             log: data_dir.with_extension("log"),
         };
@@ -101,7 +115,11 @@ impl Server {
             .arg("--listen-http-urls")
             .arg(format!("http://127.0.0.1:{}", self.port))
             .arg("--listen-client-urls")
-            .arg(format!("http://127.0.0.1:{}", self.client_port))
+            .arg(format!(
+                "{}://127.0.0.1:{}",
+                if self.client_https { "https" } else { "http" },
+                self.client_port
+            ))
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))

@@ -24,6 +24,7 @@ use super::service::{
     AuthService, ClusterService, KvService, LeaseService, MaintenanceService, WatchService,
 };
 use crate::api::hyper_io::HyperStream;
+use crate::tls::PeerStream;
 
 /// Spawns hyper's connection tasks on the current glommio executor.
 #[derive(Clone, Copy)]
@@ -103,15 +104,29 @@ impl Router {
 /// spawns one per stream. As etcd does on its client URLs, a connection
 /// that does not open with the HTTP/2 preface is HTTP/1.1 and gets etcd's
 /// `/version`, `/health` and `/metrics` ([`crate::api::http::serve_etcd_http1`]).
+///
+/// With `tls` (`--cert-file`) every connection is TLS first; one that
+/// fails the handshake is dropped, never served in plaintext.
 pub async fn serve(
     listener: glommio::net::TcpListener,
     router: Router,
     backend: crate::shard::Backend,
+    tls: Option<futures_rustls::TlsAcceptor>,
 ) {
-    crate::api::accept_loop(listener, "grpc", move |mut stream| {
+    crate::api::accept_loop(listener, "grpc", move |tcp| {
         let router = router.clone();
         let backend = backend.clone();
+        let tls = tls.clone();
         async move {
+            let mut stream = match tls {
+                None => PeerStream::Plain(tcp),
+                Some(acceptor) => match acceptor.accept(tcp).await {
+                    Ok(s) => PeerStream::Server(Box::new(s)),
+                    // The client's problem (no or untrusted certificate,
+                    // plaintext on a TLS port); rustls said why to it.
+                    Err(_) => return,
+                },
+            };
             let Ok(head) = read_preface(&mut stream).await else {
                 return;
             };
@@ -137,7 +152,7 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Reads the connection's first bytes: the whole HTTP/2 preface, or up to
 /// the first byte that differs from it (then it is HTTP/1).
-async fn read_preface(stream: &mut glommio::net::TcpStream) -> std::io::Result<Vec<u8>> {
+async fn read_preface(stream: &mut PeerStream) -> std::io::Result<Vec<u8>> {
     use futures_lite::AsyncReadExt;
     let mut head = vec![0u8; H2_PREFACE.len()];
     let mut n = 0;
