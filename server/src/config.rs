@@ -469,7 +469,12 @@ impl Config {
     }
 
     /// The socket addresses of `--listen-http-urls` (comma-separated URLs).
+    /// The seed HTTP API's addresses; an empty `--listen-http-urls`
+    /// turns it off.
     pub fn http_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        if self.listen_http_urls.trim().is_empty() {
+            return Ok(Vec::new());
+        }
         parse_urls("listen-http-urls", &self.listen_http_urls)
     }
 
@@ -771,6 +776,27 @@ impl Config {
                 "needs --cert-file, --key-file and --trusted-ca-file",
             ));
         }
+        if self.trusted_ca_file.is_some() && !tls {
+            return Err(invalid(
+                "trusted-ca-file",
+                "",
+                "needs --cert-file and --key-file",
+            ));
+        }
+        // The seed's curl API has no client certificates: where clients
+        // must authenticate, it may only be reachable from this host.
+        if self.trusted_ca_file.is_some() {
+            for addr in self.http_listen_addrs()? {
+                if !addr.ip().is_loopback() {
+                    return Err(invalid(
+                        "listen-http-urls",
+                        &addr.to_string(),
+                        "the HTTP API has no client authentication: with \
+                         --trusted-ca-file it must listen on loopback only",
+                    ));
+                }
+            }
+        }
         for url in split_list(&self.listen_client_urls) {
             if url.starts_with("https://") != tls {
                 return Err(invalid(
@@ -897,6 +923,14 @@ mod tests {
             ["127.0.0.1:2379".parse().unwrap()]
         );
         assert!(load(&[]).unwrap().client_tls_files().is_none());
+        let open_http = ["--listen-http-urls", "http://0.0.0.0:3379"];
+        let ca = ["--trusted-ca-file", "ca.pem"];
+        let err = load(&[&https[..], &files[..], &ca[..], &open_http[..]].concat()).unwrap_err();
+        assert!(err.contains("loopback only"), "{err}");
+        assert!(load(&[&https[..], &files[..], &open_http[..]].concat()).is_ok());
+        let off = ["--listen-http-urls", ""];
+        let cfg = load(&[&https[..], &files[..], &ca[..], &off[..]].concat()).unwrap();
+        assert!(cfg.http_listen_addrs().unwrap().is_empty());
     }
 
     #[test]

@@ -77,9 +77,11 @@ impl NodeMetrics {
     /// Counts a change to a new, known leader (etcd's
     /// `leader_changes_seen_total`: the first election counts too).
     pub fn note_leader(&self, leader: u64) {
-        if leader != 0 && leader != self.last_leader.get() {
+        if leader != self.last_leader.get() {
             self.last_leader.set(leader);
-            self.leader_changes.set(self.leader_changes.get() + 1);
+            if leader != 0 {
+                self.leader_changes.set(self.leader_changes.get() + 1);
+            }
         }
     }
 
@@ -288,7 +290,10 @@ mod tests {
         m.note_leader(7);
         m.note_leader(7);
         m.note_leader(9);
-        assert_eq!(m.leader_changes.get(), 2);
+        // Lost, then the same leader again: a change seen, as etcd counts.
+        m.note_leader(0);
+        m.note_leader(9);
+        assert_eq!(m.leader_changes.get(), 3);
         let page = render(
             &Gauges {
                 member_id: 0x8e9e05c52164694d,
@@ -299,7 +304,7 @@ mod tests {
         );
         assert!(page.contains("etcd_server_id{server_id=\"8e9e05c52164694d\"} 1\n"));
         assert!(page.contains("etcd_server_has_leader 1\n"));
-        assert!(page.contains("etcd_server_leader_changes_seen_total 2\n"));
+        assert!(page.contains("etcd_server_leader_changes_seen_total 3\n"));
         assert!(page.contains("etcd_cluster_version{cluster_version=\"3.5\"} 1\n"));
     }
 }

@@ -104,15 +104,17 @@ pub struct ClientTlsFiles<'a> {
 pub fn client_url_acceptor(files: &ClientTlsFiles<'_>) -> Result<TlsAcceptor, String> {
     let chain = load_chain("--cert-file", files.cert)?;
     let key = load_key("--key-file", files.key)?;
+    // As etcd: a trusted CA alone already makes clients present a
+    // certificate of it.
     let client_verifier = match (files.client_cert_auth, files.trusted_ca) {
-        (true, Some(ca)) => {
+        (_, Some(ca)) => {
             let roots = load_roots("--trusted-ca-file", ca)?;
             rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
                 .build()
                 .map_err(|e| invalid("--trusted-ca-file", ca, e))?
         }
         (true, None) => return Err("--client-cert-auth needs --trusted-ca-file".into()),
-        (false, _) => rustls::server::WebPkiClientVerifier::no_client_auth(),
+        (false, None) => rustls::server::WebPkiClientVerifier::no_client_auth(),
     };
     let mut server = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(rustls::DEFAULT_VERSIONS)

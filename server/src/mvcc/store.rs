@@ -342,7 +342,13 @@ impl<E: Engine> MvccStore<E> {
             let (tombstone, kv) = codec::decode_kv(v, main)
                 .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
             if crate::watch::in_range(&kv.key, key, range_end) {
-                let prev_kv = view.get(&kv.key, main - 1)?;
+                // A create (also one after a delete in the same txn) has
+                // no prev_kv, as the apply path and etcd say.
+                let prev_kv = if !tombstone && kv.create_revision == main {
+                    None
+                } else {
+                    view.get(&kv.key, main - 1)?
+                };
                 let kind = if tombstone {
                     EventKind::Delete
                 } else {

@@ -108,3 +108,44 @@ fn client_urls_over_tls_with_client_certificates() {
     let get = with_cert(&p.client, &["get", "secret"]);
     assert_eq!(String::from_utf8_lossy(&get.stdout), "secret\nv1\n");
 }
+
+/// etcd's rules for the other combinations: a trusted CA alone already
+/// requires client certificates; a certificate and key alone encrypt and
+/// serve anyone.
+#[test]
+fn a_trusted_ca_requires_client_certificates_and_none_serves_anyone() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let p = pems(dir.path());
+    let server_files = ["--cert-file", s(&p.server.0), "--key-file", s(&p.server.1)];
+    let with_ca = Server::start_https(
+        &dir.path().join("with-ca"),
+        &[&server_files[..], &["--trusted-ca-file", s(&p.ca)]].concat(),
+    );
+    let ep = format!("https://{}", with_ca.client_endpoint());
+    let anonymous = etcdctl(&ep, &["--cacert", s(&p.ca), "put", "k", "v"]);
+    assert!(!anonymous.status.success(), "{anonymous:?}");
+    let trusted = etcdctl(
+        &ep,
+        &[
+            "--cacert",
+            s(&p.ca),
+            "--cert",
+            s(&p.client.0),
+            "--key",
+            s(&p.client.1),
+            "put",
+            "k",
+            "v",
+        ],
+    );
+    assert!(trusted.status.success(), "{trusted:?}");
+
+    let open = Server::start_https(&dir.path().join("open"), &server_files);
+    let ep = format!("https://{}", open.client_endpoint());
+    let anonymous = etcdctl(&ep, &["--cacert", s(&p.ca), "put", "k", "v"]);
+    assert!(anonymous.status.success(), "{anonymous:?}");
+    // The client still checks the server: without the CA it refuses.
+    let unverified = etcdctl(&ep, &["put", "k", "v"]);
+    assert!(!unverified.status.success(), "{unverified:?}");
+}
