@@ -858,13 +858,15 @@ mod tests {
         assert!((64 << 20..=1 << 30).contains(&default), "{default}");
     }
 
+    /// A config from command-line flags (after `metcd --name n1`).
+    fn load(args: &[&str]) -> Result<Config, String> {
+        let mut all = vec!["metcd", "--name", "n1"];
+        all.extend_from_slice(args);
+        Config::from_flags(Flags::parse_from(all)).map_err(|e| e.to_string())
+    }
+
     #[test]
     fn peer_tls_flags_go_together_with_https_peer_urls() {
-        let load = |args: &[&str]| {
-            let mut all = vec!["metcd", "--name", "n1"];
-            all.extend_from_slice(args);
-            Config::from_flags(Flags::parse_from(all)).map_err(|e| e.to_string())
-        };
         let https = ["--initial-advertise-peer-urls", "https://127.0.0.1:2380"];
         let err = load(&https).unwrap_err();
         assert!(err.contains("need --peer-cert-file"), "{err}");
@@ -891,11 +893,6 @@ mod tests {
 
     #[test]
     fn client_tls_flags_go_together_with_https_client_urls() {
-        let load = |args: &[&str]| {
-            let mut all = vec!["metcd", "--name", "n1"];
-            all.extend_from_slice(args);
-            Config::from_flags(Flags::parse_from(all)).map_err(|e| e.to_string())
-        };
         let https = ["--listen-client-urls", "https://127.0.0.1:2379"];
         let err = load(&https).unwrap_err();
         assert!(err.contains("need --cert-file and --key-file"), "{err}");

@@ -820,7 +820,8 @@ impl Node {
             is_learner: status.is_learner,
             committed_index: status.committed_index,
             applied_index: status.applied_index,
-            proposals_pending: self.queue.borrow().len() + self.pending.borrow().len(),
+            proposals_pending: self.queue.try_borrow().map_or(0, |q| q.len())
+                + self.pending.try_borrow().map_or(0, |p| p.len()),
             db_size: self.disk_usage(),
             keys,
             watchers: crate::watch::watchers_in_process(),
