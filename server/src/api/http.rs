@@ -114,10 +114,8 @@ async fn etcd_http1(backend: &Backend, path: &str) -> HttpResponse {
             Bytes::from_static(b"404 page not found\n"),
         ),
     };
-    let mut resp = Response::new(Full::new(body));
-    *resp.status_mut() = status;
+    let mut resp = typed_response(status, content_type, body);
     let headers = resp.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     // etcd's client handler allows cross-origin requests.
     headers.insert(
         "access-control-allow-headers",
@@ -128,6 +126,14 @@ async fn etcd_http1(backend: &Backend, path: &str) -> HttpResponse {
         HeaderValue::from_static("POST, GET, OPTIONS, PUT, DELETE"),
     );
     headers.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    resp
+}
+
+fn typed_response(status: StatusCode, content_type: &'static str, body: Bytes) -> HttpResponse {
+    let mut resp = Response::new(Full::new(body));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
@@ -171,19 +177,21 @@ async fn route(
     match path.as_str() {
         "/health" => return health(backend).await,
         "/version" => {
-            let mut resp = Response::new(Full::new(Bytes::from(version_body())));
-            resp.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            return Ok(resp);
+            return Ok(typed_response(
+                StatusCode::OK,
+                "application/json",
+                Bytes::from(version_body()),
+            ))
         }
         "/metrics" => {
             let Reply::Metrics(page) = backend.call(Command::Metrics).await else {
                 return Err(ServerError::Stopped);
             };
-            let mut resp = Response::new(Full::new(Bytes::from(page)));
-            resp.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));
-            return Ok(resp);
+            return Ok(typed_response(
+                StatusCode::OK,
+                METRICS_CONTENT_TYPE,
+                Bytes::from(page),
+            ));
         }
         "/-/compact" if req.method() == Method::POST => return compact(backend, &query).await,
         "/-/members/replace" if req.method() == Method::POST => {
@@ -515,10 +523,7 @@ fn set_revision(resp: &mut HttpResponse, rev: i64) {
 fn json_response(status: StatusCode, body: &Value, rev: Option<i64>) -> HttpResponse {
     let mut bytes = serde_json::to_vec(body).unwrap_or_default();
     bytes.push(b'\n');
-    let mut resp = Response::new(Full::new(Bytes::from(bytes)));
-    *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let mut resp = typed_response(status, "application/json", Bytes::from(bytes));
     if let Some(rev) = rev {
         set_revision(&mut resp, rev);
     }

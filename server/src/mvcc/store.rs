@@ -557,6 +557,11 @@ fn rollback(index: &mut KeyIndex, changes: &[Change], rev: i64) {
     }
 }
 
+/// A change's previous value for `prev_kv` watchers: `Some` once read
+/// (`Some(None)`: there was none), `None` when it was not read (see
+/// [`Event::prev_kv_unread`]).
+type EventPrev = Option<Option<KeyValue>>;
+
 /// A change staged by the request being applied; its sub revision is its
 /// position in the list.
 struct Change {
@@ -974,13 +979,12 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
         self.begin_rev + i64::from(!self.changes.is_empty())
     }
 
-    /// Stages one change; `event_prev` is `None` when the previous value
-    /// was not read (see [`Event::prev_kv_unread`]).
+    /// Stages one change with its watchers' previous value.
     fn stage(
         &mut self,
         kv: KeyValue,
         tombstone: bool,
-        event_prev: Option<Option<KeyValue>>,
+        event_prev: EventPrev,
     ) -> Result<(), MvccError> {
         let sub = u32::try_from(self.changes.len())
             .map_err(|_| corrupt("more than 2^32 changes in one revision"))?;
@@ -1007,57 +1011,51 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
 
     fn put(&mut self, p: &PutRequest) -> Result<PutResponse, MvccError> {
         let rev = self.begin_rev + 1;
-        let needs_prev = p.prev_kv || p.ignore_value || p.ignore_lease;
-        if !needs_prev {
-            // etcd's keyIndex answers a plain put without a backend read:
-            // creation revision and version come from the index, and the
-            // previous value is read only if a watcher may want it.
-            let known = match self.index.newest(&p.key, rev) {
-                Newest::Absent => Some(((rev, 1), Some(None))),
-                Newest::Put(g) if !self.read_prev_for_watchers => {
-                    Some(((g.created, g.version.saturating_add(1)), None))
-                }
-                _ => None,
-            };
-            if let Some(((create_revision, version), event_prev)) = known {
-                let kv = KeyValue {
-                    key: p.key.clone(),
-                    create_revision,
-                    mod_revision: rev,
-                    version,
-                    value: p.value.clone(),
-                    lease: p.lease,
-                };
-                self.stage(kv, false, event_prev)?;
-                return Ok(PutResponse {
-                    header: header(rev),
-                    prev_kv: None,
-                });
-            }
-        }
-        let view = self.view();
-        let prev = view.get(&p.key, rev)?;
-        let (value, lease) = match &prev {
-            None if p.ignore_value || p.ignore_lease => return Err(MvccError::KeyNotFound),
-            Some(kv) => (
-                if p.ignore_value {
-                    kv.value.clone()
-                } else {
-                    p.value.clone()
-                },
-                if p.ignore_lease { kv.lease } else { p.lease },
+        let (create_revision, version, value, lease, prev, event_prev) = match self
+            .generation_from_index(p, rev)
+        {
+            Some(((create_revision, version), event_prev)) => (
+                create_revision,
+                version,
+                p.value.clone(),
+                p.lease,
+                None,
+                event_prev,
             ),
-            None => (p.value.clone(), p.lease),
-        };
-        let (create_revision, version) = match &prev {
-            Some(kv) => (kv.create_revision, kv.version.saturating_add(1)),
-            None => (rev, 1),
-        };
-        let event_prev = match &prev {
-            // A create event has no prev_kv in etcd's watch.
-            _ if create_revision == rev => None,
-            Some(kv) if kv.mod_revision <= self.begin_rev => Some(kv.clone()),
-            _ => view.get(&p.key, self.begin_rev)?,
+            None => {
+                let view = self.view();
+                let prev = view.get(&p.key, rev)?;
+                let (value, lease) = match &prev {
+                    None if p.ignore_value || p.ignore_lease => return Err(MvccError::KeyNotFound),
+                    Some(kv) => (
+                        if p.ignore_value {
+                            kv.value.clone()
+                        } else {
+                            p.value.clone()
+                        },
+                        if p.ignore_lease { kv.lease } else { p.lease },
+                    ),
+                    None => (p.value.clone(), p.lease),
+                };
+                let (create_revision, version) = match &prev {
+                    Some(kv) => (kv.create_revision, kv.version.saturating_add(1)),
+                    None => (rev, 1),
+                };
+                let event_prev = match &prev {
+                    // A create event has no prev_kv in etcd's watch.
+                    _ if create_revision == rev => None,
+                    Some(kv) if kv.mod_revision <= self.begin_rev => Some(kv.clone()),
+                    _ => view.get(&p.key, self.begin_rev)?,
+                };
+                (
+                    create_revision,
+                    version,
+                    value,
+                    lease,
+                    prev,
+                    Some(event_prev),
+                )
+            }
         };
         let kv = KeyValue {
             key: p.key.clone(),
@@ -1067,11 +1065,31 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
             value,
             lease,
         };
-        self.stage(kv, false, Some(event_prev))?;
+        self.stage(kv, false, event_prev)?;
         Ok(PutResponse {
             header: header(rev),
             prev_kv: if p.prev_kv { prev } else { None },
         })
+    }
+
+    /// etcd's keyIndex answers a plain put without a backend read: the
+    /// `(create_revision, version)` the put gets and its watchers'
+    /// previous value (`None`: not read, see [`Event::prev_kv_unread`]),
+    /// when the index alone knows them. `None` when the previous value
+    /// must be read: the request needs it (prev_kv, ignore_value,
+    /// ignore_lease), the index lacks the key's generation, or a watcher
+    /// may want it.
+    fn generation_from_index(&self, p: &PutRequest, rev: i64) -> Option<((i64, i64), EventPrev)> {
+        if p.prev_kv || p.ignore_value || p.ignore_lease {
+            return None;
+        }
+        match self.index.newest(&p.key, rev) {
+            Newest::Absent => Some(((rev, 1), Some(None))),
+            Newest::Put(g) if !self.read_prev_for_watchers => {
+                Some(((g.created, g.version.saturating_add(1)), None))
+            }
+            _ => None,
+        }
     }
 
     fn delete_range(&mut self, d: &DeleteRangeRequest) -> Result<DeleteRangeResponse, MvccError> {
