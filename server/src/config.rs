@@ -48,7 +48,7 @@ pub struct Config {
     /// O_DIRECT, so this is all the memory their reads get: size it like
     /// a database buffer pool (up to the data size).
     pub engine_cache_bytes: usize,
-    /// Executor cores; 0 = every core.
+    /// Executor cores; 0 = every core but one (at least one).
     pub shards: usize,
     /// Applied entries between two snapshots (then WAL segments are released).
     pub snapshot_count: u64,

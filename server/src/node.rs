@@ -1072,7 +1072,9 @@ impl Node {
     /// Snapshot stream. Returns (path, bytes, revision); the caller deletes
     /// the file when sent.
     pub async fn write_backup(&self) -> Result<(PathBuf, u64, i64)> {
-        let revision = self.status.get().revision;
+        // No await between these two: the revision read live is the one the
+        // engine snapshot holds (the per-turn status cell can lag by a turn).
+        let revision = self.status().revision;
         let snapshot = self.engine.borrow().snapshot();
         let n = self.next_id.get().wrapping_add(1);
         self.next_id.set(n);

@@ -120,6 +120,14 @@ impl Server {
                 if self.client_https { "https" } else { "http" },
                 self.client_port
             ))
+            // Tests run two shards unless they choose: the cross-shard
+            // paths (forwarded writes, remote watch hubs) are the harder
+            // ones, and the default on a 2-core machine is one shard.
+            .args(if self.extra.iter().any(|a| a == "--shards") {
+                &[][..]
+            } else {
+                &["--shards", "2"][..]
+            })
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
