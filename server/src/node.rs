@@ -1190,6 +1190,7 @@ impl Node {
             self.refresh_status(&raw, &wal);
             self.on_role_change(&raw);
             self.maybe_snapshot();
+            self.trim_memory_log(&raw)?;
             // Let connections run between group commits.
             glommio::yield_if_needed().await;
         }
@@ -1792,6 +1793,43 @@ impl Node {
             node.queue_ready.notify();
         })
         .detach();
+    }
+
+    /// Drops applied entries from the in-memory Raft log between
+    /// checkpoints. The WAL keeps them for recovery until the next
+    /// checkpoint; memory only needs what peers may still ask for: nothing
+    /// on a single member, `catch_up_entries` behind the slowest peer's
+    /// match (learners included) otherwise. Before, the log kept every
+    /// entry since the last checkpoint (up to `snapshot-count`, 100,000 by
+    /// default: ~100 MB at 1000-client put rates, all of it freshly
+    /// faulted-in memory). Not while a checkpoint is being written: its
+    /// completion looks up the term at its index.
+    fn trim_memory_log(&self, raw: &RawNode<MemStorage>) -> Result<()> {
+        if self.snapshot_in_flight.get() {
+            return Ok(());
+        }
+        let applied = raw.raft.raft_log.applied;
+        let keep_from = if self.solo.get() {
+            applied
+        } else {
+            let mut wanted = applied;
+            if raw.raft.state == raft::StateRole::Leader {
+                for (id, progress) in raw.raft.prs().iter() {
+                    if *id != raw.raft.id {
+                        wanted = wanted.min(progress.matched + 1);
+                    }
+                }
+            }
+            wanted.saturating_sub(self.catch_up_entries)
+        };
+        let store = raw.store();
+        // In steps, so the entries kept (a peer's catch-up tail) are not
+        // shifted on every turn.
+        let step = (self.snapshot_count / 4).clamp(64, 4096);
+        if keep_from >= store.first_index()? + step {
+            store.wl().compact(keep_from)?;
+        }
+        Ok(())
     }
 
     /// After a checkpoint is durable: mark it in the WAL, drop the covered
