@@ -1,7 +1,6 @@
 //! etcd's v3 services over the shard's [`Backend`]: request validation at
 //! the edge (etcd's own checks and messages), conversion, and etcd's
-//! response headers. Watch, Lease and Auth answer `Unimplemented` until
-//! their issue lands (docs/compatibility.md).
+//! response headers. Auth answers `Unimplemented` (docs/compatibility.md).
 //!
 //! The generated traits want `Send + Sync` services and `Send` futures;
 //! per-core state is `Rc`, so it sits in a `SendWrapper` and every call's
