@@ -1852,6 +1852,7 @@ impl Node {
                 return Ok(());
             }
         };
+        let started = Instant::now();
         let store = raw.store().clone();
         let term = store.term(index)?;
         let conf = store.initial_state()?.conf_state;
@@ -1867,10 +1868,14 @@ impl Node {
         if keep_from > store.first_index()? {
             store.wl().compact(keep_from)?;
         }
+        let marked = started.elapsed();
         let released = wal.release_through(index).await?;
         self.last_snapshot_index.set(index);
         log(format_args!(
-            "snapshot at applied index {index} (term {term}); released {released} WAL segment(s)"
+            "snapshot at applied index {index} (term {term}); released {released} WAL segment(s) \
+             (marker {:.1} ms, release {:.1} ms)",
+            marked.as_secs_f64() * 1e3,
+            (started.elapsed() - marked).as_secs_f64() * 1e3,
         ));
         Ok(())
     }

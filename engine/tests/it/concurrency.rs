@@ -189,3 +189,44 @@ fn checkpoints_taken_during_writes_are_consistent() {
     assert_eq!(a, last);
     assert_eq!(decode(reopened.get(b"b").unwrap()), last);
 }
+
+/// The checkpoint thread must not hold the caller's blocking pool: glommio
+/// runs renames, removes and truncates there, and a WAL segment roll (a
+/// rename) on the Raft core waited for a whole checkpoint when the caller
+/// joined the thread from that pool.
+#[test]
+fn a_rename_during_a_checkpoint_does_not_wait_for_it() {
+    let engine = MemoryEngine::new();
+    let value = Bytes::from(vec![7u8; 1024]);
+    for chunk in 0..16 {
+        let mut batch = WriteBatch::new();
+        for i in 0..1024 {
+            batch.put(Bytes::from(format!("key-{chunk:03}-{i:05}")), value.clone());
+        }
+        engine.write(batch).unwrap();
+    }
+    let snap = engine.snapshot();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let (renamed_while_writing, len) = on_executor(move || async move {
+        let finished = std::rc::Rc::new(std::cell::Cell::new(false));
+        let flag = finished.clone();
+        let target = path.join("big.snap");
+        let checkpoint = glommio::spawn_local(async move {
+            let written = engine::memory::write_snapshot_file_off_core(snap, &target).await;
+            flag.set(true);
+            written
+        });
+        let file = glommio::io::DmaFile::create(path.join("a")).await.unwrap();
+        file.rename(path.join("b")).await.unwrap();
+        file.close().await.unwrap();
+        let renamed_while_writing = !finished.get();
+        (renamed_while_writing, checkpoint.await.unwrap())
+    });
+    assert!(
+        renamed_while_writing,
+        "the rename waited for the checkpoint"
+    );
+    assert!(len > 16 << 20, "checkpoint of {len} bytes");
+    assert!(dir.path().join("b").exists());
+}
