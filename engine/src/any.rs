@@ -469,14 +469,32 @@ impl EngineDir {
     }
 }
 
-/// Runs blocking engine work on the executor's blocking pool.
+/// Runs blocking engine work (a btree/lsm persist, a defragmentation) on a
+/// thread of its own, awaited through a channel. Not on the executor's
+/// blocking pool: that pool has one thread, which also runs glommio's
+/// renames, removes and truncates for the core, and a WAL segment roll
+/// would wait for the whole persist. These calls are rare (once per
+/// checkpoint), so a thread each costs nothing that matters.
 async fn off_core<T, R, F>(value: T, f: F) -> Result<R>
 where
     T: Send + 'static,
     R: Send + 'static,
     F: FnOnce(T) -> Result<R> + Send + 'static,
 {
-    glommio::executor().spawn_blocking(move || f(value)).await
+    let (done, answer) = futures_channel::oneshot::channel();
+    std::thread::Builder::new()
+        .name("metcd-engine-io".to_owned())
+        .spawn(move || {
+            let _ = done.send(f(value));
+        })
+        .map_err(|source| Error::Io {
+            op: "start a thread for",
+            path: "engine work".into(),
+            source,
+        })?;
+    answer.await.map_err(|_| {
+        Error::Invalid("the engine's worker thread stopped without an answer".to_owned())
+    })?
 }
 
 fn list_names(dir: &Path) -> Result<Vec<String>> {

@@ -230,3 +230,43 @@ fn a_rename_during_a_checkpoint_does_not_wait_for_it() {
     assert!(len > 16 << 20, "checkpoint of {len} bytes");
     assert!(dir.path().join("b").exists());
 }
+
+/// The same for the btree and lsm engines, whose checkpoint (a persist)
+/// runs on a worker thread of its own.
+#[test]
+fn a_rename_during_a_disk_engine_persist_does_not_wait_for_it() {
+    for kind in [engine::any::EngineKind::Btree, engine::any::EngineKind::Lsm] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine_dir = engine::any::EngineDir::open(&dir.path().join("db"), kind).unwrap();
+        let db = engine_dir.open_engine().unwrap();
+        let value = Bytes::from(vec![7u8; 1024]);
+        for chunk in 0..16u64 {
+            let mut batch = WriteBatch::new();
+            for i in 0..1024 {
+                batch.put(Bytes::from(format!("key-{chunk:03}-{i:05}")), value.clone());
+            }
+            batch.set_applied_index(chunk + 1);
+            db.write(batch).unwrap();
+        }
+        let path = dir.path().to_path_buf();
+        let (renamed_while_persisting, index) = on_executor(move || async move {
+            let finished = std::rc::Rc::new(std::cell::Cell::new(false));
+            let flag = finished.clone();
+            let checkpoint = glommio::spawn_local(async move {
+                let persisted = engine_dir.checkpoint(&db).await;
+                flag.set(true);
+                persisted
+            });
+            let file = glommio::io::DmaFile::create(path.join("a")).await.unwrap();
+            file.rename(path.join("b")).await.unwrap();
+            file.close().await.unwrap();
+            let renamed_while_persisting = !finished.get();
+            (renamed_while_persisting, checkpoint.await.unwrap())
+        });
+        assert!(
+            renamed_while_persisting,
+            "{kind:?}: the rename waited for the persist"
+        );
+        assert_eq!(index, 16, "{kind:?}");
+    }
+}
