@@ -1801,7 +1801,7 @@ impl Node {
     /// on a single member, `catch_up_entries` behind the slowest peer's
     /// match (learners included) otherwise. Before, the log kept every
     /// entry since the last checkpoint (up to `snapshot-count`, 100,000 by
-    /// default: ~100 MB at 1000-client put rates, all of it freshly
+    /// default: tens of MB at 1000-client put rates, all of it freshly
     /// faulted-in memory). Not while a checkpoint is being written: its
     /// completion looks up the term at its index.
     fn trim_memory_log(&self, raw: &RawNode<MemStorage>) -> Result<()> {

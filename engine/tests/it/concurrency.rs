@@ -197,38 +197,15 @@ fn checkpoints_taken_during_writes_are_consistent() {
 #[test]
 fn a_rename_during_a_checkpoint_does_not_wait_for_it() {
     let engine = MemoryEngine::new();
-    let value = Bytes::from(vec![7u8; 1024]);
-    for chunk in 0..16 {
-        let mut batch = WriteBatch::new();
-        for i in 0..1024 {
-            batch.put(Bytes::from(format!("key-{chunk:03}-{i:05}")), value.clone());
-        }
-        engine.write(batch).unwrap();
-    }
+    fill_16_mib(|batch| engine.write(batch).unwrap());
     let snap = engine.snapshot();
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    let (renamed_while_writing, len) = on_executor(move || async move {
-        let finished = std::rc::Rc::new(std::cell::Cell::new(false));
-        let flag = finished.clone();
-        let target = path.join("big.snap");
-        let checkpoint = glommio::spawn_local(async move {
-            let written = engine::memory::write_snapshot_file_off_core(snap, &target).await;
-            flag.set(true);
-            written
-        });
-        let file = glommio::io::DmaFile::create(path.join("a")).await.unwrap();
-        file.rename(path.join("b")).await.unwrap();
-        file.close().await.unwrap();
-        let renamed_while_writing = !finished.get();
-        (renamed_while_writing, checkpoint.await.unwrap())
+    let target = dir.path().join("big.snap");
+    let (renamed_first, len) = rename_beside_checkpoint(dir.path(), move || async move {
+        engine::memory::write_snapshot_file_off_core(snap, &target).await
     });
-    assert!(
-        renamed_while_writing,
-        "the rename waited for the checkpoint"
-    );
-    assert!(len > 16 << 20, "checkpoint of {len} bytes");
-    assert!(dir.path().join("b").exists());
+    assert!(renamed_first, "the rename waited for the checkpoint");
+    assert!(len.unwrap() > 16 << 20);
 }
 
 /// The same for the btree and lsm engines, whose checkpoint (a persist)
@@ -239,34 +216,50 @@ fn a_rename_during_a_disk_engine_persist_does_not_wait_for_it() {
         let dir = tempfile::tempdir().unwrap();
         let engine_dir = engine::any::EngineDir::open(&dir.path().join("db"), kind).unwrap();
         let db = engine_dir.open_engine().unwrap();
-        let value = Bytes::from(vec![7u8; 1024]);
-        for chunk in 0..16u64 {
-            let mut batch = WriteBatch::new();
-            for i in 0..1024 {
-                batch.put(Bytes::from(format!("key-{chunk:03}-{i:05}")), value.clone());
-            }
-            batch.set_applied_index(chunk + 1);
-            db.write(batch).unwrap();
-        }
-        let path = dir.path().to_path_buf();
-        let (renamed_while_persisting, index) = on_executor(move || async move {
-            let finished = std::rc::Rc::new(std::cell::Cell::new(false));
-            let flag = finished.clone();
-            let checkpoint = glommio::spawn_local(async move {
-                let persisted = engine_dir.checkpoint(&db).await;
-                flag.set(true);
-                persisted
-            });
-            let file = glommio::io::DmaFile::create(path.join("a")).await.unwrap();
-            file.rename(path.join("b")).await.unwrap();
-            file.close().await.unwrap();
-            let renamed_while_persisting = !finished.get();
-            (renamed_while_persisting, checkpoint.await.unwrap())
+        fill_16_mib(|batch| db.write(batch).unwrap());
+        let (renamed_first, index) = rename_beside_checkpoint(dir.path(), move || async move {
+            engine_dir.checkpoint(&db).await
         });
-        assert!(
-            renamed_while_persisting,
-            "{kind:?}: the rename waited for the persist"
-        );
-        assert_eq!(index, 16, "{kind:?}");
+        assert!(renamed_first, "{kind:?}: the rename waited for the persist");
+        assert_eq!(index.unwrap(), 16, "{kind:?}");
     }
+}
+
+/// 16 batches of 1024 puts of 1 KiB, applied indexes 1..=16.
+fn fill_16_mib(mut write: impl FnMut(WriteBatch)) {
+    let value = Bytes::from(vec![7u8; 1024]);
+    for chunk in 0..16u64 {
+        let mut batch = WriteBatch::new();
+        for i in 0..1024 {
+            batch.put(Bytes::from(format!("key-{chunk:03}-{i:05}")), value.clone());
+        }
+        batch.set_applied_index(chunk + 1);
+        write(batch);
+    }
+}
+
+/// Starts `checkpoint` as a task, then renames a file in `dir` with glommio
+/// on the same executor. Whether the rename finished while the checkpoint
+/// was still running, and the checkpoint's result.
+fn rename_beside_checkpoint<T, F, Fut>(dir: &std::path::Path, checkpoint: F) -> (bool, T)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    let dir = dir.to_path_buf();
+    on_executor(move || async move {
+        let finished = std::rc::Rc::new(std::cell::Cell::new(false));
+        let flag = finished.clone();
+        let task = glommio::spawn_local(async move {
+            let result = checkpoint().await;
+            flag.set(true);
+            result
+        });
+        let file = glommio::io::DmaFile::create(dir.join("a")).await.unwrap();
+        file.rename(dir.join("b")).await.unwrap();
+        file.close().await.unwrap();
+        let renamed_first = !finished.get();
+        (renamed_first, task.await)
+    })
 }
