@@ -469,13 +469,14 @@ impl EngineDir {
     }
 }
 
-/// Runs blocking engine work (a btree/lsm persist, a defragmentation) on a
-/// thread of its own, awaited through a channel. Not on the executor's
-/// blocking pool: that pool has one thread, which also runs glommio's
-/// renames, removes and truncates for the core, and a WAL segment roll
-/// would wait for the whole persist. These calls are rare (once per
-/// checkpoint), so a thread each costs nothing that matters.
-async fn off_core<T, R, F>(value: T, f: F) -> Result<R>
+/// Runs blocking engine work (a btree/lsm persist, a defragmentation, a
+/// memory checkpoint's executor) on a thread of its own, awaited through a
+/// channel. Not on the executor's blocking pool: that pool has one thread,
+/// which also runs glommio's renames, removes and truncates for the core,
+/// and a WAL segment roll would wait for the whole persist. These calls
+/// are rare (once per checkpoint), so a thread each costs nothing that
+/// matters.
+pub(crate) async fn off_core<T, R, F>(value: T, f: F) -> Result<R>
 where
     T: Send + 'static,
     R: Send + 'static,

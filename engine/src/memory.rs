@@ -624,31 +624,26 @@ impl MemoryEngine {
 /// Writes `snapshot` to `path` (as [`snapfile::write`]) on a short-lived,
 /// unpinned executor thread: serialising a large engine is seconds of CPU
 /// that must not run on the caller's core, which keeps committing. The
-/// caller awaits a channel, not a join on its blocking pool: that pool has
-/// one thread, which also runs glommio's renames, removes and truncates for
-/// the caller's core, so a WAL segment roll (a rename) that fell during a
-/// checkpoint waited for all of it. Returns the file's length.
+/// caller's executor only waits, without holding its blocking pool (see
+/// [`crate::any::off_core`]). Returns the file's length.
 pub async fn write_snapshot_file_off_core<S: EngineSnapshot>(
     snapshot: S,
     path: &Path,
 ) -> Result<u64> {
     let tmp = path.to_path_buf();
-    let executor_error = |e: String| Error::io("snapshot executor", path, std::io::Error::other(e));
-    let (done, written) = futures_channel::oneshot::channel();
-    // Dropping the join handle detaches the thread; it reports through
-    // `done` (dropped unsent if it panics).
-    drop(
+    let err_path = path.to_path_buf();
+    crate::any::off_core((), move |()| {
+        let executor_error =
+            |e: String| Error::io("snapshot executor", &err_path, std::io::Error::other(e));
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .name("metcd-snapshot")
             .io_memory(CHECKPOINT_IO_MEMORY)
-            .spawn(move || async move {
-                let _ = done.send(snapfile::write(&snapshot, &tmp).await);
-            })
-            .map_err(|e| executor_error(e.to_string()))?,
-    );
-    written
-        .await
-        .map_err(|_| executor_error("the snapshot thread stopped without an answer".into()))?
+            .spawn(move || async move { snapfile::write(&snapshot, &tmp).await })
+            .map_err(|e| executor_error(e.to_string()))?
+            .join()
+            .map_err(|e| executor_error(e.to_string()))?
+    })
+    .await
 }
 
 /// Locked I/O memory of the short-lived checkpoint executor (its buffers

@@ -253,6 +253,19 @@ pub struct Flags {
     pub experimental_snapshot_catchup_entries: Option<u64>,
 }
 
+/// A flag's value refused, and why.
+fn invalid_flag(
+    flag: &'static str,
+    value: impl Into<String>,
+    reason: impl Into<String>,
+) -> ConfigError {
+    ConfigError::Invalid {
+        flag,
+        value: value.into(),
+        reason: reason.into(),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -530,19 +543,14 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |flag: &'static str, value: String, reason: &str| ConfigError::Invalid {
-            flag,
-            value,
-            reason: reason.to_string(),
-        };
         if let Err(reason) = self.engine.parse::<engine::any::EngineKind>() {
-            return Err(invalid("engine", self.engine.clone(), &reason));
+            return Err(invalid_flag("engine", self.engine.clone(), &reason));
         }
         if self.name.is_empty() {
-            return Err(invalid("name", self.name.clone(), "must not be empty"));
+            return Err(invalid_flag("name", self.name.clone(), "must not be empty"));
         }
         if self.engine_cache_bytes < 1 << 20 {
-            return Err(invalid(
+            return Err(invalid_flag(
                 "engine-cache-bytes",
                 self.engine_cache_bytes.to_string(),
                 "must be at least 1 MiB",
@@ -551,36 +559,36 @@ impl Config {
         self.validate_peer_tls()?;
         self.validate_client_tls()?;
         if self.max_request_bytes == 0 || self.max_request_bytes > 64 << 20 {
-            return Err(invalid(
+            return Err(invalid_flag(
                 "max-request-bytes",
                 self.max_request_bytes.to_string(),
                 "must be between 1 and 64 MiB",
             ));
         }
         if self.wal_max_batch == 0 {
-            return Err(invalid("wal-max-batch", "0".into(), "must be at least 1"));
+            return Err(invalid_flag("wal-max-batch", "0", "must be at least 1"));
         }
         if self.wal_segment_bytes < 64 << 10 {
-            return Err(invalid(
+            return Err(invalid_flag(
                 "wal-segment-bytes",
                 self.wal_segment_bytes.to_string(),
                 "must be at least 64 KiB",
             ));
         }
         if self.snapshot_count == 0 {
-            return Err(invalid("snapshot-count", "0".into(), "must be at least 1"));
+            return Err(invalid_flag("snapshot-count", "0", "must be at least 1"));
         }
         if self.heartbeat_interval == 0 || self.election_timeout < 5 * self.heartbeat_interval {
-            return Err(invalid(
+            return Err(invalid_flag(
                 "election-timeout",
                 self.election_timeout.to_string(),
                 "must be at least 5 x --heartbeat-interval (as etcd requires)",
             ));
         }
         if self.max_pending_proposals == 0 {
-            return Err(invalid(
+            return Err(invalid_flag(
                 "max-pending-proposals",
-                "0".into(),
+                "0",
                 "must be at least 1",
             ));
         }
@@ -589,7 +597,7 @@ impl Config {
         self.initial_members()?;
         self.peer_listen_addrs()?;
         if !matches!(self.initial_cluster_state.as_str(), "new" | "existing") {
-            return Err(invalid(
+            return Err(invalid_flag(
                 "initial-cluster-state",
                 self.initial_cluster_state.clone(),
                 "must be `new` or `existing`",
@@ -598,7 +606,7 @@ impl Config {
         self.auto_compaction()?;
         self.watch_progress_notify_interval()?;
         if self.max_txn_ops == 0 {
-            return Err(invalid("max-txn-ops", "0".into(), "must be at least 1"));
+            return Err(invalid_flag("max-txn-ops", "0", "must be at least 1"));
         }
         Ok(())
     }
@@ -756,28 +764,29 @@ impl Config {
     /// `--client-cert-auth`), and then every listen client URL is https://
     /// (and without them, none is).
     fn validate_client_tls(&self) -> Result<(), ConfigError> {
-        let invalid = |flag: &'static str, value: &str, reason: &str| ConfigError::Invalid {
-            flag,
-            value: value.to_string(),
-            reason: reason.to_string(),
-        };
         let tls = match (&self.cert_file, &self.key_file) {
             (Some(_), Some(_)) => true,
             (None, None) => false,
             (None, Some(_)) => {
-                return Err(invalid("cert-file", "", "--key-file needs --cert-file"))
+                return Err(invalid_flag(
+                    "cert-file",
+                    "",
+                    "--key-file needs --cert-file",
+                ))
             }
-            (Some(_), None) => return Err(invalid("key-file", "", "--cert-file needs --key-file")),
+            (Some(_), None) => {
+                return Err(invalid_flag("key-file", "", "--cert-file needs --key-file"))
+            }
         };
         if self.client_cert_auth && (!tls || self.trusted_ca_file.is_none()) {
-            return Err(invalid(
+            return Err(invalid_flag(
                 "client-cert-auth",
                 "true",
                 "needs --cert-file, --key-file and --trusted-ca-file",
             ));
         }
         if self.trusted_ca_file.is_some() && !tls {
-            return Err(invalid(
+            return Err(invalid_flag(
                 "trusted-ca-file",
                 "",
                 "needs --cert-file and --key-file",
@@ -788,9 +797,9 @@ impl Config {
         if self.trusted_ca_file.is_some() {
             for addr in self.http_listen_addrs()? {
                 if !addr.ip().is_loopback() {
-                    return Err(invalid(
+                    return Err(invalid_flag(
                         "listen-http-urls",
-                        &addr.to_string(),
+                        addr.to_string(),
                         "the HTTP API has no client authentication: with \
                          --trusted-ca-file it must listen on loopback only",
                     ));
@@ -799,7 +808,7 @@ impl Config {
         }
         for url in split_list(&self.listen_client_urls) {
             if url.starts_with("https://") != tls {
-                return Err(invalid(
+                return Err(invalid_flag(
                     "listen-client-urls",
                     url,
                     if tls {

@@ -106,20 +106,22 @@ pub struct Gauges {
     pub quota_backend_bytes: u64,
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
+/// A metric with one sample: its HELP and TYPE lines, then `name`,
+/// `labels` (`{server_id="…"}`, or empty) and the value.
+fn sample(out: &mut String, kind: &str, name: &str, help: &str, labels: &str, value: u64) {
     let value = go_float(value);
     let _ = writeln!(
         out,
-        "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} {value}"
     );
 }
 
+fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
+    sample(out, "gauge", name, help, "", value);
+}
+
 fn counter(out: &mut String, name: &str, help: &str, value: u64) {
-    let value = go_float(value);
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-    );
+    sample(out, "counter", name, help, "", value);
 }
 
 /// Values are floats in Prometheus' Go client, printed with `%g`: a
@@ -142,10 +144,16 @@ fn go_float(v: u64) -> String {
 /// The whole page, in etcd's metric order (alphabetical).
 pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
     let mut out = String::with_capacity(8192);
-    let _ = writeln!(
-        out,
-        "# HELP etcd_cluster_version Which version is running. 1 for 'cluster_version' label with current cluster version\n# TYPE etcd_cluster_version gauge\netcd_cluster_version{{cluster_version=\"{}\"}} 1",
-        major_minor(crate::ETCD_CLUSTER_VERSION)
+    sample(
+        &mut out,
+        "gauge",
+        "etcd_cluster_version",
+        "Which version is running. 1 for 'cluster_version' label with current cluster version",
+        &format!(
+            "{{cluster_version=\"{}\"}}",
+            major_minor(crate::ETCD_CLUSTER_VERSION)
+        ),
+        1,
     );
     gauge(
         &mut out,
@@ -187,10 +195,13 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "Whether or not a leader exists. 1 is existence, 0 is not.",
         u64::from(g.has_leader),
     );
-    let _ = writeln!(
-        out,
-        "# HELP etcd_server_id Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.\n# TYPE etcd_server_id gauge\netcd_server_id{{server_id=\"{:x}\"}} 1",
-        g.member_id
+    sample(
+        &mut out,
+        "gauge",
+        "etcd_server_id",
+        "Server or member ID in hexadecimal format. 1 for 'server_id' label with current ID.",
+        &format!("{{server_id=\"{:x}\"}}", g.member_id),
+        1,
     );
     gauge(
         &mut out,
@@ -240,10 +251,13 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "Current backend storage quota size in bytes.",
         g.quota_backend_bytes,
     );
-    let _ = writeln!(
-        out,
-        "# HELP etcd_server_version Which version is running. 1 for 'server_version' label with current version.\n# TYPE etcd_server_version gauge\netcd_server_version{{server_version=\"{}\"}} 1",
-        crate::ETCD_API_VERSION
+    sample(
+        &mut out,
+        "gauge",
+        "etcd_server_version",
+        "Which version is running. 1 for 'server_version' label with current version.",
+        &format!("{{server_version=\"{}\"}}", crate::ETCD_API_VERSION),
+        1,
     );
     out
 }

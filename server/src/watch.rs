@@ -138,6 +138,15 @@ struct Watcher {
     _counted: Counted,
 }
 
+impl Watcher {
+    /// Holds live events back until a re-read of history (queued by the
+    /// caller) fills the gap before them.
+    fn hold_for_resync(&mut self) {
+        self.syncing.get_or_insert_with(Vec::new);
+        self.needs_resync = true;
+    }
+}
+
 /// Identity for response headers.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HeaderIds {
@@ -257,8 +266,7 @@ impl WatchHub {
         let mut watchers = self.watchers.borrow_mut();
         let mut resync = self.resync.borrow_mut();
         for (key, w) in watchers.iter_mut() {
-            w.syncing.get_or_insert_with(Vec::new);
-            w.needs_resync = true;
+            w.hold_for_resync();
             resync.push(*key);
         }
         drop((watchers, resync));
@@ -377,8 +385,7 @@ impl WatchHub {
             {
                 out_events.pop();
             }
-            w.syncing.get_or_insert_with(Vec::new);
-            w.needs_resync = true;
+            w.hold_for_resync();
             self.resync.borrow_mut().push((w.stream, w.watch_id));
             self.resync_ready.notify();
         }

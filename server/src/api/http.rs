@@ -84,10 +84,13 @@ where
 }
 
 async fn etcd_http1(backend: &Backend, path: &str) -> HttpResponse {
-    const JSON: &str = "application/json";
     const TEXT: &str = "text/plain; charset=utf-8";
     let (status, content_type, body) = match path {
-        "/version" => (StatusCode::OK, JSON, Bytes::from(version_body())),
+        "/version" => (
+            StatusCode::OK,
+            JSON_CONTENT_TYPE,
+            Bytes::from(version_body()),
+        ),
         "/health" => match backend.call(Command::Status).await {
             Reply::Status { healthy: true, .. } => (
                 StatusCode::OK,
@@ -137,6 +140,8 @@ fn typed_response(status: StatusCode, content_type: &'static str, body: Bytes) -
     resp
 }
 
+const JSON_CONTENT_TYPE: &str = "application/json";
+
 /// Prometheus' text exposition format, as etcd serves it.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -179,7 +184,7 @@ async fn route(
         "/version" => {
             return Ok(typed_response(
                 StatusCode::OK,
-                "application/json",
+                JSON_CONTENT_TYPE,
                 Bytes::from(version_body()),
             ))
         }
@@ -523,7 +528,7 @@ fn set_revision(resp: &mut HttpResponse, rev: i64) {
 fn json_response(status: StatusCode, body: &Value, rev: Option<i64>) -> HttpResponse {
     let mut bytes = serde_json::to_vec(body).unwrap_or_default();
     bytes.push(b'\n');
-    let mut resp = typed_response(status, "application/json", Bytes::from(bytes));
+    let mut resp = typed_response(status, JSON_CONTENT_TYPE, Bytes::from(bytes));
     if let Some(rev) = rev {
         set_revision(&mut resp, rev);
     }

@@ -75,6 +75,24 @@ pub(crate) struct Generation {
     pub(crate) version: i64,
 }
 
+impl Generation {
+    /// A key's first put, at revision `rev`.
+    pub(crate) fn created_at(rev: i64) -> Generation {
+        Generation {
+            created: rev,
+            version: 1,
+        }
+    }
+
+    /// The generation one more put of the key gives.
+    pub(crate) fn next(self) -> Generation {
+        Generation {
+            version: self.version.saturating_add(1),
+            ..self
+        }
+    }
+}
+
 /// What the index knows of a key as a put at revision `at` sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Newest {

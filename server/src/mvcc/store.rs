@@ -557,6 +557,14 @@ fn rollback(index: &mut KeyIndex, changes: &[Change], rev: i64) {
     }
 }
 
+/// The generation a put's key-value belongs to.
+fn generation_of(kv: &KeyValue) -> Generation {
+    Generation {
+        created: kv.create_revision,
+        version: kv.version,
+    }
+}
+
 /// A change's previous value for `prev_kv` watchers: `Some` once read
 /// (`Some(None)`: there was none), `None` when it was not read (see
 /// [`Event::prev_kv_unread`]).
@@ -995,10 +1003,7 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
                 sub,
                 tombstone,
             },
-            Some(Generation {
-                created: kv.create_revision,
-                version: kv.version,
-            }),
+            Some(generation_of(&kv)),
         );
         self.changes.push(Change {
             kv,
@@ -1011,57 +1016,45 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
 
     fn put(&mut self, p: &PutRequest) -> Result<PutResponse, MvccError> {
         let rev = self.begin_rev + 1;
-        let (create_revision, version, value, lease, prev, event_prev) = match self
-            .generation_from_index(p, rev)
-        {
-            Some(((create_revision, version), event_prev)) => (
-                create_revision,
-                version,
-                p.value.clone(),
-                p.lease,
-                None,
-                event_prev,
-            ),
+        // The key's generation (and the watchers' previous value) from the
+        // index alone, or from the previous value read from the engine.
+        let (prev, generation, event_prev) = match self.generation_from_index(p, rev) {
+            Some((generation, event_prev)) => (None, generation, event_prev),
             None => {
                 let view = self.view();
                 let prev = view.get(&p.key, rev)?;
-                let (value, lease) = match &prev {
-                    None if p.ignore_value || p.ignore_lease => return Err(MvccError::KeyNotFound),
-                    Some(kv) => (
-                        if p.ignore_value {
-                            kv.value.clone()
-                        } else {
-                            p.value.clone()
-                        },
-                        if p.ignore_lease { kv.lease } else { p.lease },
-                    ),
-                    None => (p.value.clone(), p.lease),
-                };
-                let (create_revision, version) = match &prev {
-                    Some(kv) => (kv.create_revision, kv.version.saturating_add(1)),
-                    None => (rev, 1),
+                let generation = match &prev {
+                    Some(kv) => generation_of(kv).next(),
+                    None => Generation::created_at(rev),
                 };
                 let event_prev = match &prev {
                     // A create event has no prev_kv in etcd's watch.
-                    _ if create_revision == rev => None,
+                    _ if generation.created == rev => None,
                     Some(kv) if kv.mod_revision <= self.begin_rev => Some(kv.clone()),
                     _ => view.get(&p.key, self.begin_rev)?,
                 };
-                (
-                    create_revision,
-                    version,
-                    value,
-                    lease,
-                    prev,
-                    Some(event_prev),
-                )
+                (prev, generation, Some(event_prev))
             }
+        };
+        // The index path is taken only without ignore_value/ignore_lease,
+        // so there `prev` is unread and the request's value and lease hold.
+        let (value, lease) = match &prev {
+            None if p.ignore_value || p.ignore_lease => return Err(MvccError::KeyNotFound),
+            Some(kv) => (
+                if p.ignore_value {
+                    kv.value.clone()
+                } else {
+                    p.value.clone()
+                },
+                if p.ignore_lease { kv.lease } else { p.lease },
+            ),
+            None => (p.value.clone(), p.lease),
         };
         let kv = KeyValue {
             key: p.key.clone(),
-            create_revision,
+            create_revision: generation.created,
             mod_revision: rev,
-            version,
+            version: generation.version,
             value,
             lease,
         };
@@ -1073,21 +1066,18 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
     }
 
     /// etcd's keyIndex answers a plain put without a backend read: the
-    /// `(create_revision, version)` the put gets and its watchers'
-    /// previous value (`None`: not read, see [`Event::prev_kv_unread`]),
-    /// when the index alone knows them. `None` when the previous value
-    /// must be read: the request needs it (prev_kv, ignore_value,
-    /// ignore_lease), the index lacks the key's generation, or a watcher
-    /// may want it.
-    fn generation_from_index(&self, p: &PutRequest, rev: i64) -> Option<((i64, i64), EventPrev)> {
+    /// generation the put gets and its watchers' previous value (`None`:
+    /// not read, see [`Event::prev_kv_unread`]), when the index alone
+    /// knows them. `None` when the previous value must be read: the
+    /// request needs it (prev_kv, ignore_value, ignore_lease), the index
+    /// lacks the key's generation, or a watcher may want it.
+    fn generation_from_index(&self, p: &PutRequest, rev: i64) -> Option<(Generation, EventPrev)> {
         if p.prev_kv || p.ignore_value || p.ignore_lease {
             return None;
         }
         match self.index.newest(&p.key, rev) {
-            Newest::Absent => Some(((rev, 1), Some(None))),
-            Newest::Put(g) if !self.read_prev_for_watchers => {
-                Some(((g.created, g.version.saturating_add(1)), None))
-            }
+            Newest::Absent => Some((Generation::created_at(rev), Some(None))),
+            Newest::Put(g) if !self.read_prev_for_watchers => Some((g.next(), None)),
             _ => None,
         }
     }
