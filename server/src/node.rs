@@ -495,6 +495,18 @@ impl Node {
             )));
         }
         let restored = raftlog::restore(&recovered, engine_applied, &initial_conf)?;
+        let never_started = recovered.state.is_none()
+            && recovered.entries.is_empty()
+            && recovered.snapshot.is_none()
+            && engine_applied == 0;
+        if !joining && never_started {
+            // etcd bootstraps a new cluster's log with its ConfChange
+            // entries at term 1, so its first leader is elected at term 2
+            // and every response header of a fresh cluster says
+            // `raft_term: 2`. Starting at term 1 gives clients the same
+            // numbers (our bootstrap voters live in the ConfState instead).
+            restored.storage.wl().mut_hard_state().term = 1;
+        }
         let mvcc = MvccStore::open(engine.clone())?;
         // Membership changes applied into the engine are newer than any
         // WAL snapshot marker (the engine is at or past it).

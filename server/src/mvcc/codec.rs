@@ -516,6 +516,53 @@ pub(crate) fn encode_kv(out: &mut Vec<u8>, kv: &KeyValue, tombstone: bool) {
     }
 }
 
+/// Appends a key revision as etcd stores it in bbolt's `key` bucket, the
+/// bytes etcd's `HashKV` hashes: the key is `main (8 BE) '_' sub (8 BE)`,
+/// plus `'t'` for a tombstone; the value is the `mvccpb.KeyValue` protobuf
+/// (zero fields omitted, in field order), a tombstone's holding only its
+/// key. Used so our hashes equal etcd's for the same history.
+pub(crate) fn etcd_bucket_record(
+    key_out: &mut Vec<u8>,
+    value_out: &mut Vec<u8>,
+    kv: &KeyValue,
+    sub: u32,
+    tombstone: bool,
+) {
+    key_out.clear();
+    key_out.extend_from_slice(&kv.mod_revision.to_be_bytes());
+    key_out.push(b'_');
+    key_out.extend_from_slice(&i64::from(sub).to_be_bytes());
+    if tombstone {
+        key_out.push(b't');
+    }
+    value_out.clear();
+    put_proto_bytes(value_out, 1, &kv.key);
+    if tombstone {
+        return;
+    }
+    put_proto_int(value_out, 2, kv.create_revision);
+    put_proto_int(value_out, 3, kv.mod_revision);
+    put_proto_int(value_out, 4, kv.version);
+    put_proto_bytes(value_out, 5, &kv.value);
+    put_proto_int(value_out, 6, kv.lease);
+}
+
+fn put_proto_int(out: &mut Vec<u8>, number: u64, v: i64) {
+    if v != 0 {
+        put_uvarint(out, number << 3);
+        // protobuf int64: two's complement as a 64-bit varint.
+        put_uvarint(out, v as u64);
+    }
+}
+
+fn put_proto_bytes(out: &mut Vec<u8>, number: u64, b: &[u8]) {
+    if !b.is_empty() {
+        put_uvarint(out, (number << 3) | 2);
+        put_uvarint(out, b.len() as u64);
+        out.extend_from_slice(b);
+    }
+}
+
 /// The tombstone flag and key of a stored key revision, without copying.
 pub(crate) fn decode_kv_key(buf: &[u8]) -> Result<(bool, &[u8]), DecodeError> {
     let mut r = Reader::borrowed(buf);

@@ -229,34 +229,68 @@ impl<E: Engine> MvccStore<E> {
         }
     }
 
-    /// etcd's `HashKV`: a CRC32C over every stored key revision at or below
-    /// `revision` (`<= 0`: the current one), engine key and value bytes in
-    /// key order. Members that applied the same log to the same revision and
-    /// compacted at the same revision hold the same bytes, so their hashes
-    /// are equal; any divergence shows (seed 000: how etcd clusters drifted).
+    /// etcd's `HashKV`, computed over the bytes etcd itself would hash, so
+    /// the value equals etcd's for the same history: a CRC32C of `"key"`
+    /// and then, in revision order, every stored key revision at or below
+    /// `revision` (`<= 0`: the current one) in etcd's bucket layout
+    /// ([`codec::etcd_bucket_record`]). Like etcd, revisions at or below
+    /// the compaction point count only if a compaction at `revision` would
+    /// keep them (each key's live revision there), unless no key is live
+    /// there. Members that applied the same log hold the same revisions, so
+    /// their hashes are equal; any divergence shows (seed 000).
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv, MvccError> {
+        if revision > 0 && revision <= self.compact_rev {
+            return Err(MvccError::Compacted);
+        }
+        if revision > self.current_rev {
+            return Err(MvccError::FutureRevision);
+        }
         let rev = if revision <= 0 {
             self.current_rev
         } else {
             revision
         };
-        if rev > self.current_rev {
-            return Err(MvccError::FutureRevision);
-        }
-        if rev < self.compact_rev {
-            return Err(MvccError::Compacted);
-        }
         let snap = self.engine.snapshot();
         let end = rev_key(rev.saturating_add(1), 0);
         let mut hash = crc32c::crc32c(b"key");
+        let mut some_key_live: Option<bool> = None;
+        let (mut key_buf, mut value_buf) = (Vec::with_capacity(18), Vec::new());
+        let mut failed = None;
         snap.scan(
             Bound::Included(&[KEY_PREFIX][..]),
             Bound::Excluded(&end[..]),
             |k, v| {
-                hash = crc32c::crc32c_append(crc32c::crc32c_append(hash, k), v);
+                let decoded = parse_rev_key(k).and_then(|(main, sub)| {
+                    let (tombstone, kv) = codec::decode_kv(v, main).map_err(corrupt)?;
+                    Ok((sub, tombstone, kv))
+                });
+                let (sub, tombstone, kv) = match decoded {
+                    Ok(d) => d,
+                    Err(e) => {
+                        failed = Some(e);
+                        return Scan::Stop;
+                    }
+                };
+                if kv.mod_revision <= self.compact_rev {
+                    let any_live = *some_key_live
+                        .get_or_insert_with(|| self.index.count(KeyRange::From(b""), rev) > 0);
+                    let kept = Rev {
+                        main: kv.mod_revision,
+                        sub,
+                        tombstone,
+                    };
+                    if any_live && self.index.get(&kv.key, rev) != Some(kept) {
+                        return Scan::Continue;
+                    }
+                }
+                codec::etcd_bucket_record(&mut key_buf, &mut value_buf, &kv, sub, tombstone);
+                hash = crc32c::crc32c_append(crc32c::crc32c_append(hash, &key_buf), &value_buf);
                 Scan::Continue
             },
         )?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
         Ok(HashKv {
             hash,
             hash_revision: rev,
