@@ -140,3 +140,80 @@ fn watch_matches_etcd() {
         "compacted watch: metcd (right) differs from etcd (left)"
     );
 }
+
+/// `etcdctl watch` asks for a leader (`hasleader` metadata, clientv3's
+/// `WithRequireLeader`, as Kubernetes' watches do). When the member loses
+/// its leader (here: a voter that never starts is added to a one-member
+/// cluster, so there is no quorum), a running watch is cancelled with
+/// `etcdserver: no leader` after a few election timeouts, and a new one is
+/// refused at once; both exactly as etcd does.
+#[test]
+fn watch_ends_when_the_member_loses_its_leader_as_etcd() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = RealEtcd::start(dir.path());
+    let metcd = Metcd::start(dir.path());
+    let endpoints = [etcd.endpoint.clone(), metcd.server.client_endpoint()];
+    let never_started = format!(
+        "--peer-urls=http://127.0.0.1:{}",
+        crate::etcd_peer::free_ports(1)[0]
+    );
+    // Far longer than the member needs to notice (1 s election timeout,
+    // then three checks a timeout apart): a watch still running at the
+    // end was killed, not cancelled.
+    let bound = Duration::from_secs(20);
+    let running: Vec<(String, String, Duration)> = std::thread::scope(|s| {
+        let handles: Vec<_> = endpoints
+            .iter()
+            .map(|e| {
+                s.spawn(move || {
+                    let started = std::time::Instant::now();
+                    let (out, err) = watch(e, &["w"], bound);
+                    (out, err, started.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(1200));
+        for e in &endpoints {
+            assert!(etcdctl(e, &["put", "w", "1"]).status.success());
+            let out = etcdctl(e, &["member", "add", "never", &never_started]);
+            assert!(
+                out.status.success(),
+                "member add on {e}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ((out, err, took), server) in running.iter().zip(["etcd", "metcd"]) {
+        assert!(
+            *took < bound,
+            "{server}: the watch was not cancelled within {bound:?}: {out} {err}"
+        );
+        assert!(
+            out.contains("watch was canceled (etcdserver: no leader)")
+                || err.contains("watch was canceled (etcdserver: no leader)"),
+            "{server}: {out:?} {err:?}"
+        );
+    }
+    assert_eq!(
+        (&running[1].0, &running[1].1),
+        (&running[0].0, &running[0].1),
+        "cancelled watch: metcd (right) differs from etcd (left)"
+    );
+    // A new watch is refused at once.
+    let fresh: Vec<(String, String)> = endpoints
+        .iter()
+        .map(|e| watch(e, &["w", "--rev", "1"], Duration::from_secs(5)))
+        .collect();
+    assert!(
+        fresh[0].0.contains("etcdserver: no leader")
+            || fresh[0].1.contains("etcdserver: no leader"),
+        "etcd: {:?}",
+        fresh[0]
+    );
+    assert_eq!(
+        fresh[1], fresh[0],
+        "watch without a leader: metcd (right) differs from etcd (left)"
+    );
+}

@@ -1,8 +1,11 @@
 //! etcd's v3 gRPC API (`--listen-client-urls`), served on the shard
 //! executors: generated wire types (`pb`), conversions to MVCC's types
-//! (`convert`), the services (`service`) and HTTP/2 serving (`serve`).
+//! (`convert`), the services (`service`), HTTP/2 serving (`serve`) and
+//! etcd's require-leader contract for clients that ask for it
+//! (`require_leader`).
 
 pub mod convert;
 pub mod pb;
+pub mod require_leader;
 pub mod serve;
 pub mod service;

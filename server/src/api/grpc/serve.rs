@@ -9,17 +9,20 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::rc::Rc;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use send_wrapper::SendWrapper;
 use tonic::codegen::Service;
 
 use super::pb::etcdserverpb::{
     auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
     lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
 };
+use super::require_leader::{is_stream, no_leader_status, requires_leader, LeaderGuard};
 use super::service::{
     AuthService, ClusterService, KvService, LeaseService, MaintenanceService, WatchService,
 };
@@ -50,11 +53,17 @@ pub struct Router {
     cluster: ClusterServer<ClusterService>,
     maintenance: MaintenanceServer<MaintenanceService>,
     auth: AuthServer<AuthService>,
+    leader: SendWrapper<Rc<LeaderGuard>>,
 }
 
 impl Router {
-    pub fn new(services: super::service::Services, max_message_bytes: usize) -> Router {
+    pub fn new(
+        services: super::service::Services,
+        max_message_bytes: usize,
+        leader: Rc<LeaderGuard>,
+    ) -> Router {
         Router {
+            leader: SendWrapper::new(leader),
             kv: KvServer::new(services.kv)
                 .max_decoding_message_size(max_message_bytes)
                 .max_encoding_message_size(usize::MAX),
@@ -73,6 +82,13 @@ impl Router {
         mut self,
         req: hyper::Request<Incoming>,
     ) -> Result<hyper::Response<ResponseBody>, Infallible> {
+        let leader_required = requires_leader(req.headers());
+        if leader_required && !SendWrapper::new(self.leader.has_leader()).await {
+            return Ok(no_leader_status()
+                .into_http::<tonic::body::Body>()
+                .map(|body| body.boxed_unsync()));
+        }
+        let guard_stream = leader_required && is_stream(req.uri().path());
         let path = req.uri().path();
         let resp = if path.starts_with("/etcdserverpb.KV/") {
             self.kv.call(req).await
@@ -96,7 +112,11 @@ impl Router {
             Ok(r) => r,
             Err(never) => match never {},
         };
-        Ok(resp.map(|body| body.boxed_unsync()))
+        let resp = resp.map(|body| body.boxed_unsync());
+        if guard_stream {
+            return Ok(resp.map(|body| self.leader.guard_stream(body).boxed_unsync()));
+        }
+        Ok(resp)
     }
 }
 
