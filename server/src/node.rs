@@ -153,6 +153,19 @@ const CONF_META: &[u8] = b"raft/conf";
 /// Prefix of the metadata records of removed members.
 const REMOVED_META: &[u8] = b"removed/";
 /// etcd allows one learner at a time.
+/// etcd's answers when a membership change would risk the quorum
+/// (`--strict-reconfig-check`, on by default in etcd, always on here).
+const NOT_ENOUGH_STARTED: &str =
+    "etcdserver: re-configuration failed due to not enough started members";
+const UNHEALTHY: &str = "etcdserver: unhealthy cluster";
+/// How long a voter's link must have been up to count as healthy for a
+/// membership change (etcd's `HealthInterval`).
+const RECONFIG_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A majority of `members` voters.
+fn quorum(members: usize) -> usize {
+    members / 2 + 1
+}
 const MAX_LEARNERS: usize = 1;
 const READ_INDEX_RETRY: Duration = Duration::from_millis(500);
 /// etcd's request timeout: 5 s plus two election timeouts (added at start).
@@ -2062,6 +2075,7 @@ impl Node {
         peer_urls: Vec<String>,
         is_learner: bool,
     ) -> Result<(MemberRecord, Vec<MemberRecord>)> {
+        self.may_add_member(is_learner)?;
         let record = self.new_member_record(peer_urls, is_learner)?;
         let kind = if is_learner {
             ConfChangeType::AddLearnerNode
@@ -2117,6 +2131,7 @@ impl Node {
 
     /// MemberRemove.
     pub async fn member_remove(&self, id: u64) -> Result<Vec<MemberRecord>> {
+        self.may_remove_member(id)?;
         let record = self.known_member(id)?;
         self.change_membership(ConfChangeType::RemoveNode, &record)
             .await
@@ -2144,6 +2159,12 @@ impl Node {
             return Err(ServerError::Membership(
                 "etcdserver: can only promote a learner member which is in sync with leader",
             ));
+        }
+        // etcd's IsReadyToPromoteMember: the promoted learner counts as a
+        // started voter of the new configuration.
+        let (voters, started) = self.started_voters(None);
+        if started + 1 < quorum(voters + 1) {
+            return Err(ServerError::Membership(NOT_ENOUGH_STARTED));
         }
         self.change_membership(ConfChangeType::AddNode, &record)
             .await
@@ -2229,6 +2250,88 @@ impl Node {
         Err(ServerError::Membership(
             "etcdserver: request timed out, leader transfer took too long",
         ))
+    }
+
+    /// Voting members other than `except`, and how many of them have
+    /// started (published their name), etcd's `IsStarted`.
+    fn started_voters(&self, except: Option<u64>) -> (usize, usize) {
+        let members = self.registry.borrow().all();
+        let voters = members
+            .iter()
+            .filter(|m| !m.is_learner && Some(m.id) != except);
+        voters.fold((0, 0), |(n, started), m| {
+            (n + 1, started + usize::from(!m.name.is_empty()))
+        })
+    }
+
+    /// Whether the link to voter `peer` has been up for etcd's health
+    /// interval (this member counts as connected to itself).
+    fn connected_long_enough(&self, peer: u64) -> bool {
+        peer == self.id
+            || self
+                .transport
+                .connected_since(peer)
+                .is_some_and(|t| t.elapsed() >= RECONFIG_HEALTH_INTERVAL)
+    }
+
+    /// etcd's strict reconfiguration check for MemberAdd (`mayAddMember`):
+    /// a new voter must not leave the cluster without a quorum of started
+    /// members (adding a second member to a single one is allowed: the
+    /// restore procedure), and every voter must have been reachable for
+    /// the health interval.
+    fn may_add_member(&self, is_learner: bool) -> Result<()> {
+        if !is_learner {
+            let (voters, started) = self.started_voters(None);
+            let restoring_a_single_member = started == 1 && voters == 1;
+            if !restoring_a_single_member && started < quorum(voters + 1) {
+                return Err(ServerError::Membership(NOT_ENOUGH_STARTED));
+            }
+        }
+        let voters: Vec<u64> = self
+            .registry
+            .borrow()
+            .all()
+            .iter()
+            .filter(|m| !m.is_learner)
+            .map(|m| m.id)
+            .collect();
+        if !voters.iter().all(|&v| self.connected_long_enough(v)) {
+            return Err(ServerError::Membership(UNHEALTHY));
+        }
+        Ok(())
+    }
+
+    /// etcd's strict reconfiguration check for MemberRemove
+    /// (`mayRemoveMember`): removing a voter must leave a quorum of started
+    /// members; removing one that is down is safe; otherwise the voters
+    /// reachable for the health interval, minus the removed one, must still
+    /// be a quorum. Learners go freely.
+    fn may_remove_member(&self, id: u64) -> Result<()> {
+        let is_learner = self.registry.borrow().get(id).is_some_and(|m| m.is_learner);
+        if is_learner {
+            return Ok(());
+        }
+        let (voters, started) = self.started_voters(Some(id));
+        if started < quorum(voters) {
+            return Err(ServerError::Membership(NOT_ENOUGH_STARTED));
+        }
+        if id != self.id && self.transport.connected_since(id).is_none() {
+            return Ok(());
+        }
+        let members = self.registry.borrow().all();
+        let voters: Vec<u64> = members
+            .iter()
+            .filter(|m| !m.is_learner)
+            .map(|m| m.id)
+            .collect();
+        let active = voters
+            .iter()
+            .filter(|&&v| self.connected_long_enough(v))
+            .count();
+        if active.saturating_sub(1) < quorum(voters.len().saturating_sub(1)) {
+            return Err(ServerError::Membership(UNHEALTHY));
+        }
+        Ok(())
     }
 
     fn known_member(&self, id: u64) -> Result<MemberRecord> {

@@ -20,7 +20,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
@@ -160,7 +160,8 @@ struct Link {
     addrs: Vec<SocketAddr>,
     queue: RefCell<Vec<Message>>,
     ready: Notify,
-    connected: Cell<bool>,
+    /// When the current connection to the peer was made; `None` while down.
+    connected_since: Cell<Option<Instant>>,
 }
 
 /// Outbound links to every peer and the list of peers found unreachable
@@ -209,7 +210,7 @@ impl Transport {
             addrs,
             queue: RefCell::new(Vec::new()),
             ready: Notify::default(),
-            connected: Cell::new(false),
+            connected_since: Cell::new(None),
         });
         self.links.borrow_mut().insert(peer, link.clone());
         glommio::spawn_local(self.clone().run_link(peer, link)).detach();
@@ -257,10 +258,20 @@ impl Transport {
     }
 
     pub fn is_connected(&self, peer: u64) -> bool {
+        self.connected_since(peer).is_some()
+    }
+
+    /// Since when the link to `peer` has been up (etcd's `ActiveSince`);
+    /// a peer the fault layer cuts off counts as down, as a real
+    /// partition's broken stream would.
+    pub fn connected_since(&self, peer: u64) -> Option<Instant> {
+        if self.faults.blocks(peer) {
+            return None;
+        }
         self.links
             .borrow()
             .get(&peer)
-            .is_some_and(|l| l.connected.get())
+            .and_then(|l| l.connected_since.get())
     }
 
     fn is_current(&self, peer: u64, link: &Rc<Link>) -> bool {
@@ -282,9 +293,9 @@ impl Transport {
                     }
                     logged_down = false;
                     backoff = BACKOFF_MIN;
-                    link.connected.set(true);
+                    link.connected_since.set(Some(Instant::now()));
                     let err = self.pump(peer, &link, &mut stream, &mut buf).await;
-                    link.connected.set(false);
+                    link.connected_since.set(None);
                     if let Err(e) = err {
                         log(format_args!("lost connection to {peer:x}: {e}"));
                     }

@@ -55,6 +55,11 @@ pub fn to_wire(e: &ServerError) -> WireError {
         ServerError::Membership(m) => {
             let code = if m.contains("not found") {
                 NotFound
+            } else if m.contains("unhealthy cluster") {
+                Unavailable
+            } else if m.contains("not enough started members") {
+                // etcd 3.4 has no gRPC mapping for this one: Unknown.
+                Unknown
             } else if m.contains("invalid") {
                 InvalidArgument
             } else if m.contains("timed out") {

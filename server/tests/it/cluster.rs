@@ -528,6 +528,20 @@ fn ctl(ep: &str, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// A membership change with etcdctl, retried while the cluster answers
+/// etcd's `unhealthy cluster`: as etcd, a change is refused until every
+/// voter's link has been up for 5 s, which a cluster just started has not.
+fn ctl_once_healthy(ep: &str, args: &[&str]) -> (bool, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, text) = ctl(ep, args);
+        if ok || !text.contains("etcdserver: unhealthy cluster") || Instant::now() > deadline {
+            return (ok, text);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 /// (member id, leader id) as `etcdctl endpoint status -w json` reports them.
 fn ctl_status(ep: &str) -> Option<(u64, u64)> {
     let out = crate::etcd_peer::etcdctl(ep, &["endpoint", "status", "-w", "json"]);
@@ -573,7 +587,7 @@ fn learner_added_promoted_and_member_removed_with_etcdctl() {
 
     // Add n4 as a learner; etcdctl prints what to start it with.
     let peer4 = format!("http://127.0.0.1:{}", free_port());
-    let (ok, text) = ctl(
+    let (ok, text) = ctl_once_healthy(
         &leader,
         &[
             "member",
