@@ -75,17 +75,28 @@ where
 {
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let backend = backend.clone();
-        async move { Ok::<_, Infallible>(etcd_http1(&backend, req.uri().path()).await) }
+        async move { Ok::<_, Infallible>(etcd_http1(&backend, req.method(), req.uri().path()).await) }
     });
+    // Go writes canonical header names (`Content-Type`); so do we.
     let _ = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
+        .title_case_headers(true)
         .serve_connection(io, service)
         .await;
 }
 
-async fn etcd_http1(backend: &Backend, path: &str) -> HttpResponse {
+/// etcd's answers on its client URLs over HTTP/1.1, headers in the order
+/// Go writes them (sorted): its handlers' CORS headers, then `Allow` (405),
+/// `Content-Type` and, for Go's `http.Error` (404, 405), `nosniff`.
+async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> HttpResponse {
     const TEXT: &str = "text/plain; charset=utf-8";
+    let get_only = matches!(path, "/version" | "/health");
     let (status, content_type, body) = match path {
+        _ if get_only && method != hyper::Method::GET => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            TEXT,
+            Bytes::from_static(b"Method Not Allowed\n"),
+        ),
         "/version" => (
             StatusCode::OK,
             JSON_CONTENT_TYPE,
@@ -117,7 +128,9 @@ async fn etcd_http1(backend: &Backend, path: &str) -> HttpResponse {
             Bytes::from_static(b"404 page not found\n"),
         ),
     };
-    let mut resp = typed_response(status, content_type, body);
+    let body_len = body.len();
+    let mut resp = Response::new(Full::new(body));
+    *resp.status_mut() = status;
     let headers = resp.headers_mut();
     // etcd's client handler allows cross-origin requests.
     headers.insert(
@@ -129,6 +142,24 @@ async fn etcd_http1(backend: &Backend, path: &str) -> HttpResponse {
         HeaderValue::from_static("POST, GET, OPTIONS, PUT, DELETE"),
     );
     headers.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        headers.insert("allow", HeaderValue::from_static("GET"));
+    }
+    if path == "/health" && status != StatusCode::METHOD_NOT_ALLOWED {
+        // etcd's health handler sets the length itself, so Go sorts it
+        // before the type; elsewhere Go appends it last.
+        headers.insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(body_len));
+    }
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if matches!(
+        status,
+        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
+    ) {
+        headers.insert(
+            "x-content-type-options",
+            HeaderValue::from_static("nosniff"),
+        );
+    }
     resp
 }
 

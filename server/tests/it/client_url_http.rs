@@ -12,14 +12,29 @@ use crate::support::Server;
 /// (status line, body) of one HTTP/1.0 GET: the server closes the
 /// connection after the answer, so no chunked decoding is needed.
 fn get(endpoint: &str, path: &str) -> (String, String) {
+    let (head, body) = request(endpoint, "GET", path);
+    (head.lines().next().unwrap().to_string(), body)
+}
+
+/// (status line and headers, body) of one HTTP/1.0 request.
+fn request(endpoint: &str, method: &str, path: &str) -> (String, String) {
     let mut s = TcpStream::connect(endpoint).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {endpoint}\r\n\r\n").unwrap();
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: {endpoint}\r\n\r\n").unwrap();
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).unwrap();
     let text = String::from_utf8(raw).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_string(), body.to_string())
+    (head.to_string(), body.to_string())
+}
+
+/// The header block without `Date` (the clock) and `Connection` (HTTP/1.0
+/// keep-alive handling differs between Go and hyper and is not content).
+fn comparable_head(head: &str) -> String {
+    head.lines()
+        .filter(|l| !l.starts_with("Date:") && !l.starts_with("Connection:"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The metric families a page declares: its `# HELP` and `# TYPE` lines.
@@ -54,6 +69,27 @@ fn version_health_and_metrics_on_the_client_url_as_etcd_serves_them() {
         assert!(theirs.0.ends_with(want_status), "etcd {path}: {theirs:?}");
         assert!(ours.0.ends_with(want_status), "metcd {path}: {ours:?}");
         assert_eq!(ours.1, theirs.1, "body of {path}");
+    }
+
+    // Status line and headers byte for byte (Go's canonical names and
+    // order), bodies too: GET /health, Go's 404, and the 405 etcd gives
+    // any method but GET on /health and /version.
+    for (method, path) in [
+        ("GET", "/health"),
+        ("GET", "/nope"),
+        ("POST", "/health"),
+        ("POST", "/version"),
+        ("PUT", "/health"),
+    ] {
+        let (theirs, ours) = (
+            request(&etcd.endpoint, method, path),
+            request(&ep, method, path),
+        );
+        assert_eq!(
+            (comparable_head(&ours.0), &ours.1),
+            (comparable_head(&theirs.0), &theirs.1),
+            "{method} {path}: metcd (left) differs from etcd (right)"
+        );
     }
 
     // etcd's fields in etcd's order, then metcd's own.
