@@ -24,6 +24,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     std::env::set_var("PROTOC", &protoc);
 
     println!("cargo:rerun-if-changed={PROTO_ROOT}");
+    let descriptors =
+        std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("etcd_descriptors.bin");
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
@@ -32,6 +34,16 @@ fn main() -> Result<(), Box<dyn Error>> {
         // the request buffer instead of copies.
         .bytes(".")
         .emit_rerun_if_changed(true)
+        .file_descriptor_set_path(&descriptors)
         .compile_protos(PROTOS, &[PROTO_ROOT])?;
+    // serde (proto3 JSON as etcd's gRPC gateway writes it: original field
+    // names, 64-bit integers as strings, bytes as base64, defaults left
+    // out) for the `/v3/...` JSON routes.
+    pbjson_build::Builder::new()
+        .register_descriptors(&std::fs::read(&descriptors)?)?
+        .preserve_proto_field_names()
+        // etcd's gateway ignores fields it does not know.
+        .ignore_unknown_fields()
+        .build(&[".mvccpb", ".authpb", ".etcdserverpb"])?;
     Ok(())
 }

@@ -771,7 +771,7 @@ async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
             listeners.http_limits,
         )));
     }
-    let router = Router::new(
+    let (router, gateway) = Router::new(
         Services::new(backend.clone(), hub, listeners.member.clone()),
         listeners.max_grpc_message_bytes,
         LeaderGuard::start(backend.clone(), listeners.election_timeout),
@@ -780,6 +780,7 @@ async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
         tasks.push(glommio::spawn_local(grpc_serve(
             bind(addr),
             router.clone(),
+            gateway.clone(),
             backend.clone(),
             listeners.client_tls.clone(),
         )));

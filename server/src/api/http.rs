@@ -32,6 +32,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::error::to_wire;
+use super::grpc::gateway::{self, Gateway};
 use super::hyper_io::HyperStream;
 use crate::error::ServerError;
 use crate::mvcc::{self, KeyValue};
@@ -69,13 +70,26 @@ pub async fn serve(listener: glommio::net::TcpListener, backend: Backend, limits
 /// etcd's HTTP/1.1 endpoints on the client URLs (`--listen-client-urls`,
 /// shared with gRPC): `/version`, `/health` and `/metrics`, with etcd's
 /// bodies and headers; anything else is Go's `404 page not found`.
-pub async fn serve_etcd_http1<S>(io: HyperStream<S>, backend: Backend)
+pub async fn serve_etcd_http1<S>(io: HyperStream<S>, backend: Backend, gateway: Gateway)
 where
     S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
 {
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let backend = backend.clone();
-        async move { Ok::<_, Infallible>(etcd_http1(&backend, req.method(), req.uri().path()).await) }
+        let gateway = gateway.clone();
+        async move {
+            let path = req.uri().path().to_string();
+            if req.method() == hyper::Method::POST {
+                if let Some(route) = gateway::route(&path) {
+                    if let Some(resp) = gateway.serve(route, req.into_body()).await {
+                        return Ok::<_, Infallible>(with_cors(resp));
+                    }
+                    // Not a route the gateway serves: its mux's 404.
+                    return Ok(with_cors(go_error(StatusCode::NOT_FOUND, "Not Found\n")));
+                }
+            }
+            Ok(etcd_http1(&backend, req.method(), &path).await)
+        }
     });
     // Go writes canonical header names (`Content-Type`); so do we.
     let _ = hyper::server::conn::http1::Builder::new()
@@ -132,16 +146,6 @@ async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> Ht
     let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = status;
     let headers = resp.headers_mut();
-    // etcd's client handler allows cross-origin requests.
-    headers.insert(
-        "access-control-allow-headers",
-        HeaderValue::from_static("accept, content-type, authorization"),
-    );
-    headers.insert(
-        "access-control-allow-methods",
-        HeaderValue::from_static("POST, GET, OPTIONS, PUT, DELETE"),
-    );
-    headers.insert("access-control-allow-origin", HeaderValue::from_static("*"));
     if status == StatusCode::METHOD_NOT_ALLOWED {
         headers.insert("allow", HeaderValue::from_static("GET"));
     }
@@ -160,6 +164,39 @@ async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> Ht
             HeaderValue::from_static("nosniff"),
         );
     }
+    with_cors(resp)
+}
+
+/// Go's `http.Error`: plain text and `nosniff`.
+fn go_error(status: StatusCode, body: &'static str) -> HttpResponse {
+    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp.headers_mut().insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+/// etcd's client handler allows cross-origin requests; its CORS headers
+/// come first (Go writes headers sorted by name).
+fn with_cors(mut resp: HttpResponse) -> HttpResponse {
+    let own = std::mem::take(resp.headers_mut());
+    let headers = resp.headers_mut();
+    headers.insert(
+        "access-control-allow-headers",
+        HeaderValue::from_static("accept, content-type, authorization"),
+    );
+    headers.insert(
+        "access-control-allow-methods",
+        HeaderValue::from_static("POST, GET, OPTIONS, PUT, DELETE"),
+    );
+    headers.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    headers.extend(own);
     resp
 }
 

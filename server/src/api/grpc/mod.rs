@@ -2,9 +2,10 @@
 //! executors: generated wire types (`pb`), conversions to MVCC's types
 //! (`convert`), the services (`service`), HTTP/2 serving (`serve`) and
 //! etcd's require-leader contract for clients that ask for it
-//! (`require_leader`).
+//! (`require_leader`), and etcd's JSON gateway routes (`gateway`).
 
 pub mod convert;
+pub mod gateway;
 pub mod pb;
 pub mod require_leader;
 pub mod serve;

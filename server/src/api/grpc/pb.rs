@@ -17,18 +17,21 @@
 #[allow(clippy::all, clippy::pedantic, clippy::nursery, rustdoc::all)]
 pub mod mvccpb {
     tonic::include_proto!("mvccpb");
+    include!(concat!(env!("OUT_DIR"), "/mvccpb.serde.rs"));
 }
 
 /// Package `authpb`: users, roles and permissions.
 #[allow(clippy::all, clippy::pedantic, clippy::nursery, rustdoc::all)]
 pub mod authpb {
     tonic::include_proto!("authpb");
+    include!(concat!(env!("OUT_DIR"), "/authpb.serde.rs"));
 }
 
 /// Package `etcdserverpb`: the client-facing services and their messages.
 #[allow(clippy::all, clippy::pedantic, clippy::nursery, rustdoc::all)]
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 use send_wrapper::SendWrapper;
 use tonic::codegen::Service;
 
+use super::gateway::Gateway;
 use super::pb::etcdserverpb::{
     auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
     lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
@@ -61,8 +62,16 @@ impl Router {
         services: super::service::Services,
         max_message_bytes: usize,
         leader: Rc<LeaderGuard>,
-    ) -> Router {
-        Router {
+    ) -> (Router, Gateway) {
+        let gateway = Gateway {
+            kv: services.kv.clone(),
+            lease: services.lease.clone(),
+            cluster: services.cluster.clone(),
+            maintenance: services.maintenance.clone(),
+            auth: services.auth.clone(),
+            max_body_bytes: max_message_bytes,
+        };
+        let router = Router {
             leader: SendWrapper::new(leader),
             kv: KvServer::new(services.kv)
                 .max_decoding_message_size(max_message_bytes)
@@ -75,7 +84,8 @@ impl Router {
                 .max_decoding_message_size(max_message_bytes)
                 .max_encoding_message_size(usize::MAX),
             auth: AuthServer::new(services.auth).max_decoding_message_size(max_message_bytes),
-        }
+        };
+        (router, gateway)
     }
 
     async fn route(
@@ -130,11 +140,13 @@ impl Router {
 pub async fn serve(
     listener: glommio::net::TcpListener,
     router: Router,
+    gateway: Gateway,
     backend: crate::shard::Backend,
     tls: Option<futures_rustls::TlsAcceptor>,
 ) {
     crate::api::accept_loop(listener, "grpc", move |tcp| {
         let router = router.clone();
+        let gateway = gateway.clone();
         let backend = backend.clone();
         let tls = tls.clone();
         async move {
@@ -152,7 +164,7 @@ pub async fn serve(
             };
             if head != H2_PREFACE {
                 let io = HyperStream::with_replay(stream, head);
-                crate::api::http::serve_etcd_http1(io, backend).await;
+                crate::api::http::serve_etcd_http1(io, backend, gateway).await;
                 return;
             }
             let service = hyper::service::service_fn(move |req| router.clone().route(req));
