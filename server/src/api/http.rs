@@ -25,7 +25,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
@@ -81,14 +81,21 @@ where
             let path = req.uri().path().to_string();
             if req.method() == hyper::Method::POST {
                 if let Some(route) = gateway::route(&path) {
-                    if let Some(resp) = gateway.serve(route, req.into_body()).await {
-                        return Ok::<_, Infallible>(with_cors(resp));
+                    if route == "watch" {
+                        let resp = gateway.watch(req.into_body()).await;
+                        return Ok::<_, Infallible>(with_cors(resp.map(Either::Right)));
                     }
-                    // Not a route the gateway serves: its mux's 404.
-                    return Ok(with_cors(go_error(StatusCode::NOT_FOUND, "Not Found\n")));
+                    let resp = match gateway.serve(route, req.into_body()).await {
+                        Some(resp) => resp,
+                        // Not a route the gateway serves: its mux's 404.
+                        None => go_error(StatusCode::NOT_FOUND, "Not Found\n"),
+                    };
+                    return Ok(with_cors(resp.map(Either::Left)));
                 }
             }
-            Ok(etcd_http1(&backend, req.method(), &path).await)
+            Ok(etcd_http1(&backend, req.method(), &path)
+                .await
+                .map(Either::Left))
         }
     });
     // Go writes canonical header names (`Content-Type`); so do we.
@@ -184,7 +191,7 @@ fn go_error(status: StatusCode, body: &'static str) -> HttpResponse {
 
 /// etcd's client handler allows cross-origin requests; its CORS headers
 /// come first (Go writes headers sorted by name).
-fn with_cors(mut resp: HttpResponse) -> HttpResponse {
+fn with_cors<B>(mut resp: Response<B>) -> Response<B> {
     let own = std::mem::take(resp.headers_mut());
     let headers = resp.headers_mut();
     headers.insert(

@@ -9,25 +9,38 @@
 //! code and grpc-gateway's HTTP status for it.
 //!
 //! Owns only the translation. Must never hold state of its own or answer
-//! differently from the gRPC services. Streaming RPCs (Watch, LeaseKeepAlive,
-//! Snapshot) are not served here.
+//! differently from the gRPC services. Of the streaming RPCs, Watch is
+//! served (`POST /v3/watch`: the body's WatchRequests, answered with one
+//! `{"result":..}` line per WatchResponse for as long as the client
+//! stays); LeaseKeepAlive and Snapshot are not.
 
+use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_channel::oneshot;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
+use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
+use prost::Message;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tonic::codec::Codec;
 use tonic::{Code, Status};
 
 use super::pb::etcdserverpb::{
     auth_server::Auth, cluster_server::Cluster, kv_server::Kv, lease_server::Lease,
-    maintenance_server::Maintenance,
+    maintenance_server::Maintenance, watch_server::Watch, WatchRequest, WatchResponse,
 };
-use super::service::{AuthService, ClusterService, KvService, LeaseService, MaintenanceService};
+use super::service::{
+    AuthService, BoxStream, ClusterService, KvService, LeaseService, MaintenanceService,
+    WatchService,
+};
 
 type HttpResponse = Response<Full<Bytes>>;
 
@@ -35,6 +48,7 @@ type HttpResponse = Response<Full<Bytes>>;
 #[derive(Clone)]
 pub struct Gateway {
     pub(super) kv: KvService,
+    pub(super) watch: WatchService,
     pub(super) lease: LeaseService,
     pub(super) cluster: ClusterService,
     pub(super) maintenance: MaintenanceService,
@@ -51,6 +65,59 @@ pub fn route(path: &str) -> Option<&str> {
 }
 
 impl Gateway {
+    /// `POST /v3/watch`: the body holds one or more WatchRequest objects
+    /// (`{"create_request":{"key":"Zm9v"}}`, `{"progress_request":{}}`,
+    /// ...); they go to a Watch stream as a gRPC client's would, and every
+    /// WatchResponse comes back as a `{"result":..}` line until the client
+    /// hangs up, which ends the stream and its watchers.
+    pub async fn watch(&self, body: Incoming) -> Response<WatchOutput> {
+        let body = match Limited::new(body, self.max_body_bytes).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return stream_error(&Status::invalid_argument(
+                    "etcdserver: request is too large",
+                ))
+            }
+        };
+        let mut frames = VecDeque::new();
+        for request in serde_json::Deserializer::from_slice(&body).into_iter::<WatchRequest>() {
+            match request {
+                Ok(r) => frames.push_back(grpc_frame(&r)),
+                // The gateway's decoding error reaches the client as gRPC
+                // code Unknown (HTTP 500).
+                Err(e) => return stream_error(&Status::unknown(e.to_string())),
+            }
+        }
+        let (hang_up, on_hang_up) = oneshot::channel();
+        let decoder = tonic_prost::ProstCodec::<WatchResponse, WatchRequest>::default().decoder();
+        let input = tonic::Streaming::new_request(
+            decoder,
+            WatchInput {
+                frames,
+                until: Some(on_hang_up),
+            },
+            None,
+            Some(self.max_body_bytes),
+        );
+        match Watch::watch(&self.watch, tonic::Request::new(input)).await {
+            Ok(stream) => {
+                let mut resp = Response::new(WatchOutput {
+                    responses: Some(stream.into_inner()),
+                    error: None,
+                    _hang_up: Some(hang_up),
+                });
+                resp.headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                resp.headers_mut().insert(
+                    "grpc-metadata-content-type",
+                    HeaderValue::from_static("application/grpc"),
+                );
+                resp
+            }
+            Err(status) => stream_error(&status),
+        }
+    }
+
     /// Answers one gateway request (`route` from [`route`]), or `None` when
     /// the route is not one of etcd 3.4's unary gateway routes (HashKV has
     /// none in 3.4; the streaming ones are not served).
@@ -132,6 +199,143 @@ where
     }
 }
 
+/// One gRPC message frame: uncompressed flag, big-endian length, bytes.
+fn grpc_frame(msg: &WatchRequest) -> Bytes {
+    let len = msg.encoded_len();
+    let mut buf = BytesMut::with_capacity(5 + len);
+    buf.put_u8(0);
+    buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    msg.encode_raw(&mut buf);
+    buf.freeze()
+}
+
+/// A Watch answer that failed before streaming: the unary error shape.
+fn stream_error(status: &Status) -> Response<WatchOutput> {
+    let (http, json) = error_json(status);
+    let mut resp = Response::new(WatchOutput {
+        responses: None,
+        error: Some(Bytes::from(json)),
+        _hang_up: None,
+    });
+    *resp.status_mut() = http;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// The request side of a gateway watch: the decoded requests as gRPC
+/// frames, then open until the client hangs up (a watch outlives the
+/// requests that created it, as in etcd).
+struct WatchInput {
+    frames: VecDeque<Bytes>,
+    until: Option<oneshot::Receiver<()>>,
+}
+
+impl Body for WatchInput {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.frames.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(frame))));
+        }
+        match this.until.as_mut().map(|until| Pin::new(until).poll(cx)) {
+            Some(Poll::Pending) => Poll::Pending,
+            _ => {
+                this.until = None;
+                Poll::Ready(None)
+            }
+        }
+    }
+}
+
+/// The answer of a gateway watch: a `{"result":..}` line per
+/// WatchResponse (or one error object); dropping it (the client hung up)
+/// ends the request side, so the Watch stream and its watchers go.
+pub struct WatchOutput {
+    responses: Option<BoxStream<WatchResponse>>,
+    /// A refusal before streaming began, as its whole body.
+    error: Option<Bytes>,
+    _hang_up: Option<oneshot::Sender<()>>,
+}
+
+/// grpc-gateway v1's in-stream error object.
+#[derive(Serialize)]
+struct StreamError<'a> {
+    grpc_code: i32,
+    http_code: u16,
+    message: &'a str,
+    http_status: &'a str,
+}
+
+impl Body for WatchOutput {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(error) = this.error.take() {
+            return Poll::Ready(Some(Ok(Frame::data(error))));
+        }
+        let Some(responses) = this.responses.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let line = match responses.as_mut().poll_next(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(None) => {
+                this.responses = None;
+                return Poll::Ready(None);
+            }
+            Poll::Ready(Some(Ok(resp))) => {
+                let mut line = b"{\"result\":".to_vec();
+                if serde_json::to_writer(&mut line, &resp).is_err() {
+                    return Poll::Ready(None);
+                }
+                line.extend_from_slice(b"}\n");
+                line
+            }
+            Poll::Ready(Some(Err(status))) => {
+                this.responses = None;
+                let http = http_status(status.code());
+                let error = StreamError {
+                    grpc_code: status.code() as i32,
+                    http_code: http.as_u16(),
+                    message: status.message(),
+                    http_status: http.canonical_reason().unwrap_or(""),
+                };
+                let mut line = b"{\"error\":".to_vec();
+                if serde_json::to_writer(&mut line, &error).is_err() {
+                    return Poll::Ready(None);
+                }
+                line.extend_from_slice(b"}\n");
+                line
+            }
+        };
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(line)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.error.is_none() && self.responses.is_none()
+    }
+
+    /// A refusal has a known length (sent with Content-Length, as Go does
+    /// for a short answer); a stream is chunked.
+    fn size_hint(&self) -> SizeHint {
+        match (&self.responses, &self.error) {
+            (None, Some(error)) => SizeHint::with_exact(error.len() as u64),
+            (None, None) => SizeHint::with_exact(0),
+            (Some(_), _) => SizeHint::default(),
+        }
+    }
+}
+
 fn json_response(status: StatusCode, json: Vec<u8>) -> HttpResponse {
     let mut resp = Response::new(Full::new(Bytes::from(json)));
     *resp.status_mut() = status;
@@ -148,13 +352,21 @@ struct GatewayError<'a> {
 }
 
 fn error_response(status: &Status) -> HttpResponse {
+    let (http, json) = error_json(status);
+    json_response(http, json)
+}
+
+/// The gateway's error object and HTTP status for a gRPC status.
+fn error_json(status: &Status) -> (StatusCode, Vec<u8>) {
     let body = GatewayError {
         error: status.message(),
         message: status.message(),
         code: status.code() as i32,
     };
-    let json = serde_json::to_vec(&body).unwrap_or_default();
-    json_response(http_status(status.code()), json)
+    (
+        http_status(status.code()),
+        serde_json::to_vec(&body).unwrap_or_default(),
+    )
 }
 
 /// grpc-gateway v1's HTTP status for a gRPC code (etcd 3.4 ships v1).

@@ -65,6 +65,7 @@ impl Router {
     ) -> (Router, Gateway) {
         let gateway = Gateway {
             kv: services.kv.clone(),
+            watch: services.watch.clone(),
             lease: services.lease.clone(),
             cluster: services.cluster.clone(),
             maintenance: services.maintenance.clone(),

@@ -223,12 +223,13 @@ impl pb::kv_server::Kv for KvService {
     }
 }
 
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+pub(super) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 fn not_yet(what: &str) -> Status {
     Status::unimplemented(format!("metcd: {what} is not implemented yet"))
 }
 
+#[derive(Clone)]
 pub struct WatchService {
     shared: Shared,
     hub: SendWrapper<Rc<WatchHub>>,
