@@ -81,11 +81,16 @@ where
             let path = req.uri().path().to_string();
             if req.method() == hyper::Method::POST {
                 if let Some(route) = gateway::route(&path) {
-                    if route == "watch" {
-                        let resp = gateway.watch(req.into_body()).await;
-                        return Ok::<_, Infallible>(with_cors(resp.map(Either::Right)));
+                    let body = req.into_body();
+                    if gateway::is_stream(route) {
+                        if let Some(resp) = gateway.serve_stream(route, body).await {
+                            return Ok::<_, Infallible>(with_cors(resp.map(Either::Right)));
+                        }
+                        return Ok(with_cors(
+                            go_error(StatusCode::NOT_FOUND, "Not Found\n").map(Either::Left),
+                        ));
                     }
-                    let resp = match gateway.serve(route, req.into_body()).await {
+                    let resp = match gateway.serve(route, body).await {
                         Some(resp) => resp,
                         // Not a route the gateway serves: its mux's 404.
                         None => go_error(StatusCode::NOT_FOUND, "Not Found\n"),

@@ -321,3 +321,42 @@ fn gateway_watch_streams_as_etcds() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `curl -XPOST .../v3/lease/keepalive -d '{"ID":"1234"}'`: one
+/// `{"result":..}` line per keep-alive, the remaining TTL for a granted
+/// lease and none (TTL 0, left out) for an unknown one, as etcd 3.4.
+#[test]
+fn gateway_lease_keepalive_as_etcds() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = RealEtcd::start(&dir.path().join("etcd"));
+    let metcd = Server::start(&dir.path().join("metcd"), &["--shards", "2"]);
+    let ep = metcd.client_endpoint();
+    let mut seen = Vec::new();
+    for endpoint in [&etcd.endpoint, &ep] {
+        let granted = post(endpoint, "/v3/lease/grant", r#"{"ID":"1234","TTL":"60"}"#);
+        assert!(granted.0.ends_with("200 OK"), "{granted:?}");
+        let outputs: Vec<String> = [r#"{"ID":"1234"}"#, r#"{"ID":"999"}"#]
+            .iter()
+            .map(|body| {
+                let out = curl_watch(endpoint, "/v3/lease/keepalive", body, 2)
+                    .wait_with_output()
+                    .unwrap();
+                String::from_utf8(out.stdout)
+                    .unwrap()
+                    .lines()
+                    .filter(|l| !l.starts_with("Date:"))
+                    .map(mask_ids)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .collect();
+        seen.push(outputs);
+    }
+    assert!(
+        seen[0][0].contains(r#""ID":"1234","TTL":"#),
+        "{:?}",
+        seen[0]
+    );
+    assert_eq!(seen[1], seen[0], "metcd (left) differs from etcd (right)");
+}

@@ -9,10 +9,10 @@
 //! code and grpc-gateway's HTTP status for it.
 //!
 //! Owns only the translation. Must never hold state of its own or answer
-//! differently from the gRPC services. Of the streaming RPCs, Watch is
-//! served (`POST /v3/watch`: the body's WatchRequests, answered with one
-//! `{"result":..}` line per WatchResponse for as long as the client
-//! stays); LeaseKeepAlive and Snapshot are not.
+//! differently from the gRPC services. Of the streaming RPCs, Watch and
+//! LeaseKeepAlive are served (`POST /v3/watch`, `/v3/lease/keepalive`: the
+//! body's requests, answered with one `{"result":..}` line per response
+//! for as long as the client stays); Snapshot is not.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -35,7 +35,7 @@ use tonic::{Code, Status};
 
 use super::pb::etcdserverpb::{
     auth_server::Auth, cluster_server::Cluster, kv_server::Kv, lease_server::Lease,
-    maintenance_server::Maintenance, watch_server::Watch, WatchRequest, WatchResponse,
+    maintenance_server::Maintenance, watch_server::Watch,
 };
 use super::service::{
     AuthService, BoxStream, ClusterService, KvService, LeaseService, MaintenanceService,
@@ -64,13 +64,44 @@ pub fn route(path: &str) -> Option<&str> {
         .or_else(|| path.strip_prefix("/v3beta/"))
 }
 
+/// Whether `route` is one of the streaming routes served
+/// ([`Gateway::serve_stream`]).
+pub fn is_stream(route: &str) -> bool {
+    matches!(route, "watch" | "lease/keepalive")
+}
+
 impl Gateway {
-    /// `POST /v3/watch`: the body holds one or more WatchRequest objects
-    /// (`{"create_request":{"key":"Zm9v"}}`, `{"progress_request":{}}`,
-    /// ...); they go to a Watch stream as a gRPC client's would, and every
-    /// WatchResponse comes back as a `{"result":..}` line until the client
-    /// hangs up, which ends the stream and its watchers.
-    pub async fn watch(&self, body: Incoming) -> Response<WatchOutput> {
+    /// A streaming route (`watch`, `lease/keepalive`), or `None` when
+    /// `route` is not one.
+    pub async fn serve_stream(
+        &self,
+        route: &str,
+        body: Incoming,
+    ) -> Option<Response<StreamOutput>> {
+        let (watch, lease) = (&self.watch, &self.lease);
+        Some(match route {
+            "watch" => self.stream(body, |r| Watch::watch(watch, r)).await,
+            "lease/keepalive" => {
+                self.stream(body, |r| Lease::lease_keep_alive(lease, r))
+                    .await
+            }
+            _ => return None,
+        })
+    }
+
+    /// A bidirectional RPC through the gateway: the body holds one or more
+    /// request objects (`{"create_request":{"key":"Zm9v"}}{"progress_request":{}}`
+    /// for Watch, `{"ID":"..."}` for LeaseKeepAlive); they go to the stream
+    /// as a gRPC client's would, and every response comes back as a
+    /// `{"result":..}` line until the client hangs up, which ends the
+    /// stream (and a watch's watchers).
+    async fn stream<Req, Resp, F, Fut>(&self, body: Incoming, rpc: F) -> Response<StreamOutput>
+    where
+        Req: DeserializeOwned + Message + Default + Send + 'static,
+        Resp: Serialize + Message + Send + 'static,
+        F: FnOnce(tonic::Request<tonic::Streaming<Req>>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<BoxStream<Resp>>, Status>>,
+    {
         let body = match Limited::new(body, self.max_body_bytes).collect().await {
             Ok(b) => b.to_bytes(),
             Err(_) => {
@@ -80,7 +111,7 @@ impl Gateway {
             }
         };
         let mut frames = VecDeque::new();
-        for request in serde_json::Deserializer::from_slice(&body).into_iter::<WatchRequest>() {
+        for request in serde_json::Deserializer::from_slice(&body).into_iter::<Req>() {
             match request {
                 Ok(r) => frames.push_back(grpc_frame(&r)),
                 // The gateway's decoding error reaches the client as gRPC
@@ -89,20 +120,24 @@ impl Gateway {
             }
         }
         let (hang_up, on_hang_up) = oneshot::channel();
-        let decoder = tonic_prost::ProstCodec::<WatchResponse, WatchRequest>::default().decoder();
+        let decoder = tonic_prost::ProstCodec::<Resp, Req>::default().decoder();
         let input = tonic::Streaming::new_request(
             decoder,
-            WatchInput {
+            StreamInput {
                 frames,
                 until: Some(on_hang_up),
             },
             None,
             Some(self.max_body_bytes),
         );
-        match Watch::watch(&self.watch, tonic::Request::new(input)).await {
+        match rpc(tonic::Request::new(input)).await {
             Ok(stream) => {
-                let mut resp = Response::new(WatchOutput {
-                    responses: Some(stream.into_inner()),
+                let lines = futures_lite::StreamExt::map(stream.into_inner(), |item| match item {
+                    Ok(resp) => result_line(&resp),
+                    Err(status) => error_line(&status),
+                });
+                let mut resp = Response::new(StreamOutput {
+                    lines: Some(Box::pin(lines)),
                     error: None,
                     _hang_up: Some(hang_up),
                 });
@@ -200,7 +235,7 @@ where
 }
 
 /// One gRPC message frame: uncompressed flag, big-endian length, bytes.
-fn grpc_frame(msg: &WatchRequest) -> Bytes {
+fn grpc_frame<M: Message>(msg: &M) -> Bytes {
     let len = msg.encoded_len();
     let mut buf = BytesMut::with_capacity(5 + len);
     buf.put_u8(0);
@@ -210,10 +245,10 @@ fn grpc_frame(msg: &WatchRequest) -> Bytes {
 }
 
 /// A Watch answer that failed before streaming: the unary error shape.
-fn stream_error(status: &Status) -> Response<WatchOutput> {
+fn stream_error(status: &Status) -> Response<StreamOutput> {
     let (http, json) = error_json(status);
-    let mut resp = Response::new(WatchOutput {
-        responses: None,
+    let mut resp = Response::new(StreamOutput {
+        lines: None,
         error: Some(Bytes::from(json)),
         _hang_up: None,
     });
@@ -223,15 +258,15 @@ fn stream_error(status: &Status) -> Response<WatchOutput> {
     resp
 }
 
-/// The request side of a gateway watch: the decoded requests as gRPC
+/// The request side of a gateway stream: the decoded requests as gRPC
 /// frames, then open until the client hangs up (a watch outlives the
 /// requests that created it, as in etcd).
-struct WatchInput {
+struct StreamInput {
     frames: VecDeque<Bytes>,
     until: Option<oneshot::Receiver<()>>,
 }
 
-impl Body for WatchInput {
+impl Body for StreamInput {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -253,14 +288,23 @@ impl Body for WatchInput {
     }
 }
 
-/// The answer of a gateway watch: a `{"result":..}` line per
-/// WatchResponse (or one error object); dropping it (the client hung up)
-/// ends the request side, so the Watch stream and its watchers go.
-pub struct WatchOutput {
-    responses: Option<BoxStream<WatchResponse>>,
+/// The answer of a gateway stream: a `{"result":..}` line per response
+/// (or one error object); dropping it (the client hung up) ends the
+/// request side, so the stream (and a watch's watchers) go.
+pub struct StreamOutput {
+    lines: Option<Pin<Box<dyn futures_lite::Stream<Item = Bytes> + Send>>>,
     /// A refusal before streaming began, as its whole body.
     error: Option<Bytes>,
     _hang_up: Option<oneshot::Sender<()>>,
+}
+
+fn result_line<T: Serialize>(resp: &T) -> Bytes {
+    let mut line = b"{\"result\":".to_vec();
+    if serde_json::to_writer(&mut line, resp).is_err() {
+        return error_line(&Status::internal("cannot encode the response as JSON"));
+    }
+    line.extend_from_slice(b"}\n");
+    Bytes::from(line)
 }
 
 /// grpc-gateway v1's in-stream error object.
@@ -272,7 +316,21 @@ struct StreamError<'a> {
     http_status: &'a str,
 }
 
-impl Body for WatchOutput {
+fn error_line(status: &Status) -> Bytes {
+    let http = http_status(status.code());
+    let error = StreamError {
+        grpc_code: status.code() as i32,
+        http_code: http.as_u16(),
+        message: status.message(),
+        http_status: http.canonical_reason().unwrap_or(""),
+    };
+    let mut line = b"{\"error\":".to_vec();
+    let _ = serde_json::to_writer(&mut line, &error);
+    line.extend_from_slice(b"}\n");
+    Bytes::from(line)
+}
+
+impl Body for StreamOutput {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -284,51 +342,27 @@ impl Body for WatchOutput {
         if let Some(error) = this.error.take() {
             return Poll::Ready(Some(Ok(Frame::data(error))));
         }
-        let Some(responses) = this.responses.as_mut() else {
+        let Some(lines) = this.lines.as_mut() else {
             return Poll::Ready(None);
         };
-        let line = match responses.as_mut().poll_next(cx) {
-            Poll::Pending => return Poll::Pending,
+        match lines.as_mut().poll_next(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(line)) => Poll::Ready(Some(Ok(Frame::data(line)))),
             Poll::Ready(None) => {
-                this.responses = None;
-                return Poll::Ready(None);
+                this.lines = None;
+                Poll::Ready(None)
             }
-            Poll::Ready(Some(Ok(resp))) => {
-                let mut line = b"{\"result\":".to_vec();
-                if serde_json::to_writer(&mut line, &resp).is_err() {
-                    return Poll::Ready(None);
-                }
-                line.extend_from_slice(b"}\n");
-                line
-            }
-            Poll::Ready(Some(Err(status))) => {
-                this.responses = None;
-                let http = http_status(status.code());
-                let error = StreamError {
-                    grpc_code: status.code() as i32,
-                    http_code: http.as_u16(),
-                    message: status.message(),
-                    http_status: http.canonical_reason().unwrap_or(""),
-                };
-                let mut line = b"{\"error\":".to_vec();
-                if serde_json::to_writer(&mut line, &error).is_err() {
-                    return Poll::Ready(None);
-                }
-                line.extend_from_slice(b"}\n");
-                line
-            }
-        };
-        Poll::Ready(Some(Ok(Frame::data(Bytes::from(line)))))
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.error.is_none() && self.responses.is_none()
+        self.error.is_none() && self.lines.is_none()
     }
 
     /// A refusal has a known length (sent with Content-Length, as Go does
     /// for a short answer); a stream is chunked.
     fn size_hint(&self) -> SizeHint {
-        match (&self.responses, &self.error) {
+        match (&self.lines, &self.error) {
             (None, Some(error)) => SizeHint::with_exact(error.len() as u64),
             (None, None) => SizeHint::with_exact(0),
             (Some(_), _) => SizeHint::default(),
