@@ -436,3 +436,47 @@ fn prev_kv_watchers_created_under_writes_get_every_previous_value() {
         assert!(checked > 0, "the watchers saw no event");
     });
 }
+
+/// The events a watch of `key` delivers after its client closed the
+/// sending side of the stream (dropping etcd-client's `Watcher` does;
+/// grpcurl does after its request).
+async fn events_after_half_close(endpoint: &str, key: &str) -> Vec<(bool, Vec<u8>)> {
+    let mut c = Client::connect([format!("http://{endpoint}")], None)
+        .await
+        .unwrap();
+    let (watcher, mut stream) = within("watch", c.watch(key, None)).await.unwrap();
+    drop(watcher);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.put(key, "1", None).await.unwrap();
+    c.delete(key, None).await.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let Some(resp) = within("events", stream.message()).await.unwrap() else {
+            break;
+        };
+        for e in resp.events() {
+            let kv = e.kv().unwrap();
+            seen.push((e.event_type() == EventType::Put, kv.value().to_vec()));
+        }
+    }
+    seen
+}
+
+/// etcd keeps a watch whose client closed its sending side: events still
+/// arrive until the client goes. So does metcd (it used to drop the
+/// stream's watchers at the half-close).
+#[test]
+fn a_half_closed_watch_stream_keeps_delivering_as_etcds() {
+    crate::etcd_peer::require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = crate::etcd_peer::RealEtcd::start(&dir.path().join("etcd"));
+    let s = Server::start(&dir.path().join("m"), &[]);
+    let want = vec![(true, b"1".to_vec()), (false, Vec::new())];
+    runtime().block_on(async {
+        assert_eq!(events_after_half_close(&etcd.endpoint, "hc").await, want);
+        assert_eq!(
+            events_after_half_close(&s.client_endpoint(), "hc").await,
+            want
+        );
+    });
+}

@@ -247,6 +247,7 @@ impl pb::watch_server::Watch for WatchService {
         let (out, responses) = futures_channel::mpsc::unbounded::<pb::WatchResponse>();
         let shared = self.shared.clone();
         let hub = SendWrapper::new((*self.hub).clone());
+        let (hang_up, on_hang_up) = futures_channel::oneshot::channel::<()>();
         // The request side runs as a task of this shard; responses flow
         // through `out` (the hub pushes events there too).
         let task = SendWrapper::new(async move {
@@ -259,12 +260,21 @@ impl pb::watch_server::Watch for WatchService {
                 out,
                 next_watch_id: 0,
             };
-            watch_stream.run(input).await;
+            if watch_stream.run(input).await == Input::Finished {
+                // As etcd: a client that closed its sending side (grpcurl
+                // does after its request) keeps its watches until it goes.
+                let _ = on_hang_up.await;
+            }
             hub.remove_stream(stream);
         });
         glommio::spawn_local(task).detach();
         Ok(Response::new(Box::pin(futures_lite::StreamExt::map(
-            responses, Ok,
+            responses,
+            move |r| {
+                // Held by the response stream: dropped when the client goes.
+                let _ = &hang_up;
+                Ok(r)
+            },
         ))))
     }
 }
@@ -278,10 +288,24 @@ struct WatchStream {
     next_watch_id: i64,
 }
 
+/// How a Watch stream's request side ended.
+#[derive(PartialEq)]
+enum Input {
+    /// The client closed its sending side; it still reads.
+    Finished,
+    /// Reset, broken, or nobody reads the answers any more.
+    Gone,
+}
+
 impl WatchStream {
-    async fn run(&mut self, mut input: Streaming<pb::WatchRequest>) {
+    async fn run(&mut self, mut input: Streaming<pb::WatchRequest>) -> Input {
         use pb::watch_request::RequestUnion;
-        while let Ok(Some(req)) = input.message().await {
+        loop {
+            let req = match input.message().await {
+                Ok(Some(req)) => req,
+                Ok(None) => return Input::Finished,
+                Err(_) => return Input::Gone,
+            };
             match req.request_union {
                 Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
                 Some(RequestUnion::CancelRequest(c))
@@ -307,7 +331,7 @@ impl WatchStream {
                 None => {}
             }
             if self.out.is_closed() {
-                break;
+                return Input::Gone;
             }
         }
     }
