@@ -49,12 +49,19 @@ fn sample(page: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {name} in:\n{page}"))
 }
 
-#[test]
-fn version_health_and_metrics_on_the_client_url_as_etcd_serves_them() {
+/// A real etcd 3.4 and a metcd (two shards), each with its own data dir
+/// in the returned temporary dir.
+fn etcd_and_metcd() -> (tempfile::TempDir, RealEtcd, Server) {
     require_etcd();
     let dir = tempfile::tempdir().unwrap();
     let etcd = RealEtcd::start(&dir.path().join("etcd"));
     let metcd = Server::start(&dir.path().join("metcd"), &["--shards", "2"]);
+    (dir, etcd, metcd)
+}
+
+#[test]
+fn version_health_and_metrics_on_the_client_url_as_etcd_serves_them() {
+    let (_dir, etcd, metcd) = etcd_and_metcd();
     let ep = metcd.client_endpoint();
 
     // gRPC keeps working on the same port (several connections: each shard
@@ -175,10 +182,7 @@ fn mask_ids(json: &str) -> String {
 /// and metcd give the same status and the same JSON, errors included.
 #[test]
 fn gateway_json_routes_match_etcd() {
-    require_etcd();
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = RealEtcd::start(&dir.path().join("etcd"));
-    let metcd = Server::start(&dir.path().join("metcd"), &["--shards", "2"]);
+    let (_dir, etcd, metcd) = etcd_and_metcd();
     let ep = metcd.client_endpoint();
     let steps: &[(&str, &str)] = &[
         ("/v3/kv/put", r#"{"key":"Zm9v","value":"YmFy"}"#),
@@ -247,16 +251,26 @@ fn curl_watch(endpoint: &str, path: &str, body: &str, secs: u32) -> std::process
         .unwrap()
 }
 
+/// What a `curl -i` printed, without its `Date` header and with the ids
+/// masked.
+fn curl_output(curl: std::process::Child) -> String {
+    let out = curl.wait_with_output().unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("Date:"))
+        .map(mask_ids)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// `curl -XPOST .../v3/watch -d '{"create_request":{"key":"Zm9v"}}'`, as
 /// etcd's documentation shows it: the same lines as etcd 3.4 (created, then
 /// one line per event, prev_kv and a progress request included), and the
 /// watchers go away when the client hangs up.
 #[test]
 fn gateway_watch_streams_as_etcds() {
-    require_etcd();
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = RealEtcd::start(&dir.path().join("etcd"));
-    let metcd = Server::start(&dir.path().join("metcd"), &["--shards", "2"]);
+    let (_dir, etcd, metcd) = etcd_and_metcd();
     let ep = metcd.client_endpoint();
     let watches = [
         (
@@ -286,18 +300,7 @@ fn gateway_watch_streams_as_etcds() {
         ] {
             assert!(post(endpoint, path, body).0.ends_with("200 OK"));
         }
-        let outputs: Vec<String> = children
-            .into_iter()
-            .map(|c| {
-                let out = c.wait_with_output().unwrap();
-                let text = String::from_utf8(out.stdout).unwrap();
-                text.lines()
-                    .filter(|l| !l.starts_with("Date:"))
-                    .map(mask_ids)
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
-            .collect();
+        let outputs: Vec<String> = children.into_iter().map(curl_output).collect();
         seen.push(outputs);
     }
     for (i, (ours, theirs)) in seen[1].iter().zip(&seen[0]).enumerate() {
@@ -327,10 +330,7 @@ fn gateway_watch_streams_as_etcds() {
 /// lease and none (TTL 0, left out) for an unknown one, as etcd 3.4.
 #[test]
 fn gateway_lease_keepalive_as_etcds() {
-    require_etcd();
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = RealEtcd::start(&dir.path().join("etcd"));
-    let metcd = Server::start(&dir.path().join("metcd"), &["--shards", "2"]);
+    let (_dir, etcd, metcd) = etcd_and_metcd();
     let ep = metcd.client_endpoint();
     let mut seen = Vec::new();
     for endpoint in [&etcd.endpoint, &ep] {
@@ -338,18 +338,7 @@ fn gateway_lease_keepalive_as_etcds() {
         assert!(granted.0.ends_with("200 OK"), "{granted:?}");
         let outputs: Vec<String> = [r#"{"ID":"1234"}"#, r#"{"ID":"999"}"#]
             .iter()
-            .map(|body| {
-                let out = curl_watch(endpoint, "/v3/lease/keepalive", body, 2)
-                    .wait_with_output()
-                    .unwrap();
-                String::from_utf8(out.stdout)
-                    .unwrap()
-                    .lines()
-                    .filter(|l| !l.starts_with("Date:"))
-                    .map(mask_ids)
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
+            .map(|body| curl_output(curl_watch(endpoint, "/v3/lease/keepalive", body, 2)))
             .collect();
         seen.push(outputs);
     }
