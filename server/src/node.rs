@@ -152,7 +152,6 @@ const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
 const CONF_META: &[u8] = b"raft/conf";
 /// Prefix of the metadata records of removed members.
 const REMOVED_META: &[u8] = b"removed/";
-/// etcd allows one learner at a time.
 /// etcd's answers when a membership change would risk the quorum
 /// (`--strict-reconfig-check`, on by default in etcd, always on here).
 const NOT_ENOUGH_STARTED: &str =
@@ -166,6 +165,7 @@ const RECONFIG_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
 fn quorum(members: usize) -> usize {
     members / 2 + 1
 }
+/// etcd allows one learner at a time.
 const MAX_LEARNERS: usize = 1;
 const READ_INDEX_RETRY: Duration = Duration::from_millis(500);
 /// etcd's request timeout: 5 s plus two election timeouts (added at start).

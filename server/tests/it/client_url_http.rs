@@ -252,16 +252,17 @@ fn curl_watch(endpoint: &str, path: &str, body: &str, secs: u32) -> std::process
 }
 
 /// What a `curl -i` printed, without its `Date` header and with the ids
-/// masked.
+/// masked, then how it ended (`exit Some(28)`: still streaming at its `-m`).
 fn curl_output(curl: std::process::Child) -> String {
     let out = curl.wait_with_output().unwrap();
-    String::from_utf8(out.stdout)
+    let text = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .filter(|l| !l.starts_with("Date:"))
         .map(mask_ids)
         .collect::<Vec<_>>()
-        .join("\n")
+        .join("\n");
+    format!("{text}\nexit {:?}", out.status.code())
 }
 
 /// `curl -XPOST .../v3/watch -d '{"create_request":{"key":"Zm9v"}}'`, as
@@ -327,7 +328,8 @@ fn gateway_watch_streams_as_etcds() {
 
 /// `curl -XPOST .../v3/lease/keepalive -d '{"ID":"1234"}'`: one
 /// `{"result":..}` line per keep-alive, the remaining TTL for a granted
-/// lease and none (TTL 0, left out) for an unknown one, as etcd 3.4.
+/// lease and none (TTL 0, left out) for an unknown one, and then the
+/// answer ends, as etcd 3.4's.
 #[test]
 fn gateway_lease_keepalive_as_etcds() {
     let (_dir, etcd, metcd) = etcd_and_metcd();
@@ -347,5 +349,7 @@ fn gateway_lease_keepalive_as_etcds() {
         "{:?}",
         seen[0]
     );
+    // The answer ends once the body's requests are answered.
+    assert!(seen[0][0].ends_with("exit Some(0)"), "{:?}", seen[0]);
     assert_eq!(seen[1], seen[0], "metcd (left) differs from etcd (right)");
 }

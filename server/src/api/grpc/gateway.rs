@@ -11,8 +11,8 @@
 //! Owns only the translation. Must never hold state of its own or answer
 //! differently from the gRPC services. Of the streaming RPCs, Watch and
 //! LeaseKeepAlive are served (`POST /v3/watch`, `/v3/lease/keepalive`: the
-//! body's requests, answered with one `{"result":..}` line per response
-//! for as long as the client stays); Snapshot is not.
+//! body's requests, answered with one `{"result":..}` line per response; a
+//! watch for as long as the client stays); Snapshot is not.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -21,7 +21,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use futures_channel::oneshot;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::body::{Body, Frame, SizeHint};
@@ -93,8 +92,8 @@ impl Gateway {
     /// request objects (`{"create_request":{"key":"Zm9v"}}{"progress_request":{}}`
     /// for Watch, `{"ID":"..."}` for LeaseKeepAlive); they go to the stream
     /// as a gRPC client's would, and every response comes back as a
-    /// `{"result":..}` line until the client hangs up, which ends the
-    /// stream (and a watch's watchers).
+    /// `{"result":..}` line: a LeaseKeepAlive ends after its answers, a
+    /// Watch streams until the client hangs up, which ends its watchers.
     async fn stream<Req, Resp, F, Fut>(&self, body: Incoming, rpc: F) -> Response<StreamOutput>
     where
         Req: DeserializeOwned + Message + Default + Send + 'static,
@@ -104,11 +103,7 @@ impl Gateway {
     {
         let body = match Limited::new(body, self.max_body_bytes).collect().await {
             Ok(b) => b.to_bytes(),
-            Err(_) => {
-                return stream_error(&Status::invalid_argument(
-                    "etcdserver: request is too large",
-                ))
-            }
+            Err(e) => return stream_error(&body_error(&*e)),
         };
         let mut frames = VecDeque::new();
         for request in serde_json::Deserializer::from_slice(&body).into_iter::<Req>() {
@@ -119,14 +114,10 @@ impl Gateway {
                 Err(e) => return stream_error(&Status::unknown(e.to_string())),
             }
         }
-        let (hang_up, on_hang_up) = oneshot::channel();
         let decoder = tonic_prost::ProstCodec::<Resp, Req>::default().decoder();
         let input = tonic::Streaming::new_request(
             decoder,
-            StreamInput {
-                frames,
-                until: Some(on_hang_up),
-            },
+            StreamInput { frames },
             None,
             Some(self.max_body_bytes),
         );
@@ -139,7 +130,6 @@ impl Gateway {
                 let mut resp = Response::new(StreamOutput {
                     lines: Some(Box::pin(lines)),
                     error: None,
-                    _hang_up: Some(hang_up),
                 });
                 resp.headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -155,15 +145,11 @@ impl Gateway {
 
     /// Answers one gateway request (`route` from [`route`]), or `None` when
     /// the route is not one of etcd 3.4's unary gateway routes (HashKV has
-    /// none in 3.4; the streaming ones are not served).
+    /// none in 3.4; the streaming ones go to [`Gateway::serve_stream`]).
     pub async fn serve(&self, route: &str, body: Incoming) -> Option<HttpResponse> {
         let body = match Limited::new(body, self.max_body_bytes).collect().await {
             Ok(b) => b.to_bytes(),
-            Err(_) => {
-                return Some(error_response(&Status::invalid_argument(
-                    "etcdserver: request is too large",
-                )))
-            }
+            Err(e) => return Some(error_response(&body_error(&*e))),
         };
         let (kv, lease, cluster) = (&self.kv, &self.lease, &self.cluster);
         let (maintenance, auth) = (&self.maintenance, &self.auth);
@@ -234,6 +220,16 @@ where
     }
 }
 
+/// Why a request body could not be read: over the size limit, or the
+/// client's connection failed mid-body.
+fn body_error(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Status {
+    if e.is::<http_body_util::LengthLimitError>() {
+        Status::invalid_argument("etcdserver: request is too large")
+    } else {
+        Status::cancelled(e.to_string())
+    }
+}
+
 /// One gRPC message frame: uncompressed flag, big-endian length, bytes.
 fn grpc_frame<M: Message>(msg: &M) -> Bytes {
     let len = msg.encoded_len();
@@ -250,7 +246,6 @@ fn stream_error(status: &Status) -> Response<StreamOutput> {
     let mut resp = Response::new(StreamOutput {
         lines: None,
         error: Some(Bytes::from(json)),
-        _hang_up: None,
     });
     *resp.status_mut() = http;
     resp.headers_mut()
@@ -259,11 +254,11 @@ fn stream_error(status: &Status) -> Response<StreamOutput> {
 }
 
 /// The request side of a gateway stream: the decoded requests as gRPC
-/// frames, then open until the client hangs up (a watch outlives the
-/// requests that created it, as in etcd).
+/// frames, then closed, as etcd's gateway closes its sending side once the
+/// body is used up (a LeaseKeepAlive answer then ends; a Watch keeps its
+/// watches until the client goes).
 struct StreamInput {
     frames: VecDeque<Bytes>,
-    until: Option<oneshot::Receiver<()>>,
 }
 
 impl Body for StreamInput {
@@ -275,27 +270,18 @@ impl Body for StreamInput {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
-        if let Some(frame) = this.frames.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(frame))));
-        }
-        match this.until.as_mut().map(|until| Pin::new(until).poll(cx)) {
-            Some(Poll::Pending) => Poll::Pending,
-            _ => {
-                this.until = None;
-                Poll::Ready(None)
-            }
-        }
+        let _ = cx;
+        Poll::Ready(this.frames.pop_front().map(|frame| Ok(Frame::data(frame))))
     }
 }
 
 /// The answer of a gateway stream: a `{"result":..}` line per response
-/// (or one error object); dropping it (the client hung up) ends the
-/// request side, so the stream (and a watch's watchers) go.
+/// (or one error object); dropping it (the client hung up) drops the
+/// service's response stream, so a watch's watchers go.
 pub struct StreamOutput {
     lines: Option<Pin<Box<dyn futures_lite::Stream<Item = Bytes> + Send>>>,
     /// A refusal before streaming began, as its whole body.
     error: Option<Bytes>,
-    _hang_up: Option<oneshot::Sender<()>>,
 }
 
 fn result_line<T: Serialize>(resp: &T) -> Bytes {
