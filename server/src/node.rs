@@ -2264,6 +2264,16 @@ impl Node {
         })
     }
 
+    fn voter_ids(&self) -> Vec<u64> {
+        let registry = self.registry.borrow();
+        registry
+            .all()
+            .iter()
+            .filter(|m| !m.is_learner)
+            .map(|m| m.id)
+            .collect()
+    }
+
     /// Whether the link to voter `peer` has been up for etcd's health
     /// interval (this member counts as connected to itself).
     fn connected_long_enough(&self, peer: u64) -> bool {
@@ -2287,15 +2297,11 @@ impl Node {
                 return Err(ServerError::Membership(NOT_ENOUGH_STARTED));
             }
         }
-        let voters: Vec<u64> = self
-            .registry
-            .borrow()
-            .all()
+        if !self
+            .voter_ids()
             .iter()
-            .filter(|m| !m.is_learner)
-            .map(|m| m.id)
-            .collect();
-        if !voters.iter().all(|&v| self.connected_long_enough(v)) {
+            .all(|&v| self.connected_long_enough(v))
+        {
             return Err(ServerError::Membership(UNHEALTHY));
         }
         Ok(())
@@ -2318,12 +2324,7 @@ impl Node {
         if id != self.id && self.transport.connected_since(id).is_none() {
             return Ok(());
         }
-        let members = self.registry.borrow().all();
-        let voters: Vec<u64> = members
-            .iter()
-            .filter(|m| !m.is_learner)
-            .map(|m| m.id)
-            .collect();
+        let voters = self.voter_ids();
         let active = voters
             .iter()
             .filter(|&&v| self.connected_long_enough(v))
