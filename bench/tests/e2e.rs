@@ -26,12 +26,15 @@ fn metcd_binary() -> PathBuf {
     path
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Two distinct free loopback ports: both are held while the second is
+/// chosen, so the kernel cannot hand out the same one twice.
+fn two_free_ports() -> (u16, u16) {
+    let first = TcpListener::bind("127.0.0.1:0").unwrap();
+    let second = TcpListener::bind("127.0.0.1:0").unwrap();
+    (
+        first.local_addr().unwrap().port(),
+        second.local_addr().unwrap().port(),
+    )
 }
 
 /// Kills the server when the test ends, passing or panicking.
@@ -67,7 +70,7 @@ fn http_get_status(port: u16, path: &str) -> Option<u16> {
 fn start_server() -> Server {
     let bin = metcd_binary();
     let dir = tempfile::tempdir().unwrap();
-    let (grpc, http) = (free_port(), free_port());
+    let (grpc, http) = two_free_ports();
     let log = dir.path().join("metcd.log");
     let child = Command::new(bin)
         .arg("--data-dir")

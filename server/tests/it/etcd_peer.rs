@@ -4,8 +4,8 @@
 
 #![allow(dead_code)]
 
+use crate::support::free_ports;
 use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -55,17 +55,6 @@ pub fn require_etcd() {
          error formats), found:\n{text}\nrun ./scripts/test (installs \
          etcd-server etcd-client)"
     );
-}
-
-/// `n` distinct free loopback ports (all bound at once, then released).
-pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
 }
 
 /// A single-member etcd 3.4 on loopback, killed on drop.

@@ -10,9 +10,33 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A loopback port that is free now and that no other call in this test
+/// process has returned. Ports come from below the kernel's ephemeral
+/// range (32768+), so neither an outgoing connection nor a concurrent
+/// `bind(0)` can take one between this call and the server's bind; asking
+/// the kernel for port 0 and releasing it could hand two members of one
+/// cluster the same port (seen in CI).
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 12_000;
+    const SPAN: u32 = 20_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Start at a pid-dependent place so test binaries run one after
+    // another do not retry the ports the previous one left in TIME_WAIT.
+    let start = (std::process::id() % 40) * 500;
+    for _ in 0..SPAN {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let port = (FIRST + offset) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN);
+}
+
+/// `n` distinct free loopback ports.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    (0..n).map(|_| free_port()).collect()
 }
 
 /// Runs `metcd` on `data_dir` with fresh ports to completion, for starts

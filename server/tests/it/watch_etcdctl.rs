@@ -156,7 +156,7 @@ fn watch_ends_when_the_member_loses_its_leader_as_etcd() {
     let endpoints = [etcd.endpoint.clone(), metcd.server.client_endpoint()];
     let never_started = format!(
         "--peer-urls=http://127.0.0.1:{}",
-        crate::etcd_peer::free_ports(1)[0]
+        crate::support::free_port()
     );
     // Far longer than the member needs to notice (1 s election timeout,
     // then three checks a timeout apart): a watch still running at the
