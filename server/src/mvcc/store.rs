@@ -232,7 +232,8 @@ impl<E: Engine> MvccStore<E> {
     /// etcd's `HashKV`, computed over the bytes etcd itself would hash, so
     /// the value equals etcd's for the same history: a CRC32C of `"key"`
     /// and then, in revision order, every stored key revision at or below
-    /// `revision` (`<= 0`: the current one) in etcd's bucket layout
+    /// `revision` (`0`: the current one; a negative one hashes nothing but
+    /// `"key"`, as etcd's) in etcd's bucket layout
     /// ([`codec::etcd_bucket_record`]). Like etcd, revisions at or below
     /// the compaction point count only if a compaction at `revision` would
     /// keep them (each key's live revision there), unless no key is live
@@ -245,7 +246,16 @@ impl<E: Engine> MvccStore<E> {
         if revision > self.current_rev {
             return Err(MvccError::FutureRevision);
         }
-        let rev = if revision <= 0 {
+        if revision < 0 {
+            // etcd hashes the revisions below `revision + 1`: none at all.
+            return Ok(HashKv {
+                hash: crc32c::crc32c(b"key"),
+                hash_revision: revision,
+                revision: self.current_rev,
+                compact_revision: self.compact_rev,
+            });
+        }
+        let rev = if revision == 0 {
             self.current_rev
         } else {
             revision

@@ -2233,6 +2233,8 @@ fn hash_kv_equals_etcd_3_4_for_the_same_history() {
     t.put("a", "3");
     assert_eq!(hash(&t, 0).unwrap(), 2_069_675_932);
     assert_eq!(hash(&t, 2).unwrap(), 2_587_454_935);
+    // A negative revision hashes no revision at all, only etcd's "key".
+    assert_eq!(hash(&t, -1).unwrap(), 1_084_519_789);
     t.delete("a", "");
     assert_eq!(hash(&t, 0).unwrap(), 1_346_927_904);
     t.txn(TxnRequest {
