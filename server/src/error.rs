@@ -12,6 +12,8 @@ pub enum ServerError {
     Engine(#[from] engine::Error),
     #[error(transparent)]
     Lease(#[from] crate::lease::LeaseError),
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
     #[error("etcdserver: request is too large")]
     RequestTooLarge,
     #[error("etcdserver: too many requests")]

@@ -6,6 +6,7 @@
 
 pub mod alloc;
 pub mod api;
+pub mod auth;
 pub mod compactor;
 pub mod config;
 pub mod error;

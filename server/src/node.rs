@@ -66,6 +66,7 @@ pub enum Applied {
     Published,
     /// A membership change: the members after it.
     Members(Vec<MemberRecord>),
+    Auth(crate::auth::AuthApplied),
 }
 
 /// What goes into the log: `[u64 origin member][u64 proposal id][u8 tag][body]`.
@@ -77,6 +78,7 @@ const TAG_LEASE_REVOKE: u8 = 3;
 const TAG_MEMBER_ATTRS: u8 = 4;
 const TAG_CONF_RECORD: u8 = 5;
 const TAG_MEMBER_PEERS: u8 = 6;
+const TAG_AUTH: u8 = 7;
 
 pub(crate) enum Decoded {
     Kv(mvcc::Request),
@@ -92,6 +94,7 @@ pub(crate) enum Decoded {
     ConfRecord(MemberRecord),
     /// New peer URLs of a member (MemberUpdate).
     MemberPeers(MemberRecord),
+    Auth(crate::auth::AuthRequest),
 }
 
 pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decoded)> {
@@ -113,6 +116,7 @@ pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decod
         TAG_MEMBER_ATTRS => Decoded::MemberAttrs(members::decode(&data)?),
         TAG_CONF_RECORD => Decoded::ConfRecord(members::decode(&data)?),
         TAG_MEMBER_PEERS => Decoded::MemberPeers(members::decode(&data)?),
+        TAG_AUTH => Decoded::Auth(crate::auth::decode(&data)?),
         _ => return None,
     };
     Some((origin, id, body))
@@ -398,6 +402,10 @@ pub struct Node {
     fatal: RefCell<Option<String>>,
     status: Cell<NodeStatus>,
     lessor: RefCell<crate::lease::Lessor>,
+    auth: RefCell<crate::auth::AuthStore>,
+    /// Whether auth is on, shared with every shard's API edge so requests
+    /// skip the owner round trip of a permission check while it is off.
+    auth_flag: RefCell<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Called with every applied batch of events (watch hubs of all shards).
     watch_subscribers: RefCell<Vec<crate::watch::EventSubscriber>>,
     snapshot_done: RefCell<Option<Result<u64>>>,
@@ -545,6 +553,7 @@ impl Node {
             restored.storage.initial_state()?.hard_state.commit
         };
         let lessor = restore_leases(&mvcc, crate::lease::min_ttl_secs(cfg.election_timeout))?;
+        let auth = restore_auth(&mvcc)?;
         let wal = Wal::open(
             &dirs.wal,
             WalOptions {
@@ -682,6 +691,8 @@ impl Node {
             fatal: RefCell::new(None),
             status: Cell::new(NodeStatus::default()),
             lessor: RefCell::new(lessor),
+            auth: RefCell::new(auth),
+            auth_flag: RefCell::new(Default::default()),
             watch_subscribers: RefCell::new(Vec::new()),
             snapshot_done: RefCell::new(None),
             warned_snapshot: Cell::new(false),
@@ -1035,6 +1046,76 @@ impl Node {
             }
         }
         answer
+    }
+
+    /// Shares whether auth is on with the API edges of every shard.
+    pub fn share_auth_flag(&self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        flag.store(
+            self.auth.borrow().enabled(),
+            std::sync::atomic::Ordering::Release,
+        );
+        *self.auth_flag.borrow_mut() = flag;
+    }
+
+    /// Whether the caller behind `token` may do what `requirement` names
+    /// (always, with auth off). A lease revoke needs write permission on
+    /// every key attached to the lease, as etcd's.
+    pub fn authorize(
+        &self,
+        token: Option<&str>,
+        requirement: &crate::auth::Requirement,
+        revoking_lease: Option<i64>,
+    ) -> Result<()> {
+        let mut auth = self.auth.borrow_mut();
+        if !auth.enabled() {
+            return Ok(());
+        }
+        let user = auth.user_of(token, Instant::now())?;
+        if let Some(lease) = revoking_lease {
+            let needs = self
+                .lessor
+                .borrow()
+                .get(lease)
+                .map(|state| state.keys.iter().cloned().collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|key| crate::auth::Need {
+                    access: crate::auth::Access::Write,
+                    key,
+                    range_end: bytes::Bytes::new(),
+                })
+                .collect();
+            auth.check(user.as_deref(), &crate::auth::Requirement::Keys(needs))?;
+        }
+        Ok(auth.check(user.as_deref(), requirement)?)
+    }
+
+    /// An auth change through the log, by the caller behind `token`: root
+    /// while auth is on (etcd's admin check), anybody for Authenticate.
+    pub async fn auth_change(
+        &self,
+        token: Option<&str>,
+        req: &crate::auth::AuthRequest,
+    ) -> Result<crate::auth::AuthApplied> {
+        if !matches!(req, crate::auth::AuthRequest::Authenticate { .. }) {
+            self.authorize(token, &crate::auth::Requirement::Admin, None)?;
+        }
+        let mut body = Vec::new();
+        crate::auth::encode(req, &mut body);
+        match self.propose(TAG_AUTH, &body).await? {
+            Applied::Auth(applied) => Ok(applied),
+            _ => Err(ServerError::Stopped),
+        }
+    }
+
+    /// A read of the auth state by the caller behind `token`.
+    pub fn auth_query(
+        &self,
+        token: Option<&str>,
+        query: &crate::auth::AuthQuery,
+    ) -> Result<crate::auth::AuthAnswer> {
+        self.authorize(token, &query.requirement(), None)?;
+        Ok(self.auth.borrow().query(query)?)
     }
 
     /// This member's ID.
@@ -1482,6 +1563,7 @@ impl Node {
         }
         let mvcc = MvccStore::open(engine.clone())?;
         let lessor = restore_leases(&mvcc, self.lessor.borrow().min_ttl())?;
+        let auth = restore_auth(&mvcc)?;
         let conf = meta.get_conf_state().clone();
         let mut registry = Registry::default();
         load_member_records(&mvcc, &mut registry)?;
@@ -1499,6 +1581,10 @@ impl Node {
         *self.engine.borrow_mut() = engine;
         *self.mvcc.borrow_mut() = mvcc;
         *self.lessor.borrow_mut() = lessor;
+        self.auth_flag
+            .borrow()
+            .store(auth.enabled(), std::sync::atomic::Ordering::Release);
+        *self.auth.borrow_mut() = auth;
         *self.registry.borrow_mut() = registry;
         self.solo
             .set(conf.voters == [self.id] && conf.learners.is_empty());
@@ -1718,6 +1804,22 @@ impl Node {
                         None => mvcc.apply_noop(entry.index)?,
                     }
                     Ok(Applied::Published)
+                }
+                Decoded::Auth(req) => {
+                    let mut auth = self.auth.borrow_mut();
+                    match auth.apply(&req, entry.index, Instant::now()) {
+                        Ok((applied, changes)) => {
+                            mvcc.write_meta(entry.index, changes)?;
+                            self.auth_flag
+                                .borrow()
+                                .store(auth.enabled(), std::sync::atomic::Ordering::Release);
+                            Ok(Applied::Auth(applied))
+                        }
+                        Err(e) => {
+                            mvcc.apply_noop(entry.index)?;
+                            Err(ServerError::Auth(e))
+                        }
+                    }
                 }
                 Decoded::LeaseRevoke { id: lease } => match lessor.revoke(lease) {
                     Ok(keys) => {
@@ -2367,6 +2469,12 @@ impl Node {
 
 /// Rebuilds the lease table: leases from their records, attachments from
 /// the keys' `lease` fields. Every lease starts a full TTL (etcd's Promote).
+fn restore_auth(mvcc: &MvccStore<AnyEngine>) -> Result<crate::auth::AuthStore> {
+    let records = mvcc.meta_with_prefix(crate::auth::META_PREFIX)?;
+    crate::auth::AuthStore::restore(&records)
+        .map_err(|e| ServerError::Mvcc(mvcc::MvccError::Corrupt(e)))
+}
+
 fn restore_leases(mvcc: &MvccStore<AnyEngine>, min_ttl: i64) -> Result<crate::lease::Lessor> {
     let mut lessor = crate::lease::Lessor::new(min_ttl);
     let now = Instant::now();

@@ -86,6 +86,23 @@ pub enum Command {
         old: u64,
         peer_urls: Vec<String>,
     },
+    /// Whether the caller behind `token` may do what `requirement` names;
+    /// with `revoking_lease`, also write every key attached to that lease.
+    Authorize {
+        token: Option<String>,
+        requirement: crate::auth::Requirement,
+        revoking_lease: Option<i64>,
+    },
+    /// An auth change through the log by the caller behind `token`.
+    AuthChange {
+        token: Option<String>,
+        req: crate::auth::AuthRequest,
+    },
+    /// A read of the auth state by the caller behind `token`.
+    AuthQuery {
+        token: Option<String>,
+        query: crate::auth::AuthQuery,
+    },
 }
 
 /// The owner's answer; `term` is the Raft term when it was produced (for
@@ -120,6 +137,11 @@ pub enum Reply {
     /// A membership change: the member added (MemberAdd) and all members.
     MemberChange(Result<MemberChange>, u64),
     MoveLeader(Result<()>, u64),
+    Authorized(Result<()>),
+    /// An auth change's or query's answer, the term and the store revision
+    /// (for etcd's response header).
+    AuthChange(Result<crate::auth::AuthApplied>, u64, i64),
+    AuthQuery(Result<crate::auth::AuthAnswer>, u64, i64),
     /// A command refused before it ran (e.g. a lease query on a follower).
     Failed(ServerError),
 }
@@ -291,6 +313,21 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             node.status().term,
         ),
         Command::Members => Reply::Members(node.members(), node.status().term),
+        Command::Authorize {
+            token,
+            requirement,
+            revoking_lease,
+        } => Reply::Authorized(node.authorize(token.as_deref(), &requirement, revoking_lease)),
+        Command::AuthChange { token, req } => {
+            let result = node.auth_change(token.as_deref(), &req).await;
+            let status = node.status();
+            Reply::AuthChange(result, status.term, status.revision)
+        }
+        Command::AuthQuery { token, query } => {
+            let status = node.status();
+            let result = node.auth_query(token.as_deref(), &query);
+            Reply::AuthQuery(result, status.term, status.revision)
+        }
         Command::MemberAdd {
             peer_urls,
             is_learner,
@@ -518,6 +555,7 @@ pub fn run(cfg: Config) -> Result<()> {
                     std::process::exit(1);
                 }
             };
+            node.share_auth_flag(owner_listeners.member.auth_enabled.clone());
             let hub = WatchHub::new(
                 owner_listeners.header_ids(),
                 owner_listeners.http_limits.max_request_bytes,
@@ -659,6 +697,7 @@ fn member_info(cfg: &Config, cluster_id: u64, member_id: u64) -> MemberInfo {
                 .unwrap_or(&cfg.listen_client_urls),
         ),
         max_txn_ops: cfg.max_txn_ops,
+        auth_enabled: Default::default(),
     }
 }
 

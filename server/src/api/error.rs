@@ -13,11 +13,13 @@ pub enum GrpcCode {
     InvalidArgument = 3,
     DeadlineExceeded = 4,
     NotFound = 5,
+    PermissionDenied = 7,
     ResourceExhausted = 8,
     FailedPrecondition = 9,
     OutOfRange = 11,
     Internal = 13,
     Unavailable = 14,
+    Unauthenticated = 16,
 }
 
 /// What a client is told about an error.
@@ -43,6 +45,19 @@ pub fn to_wire(e: &ServerError) -> WireError {
             crate::lease::LeaseError::Exists => (FailedPrecondition, 409, e.to_string()),
             _ => (OutOfRange, 400, e.to_string()),
         },
+        ServerError::Auth(a) => {
+            use crate::auth::AuthError as A;
+            let (code, http) = match a {
+                A::UserEmpty | A::RoleEmpty | A::AuthFailed | A::InvalidAuthMgmt => {
+                    (InvalidArgument, 400)
+                }
+                A::PermissionDenied => (PermissionDenied, 403),
+                A::InvalidAuthToken => (Unauthenticated, 401),
+                A::Maintenance(_) => (Unknown, 500),
+                _ => (FailedPrecondition, 412),
+            };
+            (code, http, e.to_string())
+        }
         ServerError::RequestTooLarge => (InvalidArgument, 413, e.to_string()),
         ServerError::TooManyRequests => (ResourceExhausted, 429, e.to_string()),
         ServerError::Stopped

@@ -328,6 +328,25 @@ impl<E: Engine> MvccStore<E> {
         Ok(())
     }
 
+    /// Writes and deletes (`None`) several metadata records atomically,
+    /// with the entry's applied index.
+    pub fn write_meta(
+        &mut self,
+        index: u64,
+        changes: Vec<(Vec<u8>, Option<Bytes>)>,
+    ) -> Result<(), MvccError> {
+        let mut batch = WriteBatch::new();
+        for (name, value) in changes {
+            match value {
+                Some(v) => batch.put(meta_key(&name), v),
+                None => batch.delete(meta_key(&name)),
+            }
+        }
+        batch.set_applied_index(index);
+        self.engine.write(batch)?;
+        Ok(())
+    }
+
     /// Metadata records whose name starts with `prefix` (names returned
     /// without the namespace byte).
     pub fn meta_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Bytes, Bytes)>, MvccError> {

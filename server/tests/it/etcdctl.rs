@@ -528,6 +528,136 @@ fn scenario_strict_reconfig() -> Vec<Step> {
     ]
 }
 
+/// (g) auth: users, roles, permissions, enable/disable, and what every
+/// kind of caller is told (no token, a wrong password, a token without the
+/// permission, a non-root caller of auth management or maintenance).
+fn scenario_auth() -> Vec<Step> {
+    const EMPTY: &str = "Error: etcdserver: user name is empty";
+    const DENIED: &str = "Error: etcdserver: permission denied";
+    const FAILED: &str = "Error: etcdserver: authentication failed, invalid user ID or password";
+    let root = |args: &[&str]| {
+        let mut all = vec!["--user", "root:rootpw"];
+        all.extend_from_slice(args);
+        step(&all)
+    };
+    let alice = |password: &'static str, args: &[&str]| {
+        let user = if password == "old" {
+            "alice:apw"
+        } else {
+            "alice:newpw"
+        };
+        let mut all = vec!["--user", user];
+        all.extend_from_slice(args);
+        step(&all)
+    };
+    vec![
+        step(&["auth", "enable"]).err("Error: etcdserver: root user does not exist"),
+        step(&["user", "add", "root:rootpw"]).ok("User root created"),
+        step(&["user", "add", "root:again"]).err("Error: etcdserver: user name already exists"),
+        step(&["user", "list"]).ok("root"),
+        step(&["user", "get", "root"]).ok("User: root"),
+        // etcdctl adds the root role itself when the server asks for it.
+        step(&["auth", "enable"]).ok("Authentication Enabled"),
+        step(&["role", "add", "root"]).err(EMPTY),
+        step(&["get", "foo"]).err(EMPTY),
+        step(&["put", "foo", "bar"]).err(EMPTY),
+        step(&["--user", "root:wrong", "get", "foo"]).err(FAILED),
+        step(&["--user", "nobody:x", "get", "foo"]).err(FAILED),
+        root(&["put", "foo", "bar"]).ok("OK"),
+        root(&["get", "foo"]).ok("bar"),
+        root(&["role", "add", "reader"]).ok("Role reader created"),
+        root(&["role", "add", "reader"]).err("Error: etcdserver: role name already exists"),
+        root(&["role", "grant-permission", "reader", "read", "foo"]).ok("updated"),
+        root(&[
+            "role",
+            "grant-permission",
+            "reader",
+            "readwrite",
+            "--prefix=true",
+            "pub/",
+        ])
+        .ok("updated"),
+        root(&["role", "grant-permission", "reader", "write", "a", "z"]).ok("updated"),
+        root(&["role", "get", "reader"]).ok("KV Read:"),
+        root(&["role", "get", "reader", "-w", "json"]).ok("permType"),
+        root(&["role", "get", "root"]),
+        root(&["role", "list"]).ok("reader"),
+        root(&["user", "add", "alice:apw"]).ok("User alice created"),
+        root(&["user", "grant-role", "alice", "reader"]).ok("is granted"),
+        root(&["user", "grant-role", "alice", "reader"]).ok("is granted"),
+        root(&["user", "grant-role", "alice", "nosuch"])
+            .err("Error: etcdserver: role name not found"),
+        root(&["user", "grant-role", "bob", "reader"])
+            .err("Error: etcdserver: user name not found"),
+        root(&["user", "get", "alice", "-w", "json"]).ok("reader"),
+        root(&["user", "list"]).ok("alice"),
+        alice("old", &["get", "foo"]).ok("bar"),
+        alice("old", &["put", "foo", "x"]).ok("OK"),
+        alice("old", &["put", "pub/x", "1"]).ok("OK"),
+        alice("old", &["get", "pub/", "--prefix"]).ok("pub/x"),
+        alice("old", &["get", "pub/", "--from-key"]).err(DENIED),
+        alice("old", &["get", "zz"]).err(DENIED),
+        alice("old", &["put", "zz", "1"]).err(DENIED),
+        alice("old", &["put", "foo", "y", "--prev-kv"]).ok("OK"),
+        alice("old", &["put", "b", "y", "--prev-kv"]).err(DENIED),
+        alice("old", &["del", "foo"]).ok("1"),
+        alice("old", &["user", "list"]).err(DENIED),
+        alice("old", &["txn"])
+            .stdin(txn_stdin(
+                &["value(\"foo\") = \"bar\""],
+                &["put pub/y 2"],
+                &[],
+            ))
+            .ok("FAILURE"),
+        alice("old", &["txn"])
+            .stdin(txn_stdin(
+                &["value(\"zz\") = \"bar\""],
+                &["put pub/y 2"],
+                &[],
+            ))
+            .err(DENIED),
+        alice("old", &["txn"])
+            .stdin(txn_stdin(&[], &["put pub/y 2"], &["get zz"]))
+            .err(DENIED),
+        alice("old", &["watch", "zz"]),
+        alice("old", &["compaction", "1"]).ok("compacted revision 1"),
+        alice("old", &["endpoint", "hashkv"]).err("auth: permission denied"),
+        alice("old", &["lease", "list"]).ok("found 0 leases"),
+        alice("old", &["user", "passwd", "alice", "--interactive=false"])
+            .stdin("newpw\n")
+            .err(DENIED),
+        root(&["user", "passwd", "alice", "--interactive=false"])
+            .stdin("newpw\n")
+            .ok("Password updated"),
+        alice("old", &["get", "foo"]).err(FAILED),
+        alice("new", &["get", "pub/x"]).ok("1"),
+        root(&["role", "revoke-permission", "reader", "foo"]).ok("is revoked"),
+        root(&["role", "revoke-permission", "reader", "foo"])
+            .err("Error: etcdserver: permission is not granted to the role"),
+        alice("new", &["get", "foo"]).err(DENIED),
+        root(&["user", "revoke-role", "alice", "reader"]).ok("is revoked"),
+        root(&["user", "revoke-role", "alice", "reader"])
+            .err("Error: etcdserver: role is not granted to the user"),
+        alice("new", &["get", "pub/x"]).err(DENIED),
+        root(&["user", "revoke-role", "root", "root"])
+            .err("Error: etcdserver: invalid auth management"),
+        root(&["role", "delete", "root"]).err("Error: etcdserver: invalid auth management"),
+        root(&["user", "delete", "root"]).err("Error: etcdserver: invalid auth management"),
+        root(&["role", "delete", "reader"]).ok("Role reader deleted"),
+        root(&["role", "delete", "reader"]).err("Error: etcdserver: role name not found"),
+        root(&["user", "delete", "alice"]).ok("User alice deleted"),
+        root(&["user", "delete", "alice"]).err("Error: etcdserver: user name not found"),
+        root(&["user", "add", "bob", "--no-password"]).ok("User bob created"),
+        step(&["--user", "bob:", "get", "foo"]).err(EMPTY),
+        root(&["auth", "disable"]).ok("Authentication Disabled"),
+        step(&["auth", "disable"]).ok("Authentication Disabled"),
+        step(&["get", "pub/x"]).ok("1"),
+        step(&["user", "list"]).ok("bob"),
+        step(&["role", "list"]).ok("root"),
+        step(&["--user", "root:rootpw", "get", "pub/x"]).ok("1"),
+    ]
+}
+
 fn all_scenarios() -> Vec<(&'static str, Vec<Step>)> {
     vec![
         ("put_get", scenario_put_get()),
@@ -537,6 +667,7 @@ fn all_scenarios() -> Vec<(&'static str, Vec<Step>)> {
         ("status_hashkv", scenario_status_hashkv()),
         ("errors", scenario_errors()),
         ("strict_reconfig", scenario_strict_reconfig()),
+        ("auth", scenario_auth()),
     ]
 }
 
@@ -955,6 +1086,11 @@ fn endpoint_status_and_hashkv_match_etcd() {
 #[test]
 fn strict_reconfig_checks_match_etcd() {
     etcd_vs_metcd("strict_reconfig", scenario_strict_reconfig());
+}
+
+#[test]
+fn auth_users_roles_and_permissions_match_etcd() {
+    etcd_vs_metcd("auth", scenario_auth());
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! etcd's v3 services over the shard's [`Backend`]: request validation at
 //! the edge (etcd's own checks and messages), conversion, and etcd's
-//! response headers. Auth answers `Unimplemented` (docs/compatibility.md).
+//! response headers, and etcd's auth checks (docs/compatibility.md).
 //!
 //! The generated traits want `Send + Sync` services and `Send` futures;
 //! per-core state is `Rc`, so it sits in a `SendWrapper` and every call's
@@ -17,6 +17,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use super::convert::{self, HeaderInfo};
 use super::pb::etcdserverpb as pb;
 use crate::api::error::to_wire;
+use crate::auth::{Access, AuthAnswer, AuthApplied, AuthQuery, AuthRequest, Need, Requirement};
 use crate::error::ServerError;
 use crate::mvcc;
 use crate::shard::{Backend, Command, LeaseInfo, Reply};
@@ -31,6 +32,9 @@ pub struct MemberInfo {
     pub peer_urls: Vec<String>,
     pub client_urls: Vec<String>,
     pub max_txn_ops: usize,
+    /// Whether auth is on (kept by the owner's apply): while off, requests
+    /// skip the permission check's round trip to the owner.
+    pub auth_enabled: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub fn status_of(e: &ServerError) -> Status {
@@ -70,11 +74,101 @@ impl Shared {
         SendWrapper::new(async move { self.backend.range(req).await }).await
     }
 
+    /// etcd's permission check for the caller behind `token` (nothing to
+    /// do, and no trip to the owner, while auth is off).
+    async fn authorize(
+        &self,
+        token: Option<String>,
+        requirement: impl FnOnce() -> Requirement,
+    ) -> Result<(), Status> {
+        self.authorize_with(token, requirement, None).await
+    }
+
+    async fn authorize_with(
+        &self,
+        token: Option<String>,
+        requirement: impl FnOnce() -> Requirement,
+        revoking_lease: Option<i64>,
+    ) -> Result<(), Status> {
+        if !self.auth_enabled() {
+            return Ok(());
+        }
+        let cmd = Command::Authorize {
+            token,
+            requirement: requirement(),
+            revoking_lease,
+        };
+        match self.call(cmd).await {
+            Reply::Authorized(result) => result.map_err(|e| status_of(&e)),
+            Reply::Failed(e) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+
+    fn auth_enabled(&self) -> bool {
+        self.info
+            .auth_enabled
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     async fn write(&self, req: mvcc::Request) -> Result<(mvcc::Response, HeaderInfo), Status> {
         match self.call(Command::Write(req)).await {
             Reply::Write(Ok(resp), term) => Ok((resp, self.header(term))),
             Reply::Write(Err(e), _) => Err(status_of(&e)),
             _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+}
+
+/// The simple token a request carries: gRPC metadata `token` (clientv3),
+/// or `authorization` (etcd's JSON gateway: the `Authorization` header).
+fn token_of<T>(request: &Request<T>) -> Option<String> {
+    let meta = request.metadata();
+    meta.get("token")
+        .or_else(|| meta.get("authorization"))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+fn need(access: Access, key: &bytes::Bytes, range_end: &bytes::Bytes) -> Need {
+    Need {
+        access,
+        key: key.clone(),
+        range_end: range_end.clone(),
+    }
+}
+
+fn range_needs(r: &mvcc::RangeRequest) -> Requirement {
+    Requirement::Keys(vec![need(Access::Read, &r.key, &r.range_end)])
+}
+
+fn put_needs(p: &mvcc::PutRequest, out: &mut Vec<Need>) {
+    let none = bytes::Bytes::new();
+    out.push(need(Access::Write, &p.key, &none));
+    if p.prev_kv {
+        out.push(need(Access::Read, &p.key, &none));
+    }
+}
+
+fn delete_needs(d: &mvcc::DeleteRangeRequest, out: &mut Vec<Need>) {
+    out.push(need(Access::Write, &d.key, &d.range_end));
+    if d.prev_kv {
+        out.push(need(Access::Read, &d.key, &d.range_end));
+    }
+}
+
+/// etcd's `checkTxnReqsPermission`: read for every compare and range,
+/// write for every put and delete, in both branches and nested txns.
+fn txn_needs(t: &mvcc::TxnRequest, out: &mut Vec<Need>) {
+    for c in &t.compare {
+        out.push(need(Access::Read, &c.key, &c.range_end));
+    }
+    for op in t.success.iter().chain(&t.failure) {
+        match op {
+            mvcc::RequestOp::Range(r) => out.push(need(Access::Read, &r.key, &r.range_end)),
+            mvcc::RequestOp::Put(p) => put_needs(p, out),
+            mvcc::RequestOp::DeleteRange(d) => delete_needs(d, out),
+            mvcc::RequestOp::Txn(t) => txn_needs(t, out),
         }
     }
 }
@@ -103,8 +197,8 @@ impl Services {
             },
             lease: LeaseService(shared.clone()),
             cluster: ClusterService(shared.clone()),
-            maintenance: MaintenanceService(shared),
-            auth: AuthService,
+            maintenance: MaintenanceService(shared.clone()),
+            auth: AuthService(shared),
         }
     }
 }
@@ -123,8 +217,10 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        let token = token_of(&request);
         let req = convert::range_request(request.into_inner())?;
         mvcc::validate_range(&req).map_err(mvcc_status)?;
+        self.0.authorize(token, || range_needs(&req)).await?;
         if req.sort_order != mvcc::SortOrder::None && req.sort_order != mvcc::SortOrder::Ascend
             || req.sort_target != mvcc::SortTarget::Key
             || req.count_only
@@ -146,8 +242,10 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
+        let token = token_of(&request);
         let req = convert::range_request(request.into_inner())?;
         mvcc::validate_range(&req).map_err(mvcc_status)?;
+        self.0.authorize(token, || range_needs(&req)).await?;
         match self.0.range(req).await {
             (Ok(r), term) => Ok(Response::new(convert::range_response(
                 r,
@@ -161,8 +259,16 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
+        let token = token_of(&request);
         let req = convert::put_request(request.into_inner());
         mvcc::validate_put(&req).map_err(mvcc_status)?;
+        self.0
+            .authorize(token, || {
+                let mut needs = Vec::with_capacity(2);
+                put_needs(&req, &mut needs);
+                Requirement::Keys(needs)
+            })
+            .await?;
         match self.0.write(mvcc::Request::Put(req)).await? {
             (mvcc::Response::Put(r), h) => Ok(Response::new(convert::put_response(r, &h))),
             _ => Err(status_of(&ServerError::Stopped)),
@@ -173,8 +279,16 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        let token = token_of(&request);
         let req = convert::delete_request(request.into_inner());
         mvcc::validate_delete_range(&req).map_err(mvcc_status)?;
+        self.0
+            .authorize(token, || {
+                let mut needs = Vec::with_capacity(2);
+                delete_needs(&req, &mut needs);
+                Requirement::Keys(needs)
+            })
+            .await?;
         match self.0.write(mvcc::Request::DeleteRange(req)).await? {
             (mvcc::Response::DeleteRange(r), h) => {
                 Ok(Response::new(convert::delete_response(r, &h)))
@@ -187,8 +301,16 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::TxnRequest>,
     ) -> Result<Response<pb::TxnResponse>, Status> {
+        let token = token_of(&request);
         let req = convert::txn_request(request.into_inner())?;
         mvcc::validate_txn(&req, self.0.info.max_txn_ops).map_err(mvcc_status)?;
+        self.0
+            .authorize(token, || {
+                let mut needs = Vec::new();
+                txn_needs(&req, &mut needs);
+                Requirement::Keys(needs)
+            })
+            .await?;
         if mvcc::is_txn_readonly(&req) {
             return match self.0.call(Command::ReadTxn(req)).await {
                 Reply::ReadTxn(Ok(r), term) => Ok(Response::new(convert::txn_response(
@@ -243,6 +365,7 @@ impl pb::watch_server::Watch for WatchService {
         &self,
         request: Request<Streaming<pb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let token = token_of(&request);
         let input = request.into_inner();
         let (out, responses) = futures_channel::mpsc::unbounded::<pb::WatchResponse>();
         let shared = self.shared.clone();
@@ -259,6 +382,7 @@ impl pb::watch_server::Watch for WatchService {
                 stream,
                 out,
                 next_watch_id: 0,
+                token,
             };
             if watch_stream.run(input).await == Input::Finished {
                 // As etcd: a client that closed its sending side (grpcurl
@@ -286,6 +410,8 @@ struct WatchStream {
     stream: u64,
     out: futures_channel::mpsc::UnboundedSender<pb::WatchResponse>,
     next_watch_id: i64,
+    /// The stream's token: every watch it creates is checked with it.
+    token: Option<String>,
 }
 
 /// How a Watch stream's request side ended.
@@ -361,6 +487,27 @@ impl WatchStream {
             }
             self.next_watch_id
         };
+        let allowed = self
+            .shared
+            .authorize(self.token.clone(), || {
+                Requirement::Keys(vec![need(Access::Read, &c.key, &c.range_end)])
+            })
+            .await;
+        if allowed.is_err() {
+            // etcd 3.4 answers created + canceled with the gRPC error's
+            // text as the reason, for the id the client asked for.
+            let (rev, _) = self.current().await;
+            self.send(pb::WatchResponse {
+                header: self.hub.header(rev),
+                watch_id: c.watch_id,
+                created: true,
+                canceled: true,
+                cancel_reason: "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+                    .into(),
+                ..Default::default()
+            });
+            return;
+        }
         if self.hub.contains(self.stream, watch_id) {
             let (rev, _) = self.current().await;
             self.send(pb::WatchResponse {
@@ -500,11 +647,12 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
-        match self
-            .0
-            .call(Command::LeaseRevoke(request.into_inner().id))
-            .await
-        {
+        let token = token_of(&request);
+        let id = request.into_inner().id;
+        self.0
+            .authorize_with(token, || Requirement::Keys(Vec::new()), Some(id))
+            .await?;
+        match self.0.call(Command::LeaseRevoke(id)).await {
             Reply::LeaseRevoke(Ok(revision), term) => Ok(Response::new(pb::LeaseRevokeResponse {
                 header: self.0.header(term).header(revision),
             })),
@@ -690,6 +838,29 @@ impl pb::cluster_server::Cluster for ClusterService {
 #[derive(Clone)]
 pub struct MaintenanceService(Shared);
 
+impl MaintenanceService {
+    /// etcd 3.4's Maintenance admin check; its refusals keep the auth
+    /// package's own wording (`auth: permission denied`, gRPC Unknown).
+    async fn admin_only(&self, token: Option<String>) -> Result<(), Status> {
+        if !self.0.auth_enabled() {
+            return Ok(());
+        }
+        let cmd = Command::Authorize {
+            token,
+            requirement: Requirement::Admin,
+            revoking_lease: None,
+        };
+        match self.0.call(cmd).await {
+            Reply::Authorized(Ok(())) => Ok(()),
+            Reply::Authorized(Err(ServerError::Auth(e))) => {
+                Err(status_of(&ServerError::Auth(e.for_maintenance())))
+            }
+            Reply::Authorized(Err(e)) | Reply::Failed(e) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl pb::maintenance_server::Maintenance for MaintenanceService {
     type SnapshotStream = BoxStream<pb::SnapshotResponse>;
@@ -735,8 +906,9 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn defragment(
         &self,
-        _: Request<pb::DefragmentRequest>,
+        request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        self.admin_only(token_of(&request)).await?;
         match self.0.call(Command::Defragment).await {
             Reply::Defragment(Ok(()), _) => {}
             Reply::Defragment(Err(e), _) => return Err(status_of(&e)),
@@ -752,8 +924,9 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn hash(
         &self,
-        _: Request<pb::HashRequest>,
+        request: Request<pb::HashRequest>,
     ) -> Result<Response<pb::HashResponse>, Status> {
+        self.admin_only(token_of(&request)).await?;
         match self.0.call(Command::Hash).await {
             Reply::Hash(Ok((hash, revision)), term) => Ok(Response::new(pb::HashResponse {
                 header: self.0.header(term).header(revision),
@@ -768,6 +941,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         &self,
         request: Request<pb::HashKvRequest>,
     ) -> Result<Response<pb::HashKvResponse>, Status> {
+        self.admin_only(token_of(&request)).await?;
         let rev = request.into_inner().revision;
         match self.0.call(Command::HashKv(rev)).await {
             Reply::HashKv(Ok(h), term) => Ok(Response::new(pb::HashKvResponse {
@@ -788,8 +962,9 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
     /// docs/compatibility.md.
     async fn snapshot(
         &self,
-        _: Request<pb::SnapshotRequest>,
+        request: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
+        self.admin_only(token_of(&request)).await?;
         let (path, size, revision, term) = match self.0.call(Command::Backup).await {
             Reply::Backup(Ok((path, size, revision)), term) => (path, size, revision, term),
             Reply::Backup(Err(e), _) => return Err(status_of(&e)),
@@ -942,38 +1117,377 @@ async fn stream_backup(
     let _ = std::fs::remove_file(&path);
 }
 
+/// etcd's Auth service: changes go through the log (passwords hashed here,
+/// off the shard's core), reads are answered by the owner; both need root
+/// while auth is on.
 #[derive(Clone)]
-pub struct AuthService;
+pub struct AuthService(Shared);
 
-macro_rules! auth_not_yet {
-    ($($method:ident($req:ident) -> $resp:ident;)*) => {
-        #[tonic::async_trait]
-        impl pb::auth_server::Auth for AuthService {
-            $(
-                async fn $method(&self, _: Request<pb::$req>) -> Result<Response<pb::$resp>, Status> {
-                    Err(not_yet("Auth"))
-                }
-            )*
+/// etcd's default `--bcrypt-cost`.
+const BCRYPT_COST: u32 = 10;
+
+impl AuthService {
+    async fn change(
+        &self,
+        token: Option<String>,
+        req: AuthRequest,
+    ) -> Result<(AuthApplied, Option<pb::ResponseHeader>), Status> {
+        match self.0.call(Command::AuthChange { token, req }).await {
+            Reply::AuthChange(Ok(applied), term, revision) => {
+                Ok((applied, self.0.header(term).header(revision)))
+            }
+            Reply::AuthChange(Err(e), _, _) | Reply::Failed(e) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
         }
-    };
+    }
+
+    /// A change whose answer is just the header.
+    async fn header_of(
+        &self,
+        token: Option<String>,
+        req: AuthRequest,
+    ) -> Result<Option<pb::ResponseHeader>, Status> {
+        self.change(token, req).await.map(|(_, header)| header)
+    }
+
+    async fn query(
+        &self,
+        token: Option<String>,
+        query: AuthQuery,
+    ) -> Result<(AuthAnswer, Option<pb::ResponseHeader>), Status> {
+        match self.0.call(Command::AuthQuery { token, query }).await {
+            Reply::AuthQuery(Ok(answer), term, revision) => {
+                Ok((answer, self.0.header(term).header(revision)))
+            }
+            Reply::AuthQuery(Err(e), _, _) | Reply::Failed(e) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+
+    async fn names(
+        &self,
+        token: Option<String>,
+        query: AuthQuery,
+    ) -> Result<(Vec<String>, Option<pb::ResponseHeader>), Status> {
+        match self.query(token, query).await? {
+            (AuthAnswer::Names(names) | AuthAnswer::Roles(names), header) => Ok((names, header)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
 }
 
-auth_not_yet! {
-    auth_enable(AuthEnableRequest) -> AuthEnableResponse;
-    auth_status(AuthStatusRequest) -> AuthStatusResponse;
-    auth_disable(AuthDisableRequest) -> AuthDisableResponse;
-    authenticate(AuthenticateRequest) -> AuthenticateResponse;
-    user_add(AuthUserAddRequest) -> AuthUserAddResponse;
-    user_get(AuthUserGetRequest) -> AuthUserGetResponse;
-    user_list(AuthUserListRequest) -> AuthUserListResponse;
-    user_delete(AuthUserDeleteRequest) -> AuthUserDeleteResponse;
-    user_change_password(AuthUserChangePasswordRequest) -> AuthUserChangePasswordResponse;
-    user_grant_role(AuthUserGrantRoleRequest) -> AuthUserGrantRoleResponse;
-    user_revoke_role(AuthUserRevokeRoleRequest) -> AuthUserRevokeRoleResponse;
-    role_add(AuthRoleAddRequest) -> AuthRoleAddResponse;
-    role_get(AuthRoleGetRequest) -> AuthRoleGetResponse;
-    role_list(AuthRoleListRequest) -> AuthRoleListResponse;
-    role_delete(AuthRoleDeleteRequest) -> AuthRoleDeleteResponse;
-    role_grant_permission(AuthRoleGrantPermissionRequest) -> AuthRoleGrantPermissionResponse;
-    role_revoke_permission(AuthRoleRevokePermissionRequest) -> AuthRoleRevokePermissionResponse;
+/// Runs bcrypt (tens of milliseconds by design) on a thread of its own:
+/// never on a shard, whose other requests would wait for it.
+async fn off_core<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Status> {
+    let (tx, rx) = futures_channel::oneshot::channel();
+    std::thread::Builder::new()
+        .name("metcd-bcrypt".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .map_err(|e| Status::internal(format!("etcdserver: password hashing: {e}")))?;
+    rx.await
+        .map_err(|_| Status::internal("etcdserver: password hashing failed"))
+}
+
+/// A bcrypt hash in Go's `$2a$` form, as etcd stores it.
+async fn hash_password(password: String) -> Result<bytes::Bytes, Status> {
+    off_core(move || bcrypt::hash_with_result(password, BCRYPT_COST))
+        .await?
+        .map(|h| bytes::Bytes::from(h.format_for_version(bcrypt::Version::TwoA)))
+        .map_err(|e| Status::internal(format!("etcdserver: password hashing: {e}")))
+}
+
+/// etcd's simple token: 16 random lowercase letters (the applying
+/// members append the entry's index).
+fn token_prefix() -> Result<String, Status> {
+    let mut raw = [0u8; 16];
+    getrandom::getrandom(&mut raw)
+        .map_err(|e| Status::internal(format!("etcdserver: token: {e}")))?;
+    Ok(raw.iter().map(|b| char::from(b'a' + b % 26)).collect())
+}
+
+#[tonic::async_trait]
+impl pb::auth_server::Auth for AuthService {
+    async fn auth_enable(
+        &self,
+        request: Request<pb::AuthEnableRequest>,
+    ) -> Result<Response<pb::AuthEnableResponse>, Status> {
+        let header = self
+            .header_of(token_of(&request), AuthRequest::Enable)
+            .await?;
+        Ok(Response::new(pb::AuthEnableResponse { header }))
+    }
+
+    async fn auth_disable(
+        &self,
+        request: Request<pb::AuthDisableRequest>,
+    ) -> Result<Response<pb::AuthDisableResponse>, Status> {
+        let header = self
+            .header_of(token_of(&request), AuthRequest::Disable)
+            .await?;
+        Ok(Response::new(pb::AuthDisableResponse { header }))
+    }
+
+    async fn auth_status(
+        &self,
+        request: Request<pb::AuthStatusRequest>,
+    ) -> Result<Response<pb::AuthStatusResponse>, Status> {
+        match self.query(token_of(&request), AuthQuery::Status).await? {
+            (AuthAnswer::Status { enabled, revision }, header) => {
+                Ok(Response::new(pb::AuthStatusResponse {
+                    header,
+                    enabled,
+                    auth_revision: revision,
+                }))
+            }
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+
+    async fn authenticate(
+        &self,
+        request: Request<pb::AuthenticateRequest>,
+    ) -> Result<Response<pb::AuthenticateResponse>, Status> {
+        let r = request.into_inner();
+        let hash = match self
+            .query(None, AuthQuery::PasswordHash(r.name.clone()))
+            .await?
+        {
+            (AuthAnswer::PasswordHash(hash), _) => hash,
+            _ => return Err(status_of(&ServerError::Stopped)),
+        };
+        let password = r.password;
+        let matches = off_core(move || {
+            std::str::from_utf8(&hash)
+                .ok()
+                .and_then(|h| bcrypt::verify(password, h).ok())
+                .unwrap_or(false)
+        })
+        .await?;
+        if !matches {
+            return Err(status_of(&ServerError::Auth(
+                crate::auth::AuthError::AuthFailed,
+            )));
+        }
+        let req = AuthRequest::Authenticate {
+            name: r.name,
+            token_prefix: token_prefix()?,
+        };
+        match self.change(None, req).await? {
+            (AuthApplied::Token(token), header) => {
+                Ok(Response::new(pb::AuthenticateResponse { header, token }))
+            }
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+
+    async fn user_add(
+        &self,
+        request: Request<pb::AuthUserAddRequest>,
+    ) -> Result<Response<pb::AuthUserAddResponse>, Status> {
+        let token = token_of(&request);
+        let r = request.into_inner();
+        let no_password = r.options.is_some_and(|o| o.no_password);
+        let hashed_password = if no_password {
+            bytes::Bytes::new()
+        } else if !r.hashed_password.is_empty() {
+            bytes::Bytes::from(r.hashed_password)
+        } else {
+            hash_password(r.password).await?
+        };
+        let req = AuthRequest::UserAdd {
+            name: r.name,
+            hashed_password,
+            no_password,
+        };
+        let header = self.header_of(token, req).await?;
+        Ok(Response::new(pb::AuthUserAddResponse { header }))
+    }
+
+    async fn user_get(
+        &self,
+        request: Request<pb::AuthUserGetRequest>,
+    ) -> Result<Response<pb::AuthUserGetResponse>, Status> {
+        let token = token_of(&request);
+        let (roles, header) = self
+            .names(token, AuthQuery::UserGet(request.into_inner().name))
+            .await?;
+        Ok(Response::new(pb::AuthUserGetResponse { header, roles }))
+    }
+
+    async fn user_list(
+        &self,
+        request: Request<pb::AuthUserListRequest>,
+    ) -> Result<Response<pb::AuthUserListResponse>, Status> {
+        let (users, header) = self.names(token_of(&request), AuthQuery::UserList).await?;
+        Ok(Response::new(pb::AuthUserListResponse { header, users }))
+    }
+
+    async fn user_delete(
+        &self,
+        request: Request<pb::AuthUserDeleteRequest>,
+    ) -> Result<Response<pb::AuthUserDeleteResponse>, Status> {
+        let token = token_of(&request);
+        let req = AuthRequest::UserDelete {
+            name: request.into_inner().name,
+        };
+        let header = self.header_of(token, req).await?;
+        Ok(Response::new(pb::AuthUserDeleteResponse { header }))
+    }
+
+    async fn user_change_password(
+        &self,
+        request: Request<pb::AuthUserChangePasswordRequest>,
+    ) -> Result<Response<pb::AuthUserChangePasswordResponse>, Status> {
+        let token = token_of(&request);
+        let r = request.into_inner();
+        // Refuse a caller who may not change it before paying for bcrypt.
+        self.0
+            .authorize(token.clone(), || Requirement::Admin)
+            .await?;
+        let hashed_password = if !r.hashed_password.is_empty() {
+            bytes::Bytes::from(r.hashed_password)
+        } else {
+            hash_password(r.password).await?
+        };
+        let req = AuthRequest::UserChangePassword {
+            name: r.name,
+            hashed_password,
+        };
+        let header = self.header_of(token, req).await?;
+        Ok(Response::new(pb::AuthUserChangePasswordResponse { header }))
+    }
+
+    async fn user_grant_role(
+        &self,
+        request: Request<pb::AuthUserGrantRoleRequest>,
+    ) -> Result<Response<pb::AuthUserGrantRoleResponse>, Status> {
+        let token = token_of(&request);
+        let r = request.into_inner();
+        let header = self
+            .header_of(
+                token,
+                AuthRequest::UserGrantRole {
+                    user: r.user,
+                    role: r.role,
+                },
+            )
+            .await?;
+        Ok(Response::new(pb::AuthUserGrantRoleResponse { header }))
+    }
+
+    async fn user_revoke_role(
+        &self,
+        request: Request<pb::AuthUserRevokeRoleRequest>,
+    ) -> Result<Response<pb::AuthUserRevokeRoleResponse>, Status> {
+        let token = token_of(&request);
+        let r = request.into_inner();
+        let header = self
+            .header_of(
+                token,
+                AuthRequest::UserRevokeRole {
+                    name: r.name,
+                    role: r.role,
+                },
+            )
+            .await?;
+        Ok(Response::new(pb::AuthUserRevokeRoleResponse { header }))
+    }
+
+    async fn role_add(
+        &self,
+        request: Request<pb::AuthRoleAddRequest>,
+    ) -> Result<Response<pb::AuthRoleAddResponse>, Status> {
+        let token = token_of(&request);
+        let req = AuthRequest::RoleAdd {
+            name: request.into_inner().name,
+        };
+        let header = self.header_of(token, req).await?;
+        Ok(Response::new(pb::AuthRoleAddResponse { header }))
+    }
+
+    async fn role_get(
+        &self,
+        request: Request<pb::AuthRoleGetRequest>,
+    ) -> Result<Response<pb::AuthRoleGetResponse>, Status> {
+        let token = token_of(&request);
+        match self
+            .query(token, AuthQuery::RoleGet(request.into_inner().role))
+            .await?
+        {
+            (AuthAnswer::Permissions(perms), header) => {
+                Ok(Response::new(pb::AuthRoleGetResponse {
+                    header,
+                    perm: perms.iter().map(crate::auth::permission_pb).collect(),
+                }))
+            }
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
+    }
+
+    async fn role_list(
+        &self,
+        request: Request<pb::AuthRoleListRequest>,
+    ) -> Result<Response<pb::AuthRoleListResponse>, Status> {
+        let (roles, header) = self.names(token_of(&request), AuthQuery::RoleList).await?;
+        Ok(Response::new(pb::AuthRoleListResponse { header, roles }))
+    }
+
+    async fn role_delete(
+        &self,
+        request: Request<pb::AuthRoleDeleteRequest>,
+    ) -> Result<Response<pb::AuthRoleDeleteResponse>, Status> {
+        let token = token_of(&request);
+        let req = AuthRequest::RoleDelete {
+            role: request.into_inner().role,
+        };
+        let header = self.header_of(token, req).await?;
+        Ok(Response::new(pb::AuthRoleDeleteResponse { header }))
+    }
+
+    async fn role_grant_permission(
+        &self,
+        request: Request<pb::AuthRoleGrantPermissionRequest>,
+    ) -> Result<Response<pb::AuthRoleGrantPermissionResponse>, Status> {
+        let token = token_of(&request);
+        let r = request.into_inner();
+        let Some(perm) = r.perm else {
+            // etcd's gRPC edge refuses a grant without a permission.
+            return Err(Status::invalid_argument("etcdserver: permission not given"));
+        };
+        let perm_type = crate::auth::PermType::from_i32(perm.perm_type)
+            .ok_or_else(|| Status::invalid_argument("etcdserver: invalid permission type"))?;
+        let req = AuthRequest::RoleGrantPermission {
+            name: r.name,
+            perm: crate::auth::KeyPermission {
+                perm_type,
+                key: perm.key,
+                range_end: perm.range_end,
+            },
+        };
+        let header = self.header_of(token, req).await?;
+        Ok(Response::new(pb::AuthRoleGrantPermissionResponse {
+            header,
+        }))
+    }
+
+    async fn role_revoke_permission(
+        &self,
+        request: Request<pb::AuthRoleRevokePermissionRequest>,
+    ) -> Result<Response<pb::AuthRoleRevokePermissionResponse>, Status> {
+        let token = token_of(&request);
+        let r = request.into_inner();
+        let req = AuthRequest::RoleRevokePermission {
+            role: r.role,
+            key: r.key,
+            range_end: r.range_end,
+        };
+        let header = self.header_of(token, req).await?;
+        Ok(Response::new(pb::AuthRoleRevokePermissionResponse {
+            header,
+        }))
+    }
 }

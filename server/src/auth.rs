@@ -1,0 +1,1245 @@
+//! etcd's v3 auth: users, roles, key-range permissions and simple tokens.
+//!
+//! Owns one member's auth state and the rules etcd 3.4's `auth/store.go`
+//! applies: every change arrives as an [`AuthRequest`] from the Raft log
+//! and is applied here deterministically (passwords are hashed by the
+//! proposer, so every member stores the same bytes), and the records to
+//! persist come back as [`MetaChange`]s for the caller to write in the
+//! entry's batch. Tokens are per member and in memory, as etcd's simple
+//! tokens: an Authenticate entry gives every member the same token.
+//!
+//! This module never touches the runtime, the log or the disk, and never
+//! hashes passwords itself (bcrypt costs tens of milliseconds: the API
+//! edge runs it off the shard's core).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prost::Message as _;
+
+use crate::api::grpc::pb::authpb;
+
+/// etcd's name for the all-powerful role (and the user that must hold it
+/// before auth can be enabled).
+pub const ROOT: &str = "root";
+
+/// etcd's default `--auth-token-ttl`: a simple token lives this long after
+/// its last use.
+pub const TOKEN_TTL: Duration = Duration::from_secs(300);
+
+/// etcd's errors, with etcd's messages (clients match on them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("etcdserver: root user does not exist")]
+    RootUserNotExist,
+    #[error("etcdserver: root user does not have root role")]
+    RootRoleNotExist,
+    #[error("etcdserver: user name already exists")]
+    UserAlreadyExist,
+    #[error("etcdserver: user name is empty")]
+    UserEmpty,
+    #[error("etcdserver: user name not found")]
+    UserNotFound,
+    #[error("etcdserver: role name already exists")]
+    RoleAlreadyExist,
+    #[error("etcdserver: role name not found")]
+    RoleNotFound,
+    #[error("etcdserver: role name is empty")]
+    RoleEmpty,
+    #[error("etcdserver: authentication failed, invalid user ID or password")]
+    AuthFailed,
+    #[error("etcdserver: permission denied")]
+    PermissionDenied,
+    #[error("etcdserver: role is not granted to the user")]
+    RoleNotGranted,
+    #[error("etcdserver: permission is not granted to the role")]
+    PermissionNotGranted,
+    #[error("etcdserver: authentication is not enabled")]
+    AuthNotEnabled,
+    #[error("etcdserver: invalid auth token")]
+    InvalidAuthToken,
+    #[error("etcdserver: invalid auth management")]
+    InvalidAuthMgmt,
+    /// etcd 3.4's Maintenance service returns the auth package's errors
+    /// untranslated (gRPC Unknown, `auth: ...`): `Hash`, `HashKV`,
+    /// `Snapshot` and `Defragment` for a caller who is not root.
+    #[error("auth: {}", .0.raw_message())]
+    Maintenance(MaintenanceAuth),
+}
+
+/// The untranslated auth errors etcd's Maintenance service answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaintenanceAuth {
+    UserEmpty,
+    PermissionDenied,
+    InvalidAuthToken,
+}
+
+impl MaintenanceAuth {
+    fn raw_message(self) -> &'static str {
+        match self {
+            MaintenanceAuth::UserEmpty => "user name is empty",
+            MaintenanceAuth::PermissionDenied => "permission denied",
+            MaintenanceAuth::InvalidAuthToken => "invalid auth token",
+        }
+    }
+}
+
+impl AuthError {
+    /// The same refusal as etcd's Maintenance service words it.
+    pub fn for_maintenance(self) -> AuthError {
+        match self {
+            AuthError::UserEmpty => AuthError::Maintenance(MaintenanceAuth::UserEmpty),
+            AuthError::InvalidAuthToken => {
+                AuthError::Maintenance(MaintenanceAuth::InvalidAuthToken)
+            }
+            AuthError::PermissionDenied => {
+                AuthError::Maintenance(MaintenanceAuth::PermissionDenied)
+            }
+            other => other,
+        }
+    }
+}
+
+/// etcd's permission types (the `authpb.Permission.Type` numbers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermType {
+    Read = 0,
+    Write = 1,
+    ReadWrite = 2,
+}
+
+impl PermType {
+    pub fn from_i32(v: i32) -> Option<PermType> {
+        match v {
+            0 => Some(PermType::Read),
+            1 => Some(PermType::Write),
+            2 => Some(PermType::ReadWrite),
+            _ => None,
+        }
+    }
+
+    fn allows(self, need: Access) -> bool {
+        matches!(
+            (self, need),
+            (PermType::ReadWrite, _)
+                | (PermType::Read, Access::Read)
+                | (PermType::Write, Access::Write)
+        )
+    }
+}
+
+/// What a request needs on a key range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// One permission need: `access` on `[key, range_end)` (an empty
+/// `range_end` is the single key, `"\0"` everything from `key` on).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Need {
+    pub access: Access,
+    pub key: Bytes,
+    pub range_end: Bytes,
+}
+
+/// What the caller of a request must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requirement {
+    /// Key-range permissions (KV, Watch, LeaseRevoke); empty = any caller.
+    Keys(Vec<Need>),
+    /// A user with the root role (auth management).
+    Admin,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPermission {
+    pub perm_type: PermType,
+    pub key: Bytes,
+    pub range_end: Bytes,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct User {
+    /// bcrypt hash; empty for a user added with `--no-password`.
+    pub password: Bytes,
+    /// Sorted, as etcd keeps them.
+    pub roles: Vec<String>,
+    pub no_password: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Role {
+    /// Sorted by key, as etcd keeps them.
+    pub perms: Vec<KeyPermission>,
+}
+
+/// A change of the auth state, as it travels in the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthRequest {
+    Enable,
+    Disable,
+    Authenticate {
+        name: String,
+        /// The random part; the entry's index is appended, as etcd's.
+        token_prefix: String,
+    },
+    UserAdd {
+        name: String,
+        hashed_password: Bytes,
+        no_password: bool,
+    },
+    UserDelete {
+        name: String,
+    },
+    UserChangePassword {
+        name: String,
+        hashed_password: Bytes,
+    },
+    UserGrantRole {
+        user: String,
+        role: String,
+    },
+    UserRevokeRole {
+        name: String,
+        role: String,
+    },
+    RoleAdd {
+        name: String,
+    },
+    RoleDelete {
+        role: String,
+    },
+    RoleGrantPermission {
+        name: String,
+        perm: KeyPermission,
+    },
+    RoleRevokePermission {
+        role: String,
+        key: Bytes,
+        range_end: Bytes,
+    },
+}
+
+/// A read of the auth state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthQuery {
+    /// The hash to check a login's password against (no caller needed).
+    PasswordHash(String),
+    UserGet(String),
+    UserList,
+    RoleGet(String),
+    RoleList,
+    Status,
+}
+
+impl AuthQuery {
+    /// What the caller must be: root for reading users and roles.
+    pub fn requirement(&self) -> Requirement {
+        match self {
+            AuthQuery::PasswordHash(_) | AuthQuery::Status => Requirement::Keys(Vec::new()),
+            _ => Requirement::Admin,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthAnswer {
+    PasswordHash(Bytes),
+    /// A user's roles.
+    Roles(Vec<String>),
+    /// User or role names, sorted.
+    Names(Vec<String>),
+    Permissions(Vec<KeyPermission>),
+    Status {
+        enabled: bool,
+        revision: u64,
+    },
+}
+
+/// What an applied [`AuthRequest`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthApplied {
+    Done,
+    Token(String),
+}
+
+/// A record to write (`Some`) or delete (`None`) in the metadata namespace,
+/// in the same batch as the entry's applied index.
+pub type MetaChange = (Vec<u8>, Option<Bytes>);
+
+const META_ENABLED: &[u8] = b"auth/enabled";
+const META_REVISION: &[u8] = b"auth/revision";
+const META_USER: &[u8] = b"auth/user/";
+const META_ROLE: &[u8] = b"auth/role/";
+/// Every auth record's name starts with this.
+pub const META_PREFIX: &[u8] = b"auth/";
+
+/// One member's auth state.
+#[derive(Debug, Default)]
+pub struct AuthStore {
+    enabled: bool,
+    /// Bumped by every change, as etcd's auth revision.
+    revision: u64,
+    users: BTreeMap<String, User>,
+    roles: BTreeMap<String, Role>,
+    tokens: HashMap<String, Token>,
+}
+
+#[derive(Debug)]
+struct Token {
+    user: String,
+    expires: Instant,
+}
+
+impl AuthStore {
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Rebuilds the state from its metadata records (names without the
+    /// namespace byte, as [`MetaChange`]s wrote them).
+    pub fn restore(records: &[(Bytes, Bytes)]) -> Result<AuthStore, String> {
+        let mut s = AuthStore::default();
+        for (name, value) in records {
+            if name[..] == *META_ENABLED {
+                s.enabled = value.first() == Some(&1);
+            } else if name[..] == *META_REVISION {
+                let raw = <[u8; 8]>::try_from(&value[..])
+                    .map_err(|_| format!("bad auth revision record {value:02x?}"))?;
+                s.revision = u64::from_be_bytes(raw);
+            } else if let Some(user) = name.strip_prefix(META_USER) {
+                let pb = authpb::User::decode(&value[..])
+                    .map_err(|e| format!("bad auth user record: {e}"))?;
+                s.users.insert(utf8(user)?, user_from_pb(pb));
+            } else if let Some(role) = name.strip_prefix(META_ROLE) {
+                let pb = authpb::Role::decode(&value[..])
+                    .map_err(|e| format!("bad auth role record: {e}"))?;
+                s.roles.insert(utf8(role)?, role_from_pb(pb)?);
+            } else {
+                return Err(format!("unknown auth record {name:02x?}"));
+            }
+        }
+        Ok(s)
+    }
+
+    /// The user behind a request's token (`None`: no token sent). With
+    /// auth disabled nobody is anybody and every token is ignored.
+    pub fn user_of(
+        &mut self,
+        token: Option<&str>,
+        now: Instant,
+    ) -> Result<Option<String>, AuthError> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        let Some(token) = token else {
+            return Ok(None);
+        };
+        match self.tokens.get_mut(token) {
+            Some(t) if t.expires > now => {
+                t.expires = now + TOKEN_TTL;
+                Ok(Some(t.user.clone()))
+            }
+            Some(_) => {
+                self.tokens.remove(token);
+                Err(AuthError::InvalidAuthToken)
+            }
+            None => Err(AuthError::InvalidAuthToken),
+        }
+    }
+
+    /// Whether `user` (from [`AuthStore::user_of`]) may do what `req`
+    /// needs; always yes with auth disabled.
+    pub fn check(&self, user: Option<&str>, req: &Requirement) -> Result<(), AuthError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if let Requirement::Keys(needs) = req {
+            if needs.is_empty() {
+                return Ok(());
+            }
+        }
+        let name = match user {
+            Some(n) if !n.is_empty() => n,
+            _ => return Err(AuthError::UserEmpty),
+        };
+        let Some(user) = self.users.get(name) else {
+            return Err(AuthError::PermissionDenied);
+        };
+        if user.roles.iter().any(|r| r == ROOT) {
+            return Ok(());
+        }
+        match req {
+            Requirement::Admin => Err(AuthError::PermissionDenied),
+            Requirement::Keys(needs) => {
+                for need in needs {
+                    if !self.covered(user, need) {
+                        return Err(AuthError::PermissionDenied);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether the union of the user's permissions of the right type
+    /// covers the whole of `need`'s range.
+    fn covered(&self, user: &User, need: &Need) -> bool {
+        let mut spans: Vec<(&[u8], End<'_>)> = user
+            .roles
+            .iter()
+            .filter_map(|r| self.roles.get(r))
+            .flat_map(|r| r.perms.iter())
+            .filter(|p| p.perm_type.allows(need.access))
+            .map(|p| (&p.key[..], End::of(&p.key, &p.range_end)))
+            .collect();
+        let want_end = End::of(&need.key, &need.range_end);
+        if !want_end.after(&need.key) {
+            // An empty range reads and writes nothing.
+            return true;
+        }
+        spans.sort_by(|a, b| a.0.cmp(b.0));
+        // Walk the spans in key order, extending the covered prefix of the
+        // wanted range until it reaches the end or a gap shows.
+        let mut reached: &[u8] = &need.key;
+        let mut reached_point = false;
+        for (begin, end) in spans {
+            if begin > reached {
+                break;
+            }
+            match end {
+                End::Unbounded => return true,
+                End::PointOf(k) => {
+                    if k == reached {
+                        reached_point = true;
+                    }
+                }
+                End::Key(e) => {
+                    if e > reached {
+                        reached = e;
+                        reached_point = false;
+                    }
+                }
+            }
+            if want_end.reached_by(reached, reached_point) {
+                return true;
+            }
+        }
+        want_end.reached_by(reached, reached_point)
+    }
+
+    /// Applies one change from the log; `index` is the entry's (it ends a
+    /// simple token, as in etcd).
+    pub fn apply(
+        &mut self,
+        req: &AuthRequest,
+        index: u64,
+        now: Instant,
+    ) -> Result<(AuthApplied, Vec<MetaChange>), AuthError> {
+        let mut changes = Vec::new();
+        let answer = self.apply_inner(req, index, now, &mut changes)?;
+        if !changes.is_empty() {
+            self.revision += 1;
+            changes.push((
+                META_REVISION.to_vec(),
+                Some(Bytes::copy_from_slice(&self.revision.to_be_bytes())),
+            ));
+        }
+        Ok((answer, changes))
+    }
+
+    fn apply_inner(
+        &mut self,
+        req: &AuthRequest,
+        index: u64,
+        now: Instant,
+        changes: &mut Vec<MetaChange>,
+    ) -> Result<AuthApplied, AuthError> {
+        match req {
+            AuthRequest::Enable => {
+                if self.enabled {
+                    return Ok(AuthApplied::Done);
+                }
+                let root = self.users.get(ROOT).ok_or(AuthError::RootUserNotExist)?;
+                if !root.roles.iter().any(|r| r == ROOT) {
+                    return Err(AuthError::RootRoleNotExist);
+                }
+                self.enabled = true;
+                self.tokens.clear();
+                changes.push((META_ENABLED.to_vec(), Some(Bytes::from_static(&[1]))));
+            }
+            AuthRequest::Disable => {
+                if !self.enabled {
+                    return Ok(AuthApplied::Done);
+                }
+                self.enabled = false;
+                self.tokens.clear();
+                changes.push((META_ENABLED.to_vec(), Some(Bytes::from_static(&[0]))));
+            }
+            AuthRequest::Authenticate { name, token_prefix } => {
+                if !self.enabled {
+                    return Err(AuthError::AuthNotEnabled);
+                }
+                if !self.users.contains_key(name) {
+                    return Err(AuthError::AuthFailed);
+                }
+                let token = format!("{token_prefix}.{index}");
+                self.tokens.insert(
+                    token.clone(),
+                    Token {
+                        user: name.clone(),
+                        expires: now + TOKEN_TTL,
+                    },
+                );
+                return Ok(AuthApplied::Token(token));
+            }
+            AuthRequest::UserAdd {
+                name,
+                hashed_password,
+                no_password,
+            } => {
+                if name.is_empty() {
+                    return Err(AuthError::UserEmpty);
+                }
+                if self.users.contains_key(name) {
+                    return Err(AuthError::UserAlreadyExist);
+                }
+                let user = User {
+                    password: if *no_password {
+                        Bytes::new()
+                    } else {
+                        hashed_password.clone()
+                    },
+                    roles: Vec::new(),
+                    no_password: *no_password,
+                };
+                self.put_user(name, user, changes);
+            }
+            AuthRequest::UserDelete { name } => {
+                if self.enabled && name == ROOT {
+                    return Err(AuthError::InvalidAuthMgmt);
+                }
+                if self.users.remove(name).is_none() {
+                    return Err(AuthError::UserNotFound);
+                }
+                self.forget_tokens_of(name);
+                changes.push((record_name(META_USER, name), None));
+            }
+            AuthRequest::UserChangePassword {
+                name,
+                hashed_password,
+            } => {
+                let mut user = self
+                    .users
+                    .get(name)
+                    .cloned()
+                    .ok_or(AuthError::UserNotFound)?;
+                user.password = hashed_password.clone();
+                self.forget_tokens_of(name);
+                self.put_user(name, user, changes);
+            }
+            AuthRequest::UserGrantRole { user, role } => {
+                let mut u = self
+                    .users
+                    .get(user)
+                    .cloned()
+                    .ok_or(AuthError::UserNotFound)?;
+                if role != ROOT && !self.roles.contains_key(role) {
+                    return Err(AuthError::RoleNotFound);
+                }
+                if let Err(at) = u.roles.binary_search(role) {
+                    u.roles.insert(at, role.clone());
+                    self.put_user(user, u, changes);
+                }
+            }
+            AuthRequest::UserRevokeRole { name, role } => {
+                if self.enabled && name == ROOT && role == ROOT {
+                    return Err(AuthError::InvalidAuthMgmt);
+                }
+                let mut u = self
+                    .users
+                    .get(name)
+                    .cloned()
+                    .ok_or(AuthError::UserNotFound)?;
+                let at = u
+                    .roles
+                    .binary_search(role)
+                    .map_err(|_| AuthError::RoleNotGranted)?;
+                u.roles.remove(at);
+                self.put_user(name, u, changes);
+            }
+            AuthRequest::RoleAdd { name } => {
+                if name.is_empty() {
+                    return Err(AuthError::RoleEmpty);
+                }
+                if self.roles.contains_key(name) {
+                    return Err(AuthError::RoleAlreadyExist);
+                }
+                self.put_role(name, Role::default(), changes);
+            }
+            AuthRequest::RoleDelete { role } => {
+                if self.enabled && role == ROOT {
+                    return Err(AuthError::InvalidAuthMgmt);
+                }
+                if self.roles.remove(role).is_none() {
+                    return Err(AuthError::RoleNotFound);
+                }
+                changes.push((record_name(META_ROLE, role), None));
+                let holders: Vec<String> = self
+                    .users
+                    .iter()
+                    .filter(|(_, u)| u.roles.iter().any(|r| r == role))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for name in holders {
+                    if let Some(mut u) = self.users.get(&name).cloned() {
+                        u.roles.retain(|r| r != role);
+                        self.put_user(&name, u, changes);
+                    }
+                }
+            }
+            AuthRequest::RoleGrantPermission { name, perm } => {
+                let mut role = self
+                    .roles
+                    .get(name)
+                    .cloned()
+                    .ok_or(AuthError::RoleNotFound)?;
+                match role
+                    .perms
+                    .iter_mut()
+                    .find(|p| p.key == perm.key && p.range_end == perm.range_end)
+                {
+                    Some(existing) => existing.perm_type = perm.perm_type,
+                    None => {
+                        let at = role.perms.partition_point(|p| p.key <= perm.key);
+                        role.perms.insert(at, perm.clone());
+                    }
+                }
+                self.put_role(name, role, changes);
+            }
+            AuthRequest::RoleRevokePermission {
+                role,
+                key,
+                range_end,
+            } => {
+                let mut r = self
+                    .roles
+                    .get(role)
+                    .cloned()
+                    .ok_or(AuthError::RoleNotFound)?;
+                let before = r.perms.len();
+                r.perms
+                    .retain(|p| !(p.key == *key && p.range_end == *range_end));
+                if r.perms.len() == before {
+                    return Err(AuthError::PermissionNotGranted);
+                }
+                self.put_role(role, r, changes);
+            }
+        }
+        Ok(AuthApplied::Done)
+    }
+
+    fn put_user(&mut self, name: &str, user: User, changes: &mut Vec<MetaChange>) {
+        let pb = authpb::User {
+            name: Bytes::copy_from_slice(name.as_bytes()),
+            password: user.password.clone(),
+            roles: user.roles.clone(),
+            options: Some(authpb::UserAddOptions {
+                no_password: user.no_password,
+            }),
+        };
+        changes.push((
+            record_name(META_USER, name),
+            Some(Bytes::from(pb.encode_to_vec())),
+        ));
+        self.users.insert(name.to_string(), user);
+    }
+
+    fn put_role(&mut self, name: &str, role: Role, changes: &mut Vec<MetaChange>) {
+        let pb = role_pb(name, &role);
+        changes.push((
+            record_name(META_ROLE, name),
+            Some(Bytes::from(pb.encode_to_vec())),
+        ));
+        self.roles.insert(name.to_string(), role);
+    }
+
+    fn forget_tokens_of(&mut self, name: &str) {
+        self.tokens.retain(|_, t| t.user != name);
+    }
+
+    /// The stored password hash to check a login against (`AuthFailed`
+    /// for an unknown user or one without a password).
+    pub fn password_hash(&self, name: &str) -> Result<Bytes, AuthError> {
+        if !self.enabled {
+            return Err(AuthError::AuthNotEnabled);
+        }
+        match self.users.get(name) {
+            Some(u) if !u.no_password => Ok(u.password.clone()),
+            _ => Err(AuthError::AuthFailed),
+        }
+    }
+
+    /// Answers a read (the caller's rights are checked by the caller).
+    pub fn query(&self, q: &AuthQuery) -> Result<AuthAnswer, AuthError> {
+        Ok(match q {
+            AuthQuery::PasswordHash(name) => AuthAnswer::PasswordHash(self.password_hash(name)?),
+            AuthQuery::UserGet(name) => AuthAnswer::Roles(
+                self.users
+                    .get(name)
+                    .ok_or(AuthError::UserNotFound)?
+                    .roles
+                    .clone(),
+            ),
+            AuthQuery::UserList => AuthAnswer::Names(self.users.keys().cloned().collect()),
+            AuthQuery::RoleGet(name) => AuthAnswer::Permissions(self.role(name)?.perms.clone()),
+            AuthQuery::RoleList => AuthAnswer::Names(self.roles.keys().cloned().collect()),
+            AuthQuery::Status => AuthAnswer::Status {
+                enabled: self.enabled,
+                revision: self.revision,
+            },
+        })
+    }
+
+    fn role(&self, name: &str) -> Result<&Role, AuthError> {
+        self.roles.get(name).ok_or(AuthError::RoleNotFound)
+    }
+}
+
+/// The end of a permission or request range, compared as etcd does: an
+/// empty `range_end` is the single key, `"\0"` has no end.
+#[derive(Debug, Clone, Copy)]
+enum End<'a> {
+    PointOf(&'a [u8]),
+    Key(&'a [u8]),
+    Unbounded,
+}
+
+impl<'a> End<'a> {
+    fn of(key: &'a [u8], range_end: &'a [u8]) -> End<'a> {
+        match range_end {
+            [] => End::PointOf(key),
+            [0] => End::Unbounded,
+            e => End::Key(e),
+        }
+    }
+
+    /// Whether the range `[key, self)` holds any key.
+    fn after(&self, key: &[u8]) -> bool {
+        match self {
+            End::PointOf(_) | End::Unbounded => true,
+            End::Key(e) => *e > key,
+        }
+    }
+
+    /// Whether coverage up to `reached` (exclusive; plus the key `reached`
+    /// itself when `point`) covers everything before this end.
+    fn reached_by(&self, reached: &[u8], point: bool) -> bool {
+        match self {
+            End::Unbounded => false,
+            End::Key(e) => reached >= *e,
+            // The single key `k` is covered when coverage passed it.
+            End::PointOf(k) => reached > *k || (point && reached == *k),
+        }
+    }
+}
+
+fn record_name(prefix: &[u8], name: &str) -> Vec<u8> {
+    let mut k = prefix.to_vec();
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+fn utf8(b: &[u8]) -> Result<String, String> {
+    String::from_utf8(b.to_vec()).map_err(|_| format!("auth record name {b:02x?} is not UTF-8"))
+}
+
+fn user_from_pb(pb: authpb::User) -> User {
+    let mut roles = pb.roles;
+    roles.sort();
+    User {
+        password: pb.password,
+        roles,
+        no_password: pb.options.is_some_and(|o| o.no_password),
+    }
+}
+
+fn role_from_pb(pb: authpb::Role) -> Result<Role, String> {
+    let perms = pb
+        .key_permission
+        .into_iter()
+        .map(|p| {
+            Ok(KeyPermission {
+                perm_type: PermType::from_i32(p.perm_type)
+                    .ok_or_else(|| format!("bad permission type {}", p.perm_type))?,
+                key: p.key,
+                range_end: p.range_end,
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(Role { perms })
+}
+
+/// A role as etcd's `authpb.Role` (RoleGet answers its permissions).
+pub fn role_pb(name: &str, role: &Role) -> authpb::Role {
+    authpb::Role {
+        name: Bytes::copy_from_slice(name.as_bytes()),
+        key_permission: role.perms.iter().map(permission_pb).collect(),
+    }
+}
+
+pub fn permission_pb(p: &KeyPermission) -> authpb::Permission {
+    authpb::Permission {
+        perm_type: p.perm_type as i32,
+        key: p.key.clone(),
+        range_end: p.range_end.clone(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Log encoding: `[u8 kind]` then length-prefixed fields.
+
+const K_ENABLE: u8 = 1;
+const K_DISABLE: u8 = 2;
+const K_AUTHENTICATE: u8 = 3;
+const K_USER_ADD: u8 = 4;
+const K_USER_DELETE: u8 = 5;
+const K_USER_PASSWORD: u8 = 6;
+const K_USER_GRANT: u8 = 7;
+const K_USER_REVOKE: u8 = 8;
+const K_ROLE_ADD: u8 = 9;
+const K_ROLE_DELETE: u8 = 10;
+const K_ROLE_GRANT: u8 = 11;
+const K_ROLE_REVOKE: u8 = 12;
+
+pub fn encode(req: &AuthRequest, out: &mut Vec<u8>) {
+    fn field(out: &mut Vec<u8>, b: &[u8]) {
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        out.extend_from_slice(b);
+    }
+    match req {
+        AuthRequest::Enable => out.push(K_ENABLE),
+        AuthRequest::Disable => out.push(K_DISABLE),
+        AuthRequest::Authenticate { name, token_prefix } => {
+            out.push(K_AUTHENTICATE);
+            field(out, name.as_bytes());
+            field(out, token_prefix.as_bytes());
+        }
+        AuthRequest::UserAdd {
+            name,
+            hashed_password,
+            no_password,
+        } => {
+            out.push(K_USER_ADD);
+            field(out, name.as_bytes());
+            field(out, hashed_password);
+            out.push(u8::from(*no_password));
+        }
+        AuthRequest::UserDelete { name } => {
+            out.push(K_USER_DELETE);
+            field(out, name.as_bytes());
+        }
+        AuthRequest::UserChangePassword {
+            name,
+            hashed_password,
+        } => {
+            out.push(K_USER_PASSWORD);
+            field(out, name.as_bytes());
+            field(out, hashed_password);
+        }
+        AuthRequest::UserGrantRole { user, role } => {
+            out.push(K_USER_GRANT);
+            field(out, user.as_bytes());
+            field(out, role.as_bytes());
+        }
+        AuthRequest::UserRevokeRole { name, role } => {
+            out.push(K_USER_REVOKE);
+            field(out, name.as_bytes());
+            field(out, role.as_bytes());
+        }
+        AuthRequest::RoleAdd { name } => {
+            out.push(K_ROLE_ADD);
+            field(out, name.as_bytes());
+        }
+        AuthRequest::RoleDelete { role } => {
+            out.push(K_ROLE_DELETE);
+            field(out, role.as_bytes());
+        }
+        AuthRequest::RoleGrantPermission { name, perm } => {
+            out.push(K_ROLE_GRANT);
+            field(out, name.as_bytes());
+            out.push(perm.perm_type as u8);
+            field(out, &perm.key);
+            field(out, &perm.range_end);
+        }
+        AuthRequest::RoleRevokePermission {
+            role,
+            key,
+            range_end,
+        } => {
+            out.push(K_ROLE_REVOKE);
+            field(out, role.as_bytes());
+            field(out, key);
+            field(out, range_end);
+        }
+    }
+}
+
+/// `None` for bytes [`encode`] cannot have produced.
+pub fn decode(buf: &Bytes) -> Option<AuthRequest> {
+    struct Reader<'a> {
+        buf: &'a Bytes,
+        at: usize,
+    }
+    impl Reader<'_> {
+        fn byte(&mut self) -> Option<u8> {
+            let b = *self.buf.get(self.at)?;
+            self.at += 1;
+            Some(b)
+        }
+        fn bytes(&mut self) -> Option<Bytes> {
+            let len = self.buf.get(self.at..self.at + 4)?;
+            let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+            let start = self.at + 4;
+            let end = start.checked_add(len)?;
+            if end > self.buf.len() {
+                return None;
+            }
+            self.at = end;
+            Some(self.buf.slice(start..end))
+        }
+        fn string(&mut self) -> Option<String> {
+            String::from_utf8(self.bytes()?.to_vec()).ok()
+        }
+    }
+    let mut r = Reader { buf, at: 0 };
+    let req = match r.byte()? {
+        K_ENABLE => AuthRequest::Enable,
+        K_DISABLE => AuthRequest::Disable,
+        K_AUTHENTICATE => AuthRequest::Authenticate {
+            name: r.string()?,
+            token_prefix: r.string()?,
+        },
+        K_USER_ADD => AuthRequest::UserAdd {
+            name: r.string()?,
+            hashed_password: r.bytes()?,
+            no_password: r.byte()? == 1,
+        },
+        K_USER_DELETE => AuthRequest::UserDelete { name: r.string()? },
+        K_USER_PASSWORD => AuthRequest::UserChangePassword {
+            name: r.string()?,
+            hashed_password: r.bytes()?,
+        },
+        K_USER_GRANT => AuthRequest::UserGrantRole {
+            user: r.string()?,
+            role: r.string()?,
+        },
+        K_USER_REVOKE => AuthRequest::UserRevokeRole {
+            name: r.string()?,
+            role: r.string()?,
+        },
+        K_ROLE_ADD => AuthRequest::RoleAdd { name: r.string()? },
+        K_ROLE_DELETE => AuthRequest::RoleDelete { role: r.string()? },
+        K_ROLE_GRANT => AuthRequest::RoleGrantPermission {
+            name: r.string()?,
+            perm: KeyPermission {
+                perm_type: PermType::from_i32(i32::from(r.byte()?))?,
+                key: r.bytes()?,
+                range_end: r.bytes()?,
+            },
+        },
+        K_ROLE_REVOKE => AuthRequest::RoleRevokePermission {
+            role: r.string()?,
+            key: r.bytes()?,
+            range_end: r.bytes()?,
+        },
+        _ => return None,
+    };
+    (r.at == buf.len()).then_some(req)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    fn applied(s: &mut AuthStore, req: AuthRequest) -> Result<AuthApplied, AuthError> {
+        s.apply(&req, 1, Instant::now()).map(|(a, _)| a)
+    }
+
+    fn grant(role: &str, t: PermType, key: &str, end: &str) -> AuthRequest {
+        AuthRequest::RoleGrantPermission {
+            name: role.into(),
+            perm: KeyPermission {
+                perm_type: t,
+                key: b(key),
+                range_end: b(end),
+            },
+        }
+    }
+
+    fn need(access: Access, key: &str, end: &str) -> Requirement {
+        Requirement::Keys(vec![Need {
+            access,
+            key: b(key),
+            range_end: b(end),
+        }])
+    }
+
+    /// root + alice with a role `r` holding the given grants; auth on.
+    fn store_with(grants: &[AuthRequest]) -> AuthStore {
+        let mut s = AuthStore::default();
+        for req in [
+            AuthRequest::UserAdd {
+                name: "root".into(),
+                hashed_password: b("h"),
+                no_password: false,
+            },
+            AuthRequest::UserGrantRole {
+                user: "root".into(),
+                role: ROOT.into(),
+            },
+            AuthRequest::UserAdd {
+                name: "alice".into(),
+                hashed_password: b("h"),
+                no_password: false,
+            },
+            AuthRequest::RoleAdd { name: "r".into() },
+            AuthRequest::UserGrantRole {
+                user: "alice".into(),
+                role: "r".into(),
+            },
+        ] {
+            applied(&mut s, req).unwrap();
+        }
+        for g in grants {
+            applied(&mut s, g.clone()).unwrap();
+        }
+        applied(&mut s, AuthRequest::Enable).unwrap();
+        s
+    }
+
+    #[test]
+    fn enable_needs_root_with_the_root_role() {
+        let mut s = AuthStore::default();
+        assert_eq!(
+            applied(&mut s, AuthRequest::Enable),
+            Err(AuthError::RootUserNotExist)
+        );
+        applied(
+            &mut s,
+            AuthRequest::UserAdd {
+                name: "root".into(),
+                hashed_password: b("h"),
+                no_password: false,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            applied(&mut s, AuthRequest::Enable),
+            Err(AuthError::RootRoleNotExist)
+        );
+        assert!(!s.enabled());
+    }
+
+    #[test]
+    fn permissions_cover_points_ranges_and_prefixes() {
+        let s = store_with(&[
+            grant("r", PermType::Read, "foo", ""),
+            grant("r", PermType::ReadWrite, "pub/", "pub0"),
+            grant("r", PermType::Write, "a", "m"),
+            grant("r", PermType::Read, "m", "p"),
+            grant("r", PermType::Read, "x", "\0"),
+        ]);
+        let alice = Some("alice");
+        let ok = |r: Requirement| s.check(alice, &r);
+        assert_eq!(ok(need(Access::Read, "foo", "")), Ok(()));
+        assert_eq!(
+            ok(need(Access::Write, "foo", "")),
+            Ok(()),
+            "foo is in [a, m)"
+        );
+        assert_eq!(
+            ok(need(Access::Read, "fo", "")),
+            Err(AuthError::PermissionDenied)
+        );
+        assert_eq!(
+            ok(need(Access::Read, "foo", "fop")),
+            Err(AuthError::PermissionDenied)
+        );
+        assert_eq!(ok(need(Access::Read, "pub/", "pub0")), Ok(()));
+        assert_eq!(ok(need(Access::Write, "pub/a", "pub/b")), Ok(()));
+        assert_eq!(
+            ok(need(Access::Read, "pub/", "pub1")),
+            Err(AuthError::PermissionDenied)
+        );
+        assert_eq!(ok(need(Access::Read, "n", "")), Ok(()));
+        assert_eq!(ok(need(Access::Read, "m", "p")), Ok(()));
+        assert_eq!(ok(need(Access::Read, "x", "\0")), Ok(()));
+        assert_eq!(ok(need(Access::Read, "y", "")), Ok(()));
+        assert_eq!(
+            ok(need(Access::Read, "w", "\0")),
+            Err(AuthError::PermissionDenied)
+        );
+        assert_eq!(
+            ok(need(Access::Write, "x", "")),
+            Err(AuthError::PermissionDenied)
+        );
+        // Two adjacent write ranges together cover their union.
+        let s = store_with(&[
+            grant("r", PermType::Write, "a", "c"),
+            grant("r", PermType::Write, "c", "e"),
+        ]);
+        assert_eq!(s.check(alice, &need(Access::Write, "b", "d")), Ok(()));
+        assert_eq!(
+            s.check(alice, &need(Access::Write, "b", "f")),
+            Err(AuthError::PermissionDenied)
+        );
+        assert_eq!(
+            s.check(None, &need(Access::Read, "a", "")),
+            Err(AuthError::UserEmpty)
+        );
+        assert_eq!(s.check(Some("root"), &Requirement::Admin), Ok(()));
+        assert_eq!(
+            s.check(alice, &Requirement::Admin),
+            Err(AuthError::PermissionDenied)
+        );
+        assert_eq!(
+            s.check(Some("ghost"), &need(Access::Read, "a", "")),
+            Err(AuthError::PermissionDenied)
+        );
+    }
+
+    #[test]
+    fn root_stays_while_auth_is_on_and_tokens_die_with_their_user() {
+        let mut s = store_with(&[]);
+        let now = Instant::now();
+        let (token, _) = s
+            .apply(
+                &AuthRequest::Authenticate {
+                    name: "alice".into(),
+                    token_prefix: "abc".into(),
+                },
+                42,
+                now,
+            )
+            .unwrap();
+        let AuthApplied::Token(token) = token else {
+            panic!("no token")
+        };
+        assert_eq!(token, "abc.42");
+        assert_eq!(s.user_of(Some(&token), now), Ok(Some("alice".into())));
+        assert_eq!(
+            s.user_of(Some("nope.1"), now),
+            Err(AuthError::InvalidAuthToken)
+        );
+        assert_eq!(
+            s.user_of(Some(&token), now + TOKEN_TTL + TOKEN_TTL),
+            Err(AuthError::InvalidAuthToken)
+        );
+        for req in [
+            AuthRequest::UserDelete {
+                name: "root".into(),
+            },
+            AuthRequest::RoleDelete { role: ROOT.into() },
+            AuthRequest::UserRevokeRole {
+                name: "root".into(),
+                role: ROOT.into(),
+            },
+        ] {
+            assert_eq!(applied(&mut s, req), Err(AuthError::InvalidAuthMgmt));
+        }
+        let (t2, _) = s
+            .apply(
+                &AuthRequest::Authenticate {
+                    name: "alice".into(),
+                    token_prefix: "def".into(),
+                },
+                43,
+                now,
+            )
+            .unwrap();
+        let AuthApplied::Token(t2) = t2 else { panic!() };
+        applied(
+            &mut s,
+            AuthRequest::UserDelete {
+                name: "alice".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(s.user_of(Some(&t2), now), Err(AuthError::InvalidAuthToken));
+    }
+
+    #[test]
+    fn restore_gives_back_the_applied_state() {
+        let mut s = AuthStore::default();
+        let mut records: BTreeMap<Vec<u8>, Bytes> = BTreeMap::new();
+        let reqs = [
+            AuthRequest::UserAdd {
+                name: "root".into(),
+                hashed_password: b("$2a$10$x"),
+                no_password: false,
+            },
+            AuthRequest::UserAdd {
+                name: "bob".into(),
+                hashed_password: Bytes::new(),
+                no_password: true,
+            },
+            AuthRequest::RoleAdd { name: "r".into() },
+            grant("r", PermType::ReadWrite, "k", "l"),
+            grant("r", PermType::Read, "a", ""),
+            AuthRequest::UserGrantRole {
+                user: "root".into(),
+                role: ROOT.into(),
+            },
+            AuthRequest::UserGrantRole {
+                user: "bob".into(),
+                role: "r".into(),
+            },
+            AuthRequest::Enable,
+        ];
+        for (i, req) in reqs.iter().enumerate() {
+            let mut encoded = Vec::new();
+            encode(req, &mut encoded);
+            assert_eq!(decode(&Bytes::from(encoded)).as_ref(), Some(req));
+            let (_, changes) = s.apply(req, i as u64 + 1, Instant::now()).unwrap();
+            for (k, v) in changes {
+                match v {
+                    Some(v) => records.insert(k, v),
+                    None => records.remove(&k),
+                };
+            }
+        }
+        let list: Vec<(Bytes, Bytes)> = records
+            .into_iter()
+            .map(|(k, v)| (Bytes::from(k), v))
+            .collect();
+        let r = AuthStore::restore(&list).unwrap();
+        assert!(r.enabled());
+        assert_eq!(r.revision(), s.revision());
+        assert_eq!(r.users, s.users);
+        assert_eq!(r.roles, s.roles);
+        assert_eq!(
+            r.role("r")
+                .unwrap()
+                .perms
+                .iter()
+                .map(|p| &p.key[..])
+                .collect::<Vec<_>>(),
+            vec![&b"a"[..], b"k"]
+        );
+        assert_eq!(r.password_hash("bob"), Err(AuthError::AuthFailed));
+    }
+}
