@@ -403,6 +403,10 @@ pub struct Node {
     status: Cell<NodeStatus>,
     lessor: RefCell<crate::lease::Lessor>,
     auth: RefCell<crate::auth::AuthStore>,
+    /// The last log index recovered at start: an Authenticate entry up to
+    /// it is replayed, not new, and must not bring its token back (tokens
+    /// die with the process, as etcd's simple tokens).
+    recovered_last_index: u64,
     /// Whether auth is on, shared with every shard's API edge so requests
     /// skip the owner round trip of a permission check while it is off.
     auth_flag: RefCell<std::sync::Arc<std::sync::atomic::AtomicBool>>,
@@ -692,6 +696,7 @@ impl Node {
             status: Cell::new(NodeStatus::default()),
             lessor: RefCell::new(lessor),
             auth: RefCell::new(auth),
+            recovered_last_index: restored.last_index,
             auth_flag: RefCell::new(Default::default()),
             watch_subscribers: RefCell::new(Vec::new()),
             snapshot_done: RefCell::new(None),
@@ -1804,6 +1809,12 @@ impl Node {
                         None => mvcc.apply_noop(entry.index)?,
                     }
                     Ok(Applied::Published)
+                }
+                Decoded::Auth(crate::auth::AuthRequest::Authenticate { .. })
+                    if entry.index <= self.recovered_last_index =>
+                {
+                    mvcc.apply_noop(entry.index)?;
+                    Err(ServerError::Stopped)
                 }
                 Decoded::Auth(req) => {
                     let mut auth = self.auth.borrow_mut();

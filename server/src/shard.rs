@@ -505,14 +505,16 @@ pub fn run(cfg: Config) -> Result<()> {
         Some(files) => Some(crate::tls::client_url_acceptor(&files).map_err(ServerError::Startup)?),
         None => None,
     };
+    let member = member_info(&cfg, cluster_id, member_id);
     let listeners = Listeners {
         client_tls,
         http: addrs.clone(),
         grpc: grpc_addrs.clone(),
         http_limits: HttpLimits {
             max_request_bytes: cfg.max_request_bytes,
+            auth_enabled: member.auth_enabled.clone(),
         },
-        member: member_info(&cfg, cluster_id, member_id),
+        member,
         // etcd accepts gRPC messages up to --max-request-bytes plus 512 KiB
         // of overhead, then checks the request itself against the limit.
         max_grpc_message_bytes: cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
@@ -807,7 +809,7 @@ async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
         tasks.push(glommio::spawn_local(http::serve(
             bind(addr),
             backend.clone(),
-            listeners.http_limits,
+            listeners.http_limits.clone(),
         )));
     }
     let (router, gateway) = Router::new(

@@ -34,15 +34,20 @@ use serde_json::{json, Value};
 use super::error::to_wire;
 use super::grpc::gateway::{self, Gateway};
 use super::hyper_io::HyperStream;
+use crate::auth::{Access, Need, Requirement};
 use crate::error::ServerError;
 use crate::mvcc::{self, KeyValue};
 use crate::shard::{Backend, Command, Reply};
 
 pub const REVISION_HEADER: &str = "x-metcd-revision";
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct HttpLimits {
     pub max_request_bytes: usize,
+    /// Whether etcd auth is on (kept by the owner's apply). While it is,
+    /// every key and admin request needs a token in `Authorization` (as
+    /// etcd's JSON gateway takes it) with the same permissions gRPC needs.
+    pub auth_enabled: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 type HttpResponse = Response<Full<Bytes>>;
@@ -51,9 +56,11 @@ type HttpResponse = Response<Full<Bytes>>;
 pub async fn serve(listener: glommio::net::TcpListener, backend: Backend, limits: HttpLimits) {
     super::accept_loop(listener, "http", move |stream| {
         let backend = backend.clone();
+        let limits = limits.clone();
         async move {
             let service = hyper::service::service_fn(move |req| {
                 let backend = backend.clone();
+                let limits = limits.clone();
                 async move { Ok::<_, Infallible>(handle(&backend, limits, req).await) }
             });
             // Errors here are the client's (reset, malformed HTTP that hyper
@@ -81,16 +88,17 @@ where
             let path = req.uri().path().to_string();
             if req.method() == hyper::Method::POST {
                 if let Some(route) = gateway::route(&path) {
+                    let authorization = req.headers().get(hyper::header::AUTHORIZATION).cloned();
                     let body = req.into_body();
                     if gateway::is_stream(route) {
-                        if let Some(resp) = gateway.serve_stream(route, body).await {
+                        if let Some(resp) = gateway.serve_stream(route, body, authorization).await {
                             return Ok::<_, Infallible>(with_cors(resp.map(Either::Right)));
                         }
                         return Ok(with_cors(
                             go_error(StatusCode::NOT_FOUND, "Not Found\n").map(Either::Left),
                         ));
                     }
-                    let resp = match gateway.serve(route, body).await {
+                    let resp = match gateway.serve(route, body, authorization).await {
                         Some(resp) => resp,
                         // Not a route the gateway serves: its mux's 404.
                         None => go_error(StatusCode::NOT_FOUND, "Not Found\n"),
@@ -278,9 +286,13 @@ async fn route(
                 Bytes::from(page),
             ));
         }
-        "/-/compact" if req.method() == Method::POST => return compact(backend, &query).await,
+        "/-/compact" if req.method() == Method::POST => {
+            authorize(backend, &limits, &req, || Requirement::Admin).await?;
+            return compact(backend, &query).await;
+        }
         "/-/members/replace" if req.method() == Method::POST => {
-            return replace_member(backend, &query).await
+            authorize(backend, &limits, &req, || Requirement::Admin).await?;
+            return replace_member(backend, &query).await;
         }
         p if p.starts_with("/-/") => {
             return Err(ServerError::BadRequest(format!(
@@ -290,6 +302,27 @@ async fn route(
         _ => {}
     }
     let key = Bytes::from(percent_decode_strict(&path)?);
+    let access = match *req.method() {
+        Method::GET | Method::HEAD => Some(Access::Read),
+        Method::PUT | Method::POST | Method::DELETE => Some(Access::Write),
+        _ => None,
+    };
+    if let Some(access) = access {
+        // GET and DELETE may name a range; PUT and POST one key.
+        let range_end = if matches!(*req.method(), Method::GET | Method::HEAD | Method::DELETE) {
+            range_end(&key, &query)?.unwrap_or_default()
+        } else {
+            Bytes::new()
+        };
+        authorize(backend, &limits, &req, || {
+            Requirement::Keys(vec![Need {
+                access,
+                key: key.clone(),
+                range_end,
+            }])
+        })
+        .await?;
+    }
     match *req.method() {
         Method::GET | Method::HEAD => get(backend, key, &query).await,
         Method::PUT | Method::POST => {
@@ -309,6 +342,37 @@ async fn route(
             );
             Ok(resp)
         }
+    }
+}
+
+/// etcd's permission check for the token in `Authorization` (nothing to
+/// do while auth is off).
+async fn authorize(
+    backend: &Backend,
+    limits: &HttpLimits,
+    req: &Request<Incoming>,
+    requirement: impl FnOnce() -> Requirement,
+) -> Result<(), ServerError> {
+    if !limits
+        .auth_enabled
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        return Ok(());
+    }
+    let token = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let cmd = Command::Authorize {
+        token,
+        requirement: requirement(),
+        revoking_lease: None,
+    };
+    match backend.call(cmd).await {
+        Reply::Authorized(result) => result,
+        Reply::Failed(e) => Err(e),
+        _ => Err(ServerError::Stopped),
     }
 }
 

@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
+mod auth;
 mod client_tls;
 mod client_url_http;
 mod cluster;

@@ -76,12 +76,14 @@ impl Gateway {
         &self,
         route: &str,
         body: Incoming,
+        authorization: Option<HeaderValue>,
     ) -> Option<Response<StreamOutput>> {
         let (watch, lease) = (&self.watch, &self.lease);
+        let a = authorization;
         Some(match route {
-            "watch" => self.stream(body, |r| Watch::watch(watch, r)).await,
+            "watch" => self.stream(body, a, |r| Watch::watch(watch, r)).await,
             "lease/keepalive" => {
-                self.stream(body, |r| Lease::lease_keep_alive(lease, r))
+                self.stream(body, a, |r| Lease::lease_keep_alive(lease, r))
                     .await
             }
             _ => return None,
@@ -94,7 +96,12 @@ impl Gateway {
     /// as a gRPC client's would, and every response comes back as a
     /// `{"result":..}` line: a LeaseKeepAlive ends after its answers, a
     /// Watch streams until the client hangs up, which ends its watchers.
-    async fn stream<Req, Resp, F, Fut>(&self, body: Incoming, rpc: F) -> Response<StreamOutput>
+    async fn stream<Req, Resp, F, Fut>(
+        &self,
+        body: Incoming,
+        authorization: Option<HeaderValue>,
+        rpc: F,
+    ) -> Response<StreamOutput>
     where
         Req: DeserializeOwned + Message + Default + Send + 'static,
         Resp: Serialize + Message + Send + 'static,
@@ -121,7 +128,12 @@ impl Gateway {
             None,
             Some(self.max_body_bytes),
         );
-        match rpc(tonic::Request::new(input)).await {
+        match rpc(with_token(
+            tonic::Request::new(input),
+            authorization.as_ref(),
+        ))
+        .await
+        {
             Ok(stream) => {
                 let lines = futures_lite::StreamExt::map(stream.into_inner(), |item| match item {
                     Ok(resp) => result_line(&resp),
@@ -146,10 +158,19 @@ impl Gateway {
     /// Answers one gateway request (`route` from [`route`]), or `None` when
     /// the route is not one of etcd 3.4's unary gateway routes (HashKV has
     /// none in 3.4; the streaming ones go to [`Gateway::serve_stream`]).
-    pub async fn serve(&self, route: &str, body: Incoming) -> Option<HttpResponse> {
+    pub async fn serve(
+        &self,
+        route: &str,
+        body: Incoming,
+        authorization: Option<HeaderValue>,
+    ) -> Option<HttpResponse> {
         let body = match Limited::new(body, self.max_body_bytes).collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) => return Some(error_response(&body_error(&*e))),
+        };
+        let body = GatewayRequest {
+            body,
+            authorization,
         };
         let (kv, lease, cluster) = (&self.kv, &self.lease, &self.cluster);
         let (maintenance, auth) = (&self.maintenance, &self.auth);
@@ -181,6 +202,19 @@ impl Gateway {
             "auth/enable" => unary(b, |r| Auth::auth_enable(auth, r)).await,
             "auth/disable" => unary(b, |r| Auth::auth_disable(auth, r)).await,
             "auth/authenticate" => unary(b, |r| Auth::authenticate(auth, r)).await,
+            "auth/user/add" => unary(b, |r| Auth::user_add(auth, r)).await,
+            "auth/user/get" => unary(b, |r| Auth::user_get(auth, r)).await,
+            "auth/user/list" => unary(b, |r| Auth::user_list(auth, r)).await,
+            "auth/user/delete" => unary(b, |r| Auth::user_delete(auth, r)).await,
+            "auth/user/changepw" => unary(b, |r| Auth::user_change_password(auth, r)).await,
+            "auth/user/grant" => unary(b, |r| Auth::user_grant_role(auth, r)).await,
+            "auth/user/revoke" => unary(b, |r| Auth::user_revoke_role(auth, r)).await,
+            "auth/role/add" => unary(b, |r| Auth::role_add(auth, r)).await,
+            "auth/role/get" => unary(b, |r| Auth::role_get(auth, r)).await,
+            "auth/role/list" => unary(b, |r| Auth::role_list(auth, r)).await,
+            "auth/role/delete" => unary(b, |r| Auth::role_delete(auth, r)).await,
+            "auth/role/grant" => unary(b, |r| Auth::role_grant_permission(auth, r)).await,
+            "auth/role/revoke" => unary(b, |r| Auth::role_revoke_permission(auth, r)).await,
             _ => return None,
         })
     }
@@ -188,13 +222,35 @@ impl Gateway {
 
 /// Decodes the JSON request (an empty body is the default request, as the
 /// gateway treats EOF), runs the RPC and encodes its answer.
-async fn unary<Req, Resp, F, Fut>(body: &Bytes, rpc: F) -> HttpResponse
+/// A unary gateway request: its JSON body and its `Authorization` header
+/// (an auth token, passed to the service as gRPC metadata, as etcd's
+/// gateway does).
+struct GatewayRequest {
+    body: Bytes,
+    authorization: Option<HeaderValue>,
+}
+
+fn with_token<T>(
+    mut request: tonic::Request<T>,
+    authorization: Option<&HeaderValue>,
+) -> tonic::Request<T> {
+    if let Some(value) =
+        authorization.and_then(|v| tonic::metadata::MetadataValue::try_from(v.as_bytes()).ok())
+    {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
+async fn unary<Req, Resp, F, Fut>(request: &GatewayRequest, rpc: F) -> HttpResponse
 where
     Req: DeserializeOwned + Default,
     Resp: Serialize,
     F: FnOnce(tonic::Request<Req>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
 {
+    let body = &request.body;
+    let authorization = request.authorization.as_ref();
     let request = if body.iter().all(u8::is_ascii_whitespace) {
         Req::default()
     } else {
@@ -203,7 +259,7 @@ where
             Err(e) => return error_response(&Status::invalid_argument(e.to_string())),
         }
     };
-    match rpc(tonic::Request::new(request)).await {
+    match rpc(with_token(tonic::Request::new(request), authorization)).await {
         Ok(resp) => match serde_json::to_vec(resp.get_ref()) {
             Ok(json) => {
                 let mut resp = json_response(StatusCode::OK, json);
