@@ -1081,12 +1081,11 @@ impl Node {
                 .lessor
                 .borrow()
                 .get(lease)
-                .map(|state| state.keys.iter().cloned().collect::<Vec<_>>())
-                .unwrap_or_default()
                 .into_iter()
+                .flat_map(|state| state.keys.iter())
                 .map(|key| crate::auth::Need {
                     access: crate::auth::Access::Write,
-                    key,
+                    key: key.clone(),
                     range_end: bytes::Bytes::new(),
                 })
                 .collect();
@@ -2478,14 +2477,15 @@ impl Node {
     }
 }
 
-/// Rebuilds the lease table: leases from their records, attachments from
-/// the keys' `lease` fields. Every lease starts a full TTL (etcd's Promote).
+/// Rebuilds the auth state (users, roles, the enabled flag) from its records.
 fn restore_auth(mvcc: &MvccStore<AnyEngine>) -> Result<crate::auth::AuthStore> {
     let records = mvcc.meta_with_prefix(crate::auth::META_PREFIX)?;
     crate::auth::AuthStore::restore(&records)
         .map_err(|e| ServerError::Mvcc(mvcc::MvccError::Corrupt(e)))
 }
 
+/// Rebuilds the lease table: leases from their records, attachments from
+/// the keys' `lease` fields. Every lease starts a full TTL (etcd's Promote).
 fn restore_leases(mvcc: &MvccStore<AnyEngine>, min_ttl: i64) -> Result<crate::lease::Lessor> {
     let mut lessor = crate::lease::Lessor::new(min_ttl);
     let now = Instant::now();

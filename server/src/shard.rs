@@ -191,6 +191,32 @@ impl Backend {
             Backend::Remote(remote) => remote.call(cmd).await,
         }
     }
+
+    /// etcd's permission check for the caller behind `token`, run on the
+    /// owner; nothing to do, and no trip there, while `auth_enabled` (the
+    /// flag the owner's apply keeps) is off. With `revoking_lease`, also
+    /// write permission on every key attached to that lease.
+    pub async fn authorize(
+        &self,
+        auth_enabled: &std::sync::atomic::AtomicBool,
+        token: Option<String>,
+        requirement: impl FnOnce() -> crate::auth::Requirement,
+        revoking_lease: Option<i64>,
+    ) -> Result<()> {
+        if !auth_enabled.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        let cmd = Command::Authorize {
+            token,
+            requirement: requirement(),
+            revoking_lease,
+        };
+        match self.call(cmd).await {
+            Reply::Authorized(result) => result,
+            Reply::Failed(e) => Err(e),
+            _ => Err(ServerError::Stopped),
+        }
+    }
 }
 
 /// Values loaded between two yields while finishing a range: a chunk

@@ -302,14 +302,19 @@ async fn route(
         _ => {}
     }
     let key = Bytes::from(percent_decode_strict(&path)?);
-    let access = match *req.method() {
-        Method::GET | Method::HEAD => Some(Access::Read),
-        Method::PUT | Method::POST | Method::DELETE => Some(Access::Write),
+    // What a key request needs, and whether it may name a range (GET and
+    // DELETE do; PUT and POST write one key).
+    let need = match *req.method() {
+        Method::GET | Method::HEAD => Some((Access::Read, true)),
+        Method::DELETE => Some((Access::Write, true)),
+        Method::PUT | Method::POST => Some((Access::Write, false)),
         _ => None,
     };
-    if let Some(access) = access {
-        // GET and DELETE may name a range; PUT and POST one key.
-        let range_end = if matches!(*req.method(), Method::GET | Method::HEAD | Method::DELETE) {
+    let auth_on = limits
+        .auth_enabled
+        .load(std::sync::atomic::Ordering::Acquire);
+    if let (Some((access, ranged)), true) = (need, auth_on) {
+        let range_end = if ranged {
             range_end(&key, &query)?.unwrap_or_default()
         } else {
             Bytes::new()
@@ -353,27 +358,14 @@ async fn authorize(
     req: &Request<Incoming>,
     requirement: impl FnOnce() -> Requirement,
 ) -> Result<(), ServerError> {
-    if !limits
-        .auth_enabled
-        .load(std::sync::atomic::Ordering::Acquire)
-    {
-        return Ok(());
-    }
     let token = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let cmd = Command::Authorize {
-        token,
-        requirement: requirement(),
-        revoking_lease: None,
-    };
-    match backend.call(cmd).await {
-        Reply::Authorized(result) => result,
-        Reply::Failed(e) => Err(e),
-        _ => Err(ServerError::Stopped),
-    }
+    backend
+        .authorize(&limits.auth_enabled, token, requirement, None)
+        .await
 }
 
 async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ServerError> {

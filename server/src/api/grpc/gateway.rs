@@ -79,11 +79,13 @@ impl Gateway {
         authorization: Option<HeaderValue>,
     ) -> Option<Response<StreamOutput>> {
         let (watch, lease) = (&self.watch, &self.lease);
-        let a = authorization;
         Some(match route {
-            "watch" => self.stream(body, a, |r| Watch::watch(watch, r)).await,
+            "watch" => {
+                self.stream(body, authorization, |r| Watch::watch(watch, r))
+                    .await
+            }
             "lease/keepalive" => {
-                self.stream(body, a, |r| Lease::lease_keep_alive(lease, r))
+                self.stream(body, authorization, |r| Lease::lease_keep_alive(lease, r))
                     .await
             }
             _ => return None,
@@ -220,8 +222,6 @@ impl Gateway {
     }
 }
 
-/// Decodes the JSON request (an empty body is the default request, as the
-/// gateway treats EOF), runs the RPC and encodes its answer.
 /// A unary gateway request: its JSON body and its `Authorization` header
 /// (an auth token, passed to the service as gRPC metadata, as etcd's
 /// gateway does).
@@ -242,6 +242,8 @@ fn with_token<T>(
     request
 }
 
+/// Decodes the JSON request (an empty body is the default request, as the
+/// gateway treats EOF), runs the RPC and encodes its answer.
 async fn unary<Req, Resp, F, Fut>(request: &GatewayRequest, rpc: F) -> HttpResponse
 where
     Req: DeserializeOwned + Default,

@@ -90,25 +90,24 @@ impl Shared {
         requirement: impl FnOnce() -> Requirement,
         revoking_lease: Option<i64>,
     ) -> Result<(), Status> {
-        if !self.auth_enabled() {
-            return Ok(());
-        }
-        let cmd = Command::Authorize {
-            token,
-            requirement: requirement(),
-            revoking_lease,
-        };
-        match self.call(cmd).await {
-            Reply::Authorized(result) => result.map_err(|e| status_of(&e)),
-            Reply::Failed(e) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        self.check(token, requirement, revoking_lease)
+            .await
+            .map_err(|e| status_of(&e))
     }
 
-    fn auth_enabled(&self) -> bool {
-        self.info
-            .auth_enabled
-            .load(std::sync::atomic::Ordering::Acquire)
+    /// [`Backend::authorize`] from inside the per-core world.
+    async fn check(
+        &self,
+        token: Option<String>,
+        requirement: impl FnOnce() -> Requirement,
+        revoking_lease: Option<i64>,
+    ) -> crate::error::Result<()> {
+        SendWrapper::new(async move {
+            self.backend
+                .authorize(&self.info.auth_enabled, token, requirement, revoking_lease)
+                .await
+        })
+        .await
     }
 
     async fn write(&self, req: mvcc::Request) -> Result<(mvcc::Response, HeaderInfo), Status> {
@@ -842,21 +841,10 @@ impl MaintenanceService {
     /// etcd 3.4's Maintenance admin check; its refusals keep the auth
     /// package's own wording (`auth: permission denied`, gRPC Unknown).
     async fn admin_only(&self, token: Option<String>) -> Result<(), Status> {
-        if !self.0.auth_enabled() {
-            return Ok(());
-        }
-        let cmd = Command::Authorize {
-            token,
-            requirement: Requirement::Admin,
-            revoking_lease: None,
-        };
-        match self.0.call(cmd).await {
-            Reply::Authorized(Ok(())) => Ok(()),
-            Reply::Authorized(Err(ServerError::Auth(e))) => {
-                Err(status_of(&ServerError::Auth(e.for_maintenance())))
-            }
-            Reply::Authorized(Err(e)) | Reply::Failed(e) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
+        match self.0.check(token, || Requirement::Admin, None).await {
+            Ok(()) => Ok(()),
+            Err(ServerError::Auth(e)) => Err(status_of(&ServerError::Auth(e.for_maintenance()))),
+            Err(e) => Err(status_of(&e)),
         }
     }
 }
@@ -1200,6 +1188,16 @@ async fn hash_password(password: String) -> Result<bytes::Bytes, Status> {
         .map_err(|e| Status::internal(format!("etcdserver: password hashing: {e}")))
 }
 
+/// What a UserAdd or UserChangePassword stores: the hash the client sent
+/// (etcd 3.5's `hashedPassword`), else the bcrypt of its password.
+async fn stored_password(password: String, hashed: String) -> Result<bytes::Bytes, Status> {
+    if hashed.is_empty() {
+        hash_password(password).await
+    } else {
+        Ok(bytes::Bytes::from(hashed))
+    }
+}
+
 /// etcd's simple token: 16 random lowercase letters (the applying
 /// members append the entry's index).
 fn token_prefix() -> Result<String, Status> {
@@ -1293,10 +1291,8 @@ impl pb::auth_server::Auth for AuthService {
         let no_password = r.options.is_some_and(|o| o.no_password);
         let hashed_password = if no_password {
             bytes::Bytes::new()
-        } else if !r.hashed_password.is_empty() {
-            bytes::Bytes::from(r.hashed_password)
         } else {
-            hash_password(r.password).await?
+            stored_password(r.password, r.hashed_password).await?
         };
         let req = AuthRequest::UserAdd {
             name: r.name,
@@ -1348,11 +1344,7 @@ impl pb::auth_server::Auth for AuthService {
         self.0
             .authorize(token.clone(), || Requirement::Admin)
             .await?;
-        let hashed_password = if !r.hashed_password.is_empty() {
-            bytes::Bytes::from(r.hashed_password)
-        } else {
-            hash_password(r.password).await?
-        };
+        let hashed_password = stored_password(r.password, r.hashed_password).await?;
         let req = AuthRequest::UserChangePassword {
             name: r.name,
             hashed_password,
