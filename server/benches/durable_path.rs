@@ -14,7 +14,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use server::config::Config;
 use server::mvcc::{PutRequest, Request};
-use server::node::Node;
+use server::node::{Caller, Node};
 
 // The same allocator as the `metcd` binary.
 #[global_allocator]
@@ -147,11 +147,14 @@ async fn run_level(
                 i += 1;
                 let t0 = Instant::now();
                 let r = node
-                    .write(Request::Put(PutRequest {
-                        key,
-                        value: value.clone(),
-                        ..Default::default()
-                    }))
+                    .write(
+                        Request::Put(PutRequest {
+                            key,
+                            value: value.clone(),
+                            ..Default::default()
+                        }),
+                        Caller::Client(None),
+                    )
                     .await;
                 match r {
                     Ok(_) => {

@@ -19,6 +19,7 @@ use bytes::Bytes;
 use prost::Message as _;
 
 use crate::api::grpc::pb::authpb;
+use crate::mvcc;
 
 /// etcd's name for the all-powerful role (and the user that must hold it
 /// before auth can be enabled).
@@ -61,6 +62,10 @@ pub enum AuthError {
     InvalidAuthToken,
     #[error("etcdserver: invalid auth management")]
     InvalidAuthMgmt,
+    /// A write checked against an auth state that changed before the
+    /// write applied: the client re-authenticates and retries.
+    #[error("etcdserver: revision of auth store is old")]
+    AuthOldRevision,
     /// etcd 3.4's Maintenance service returns the auth package's errors
     /// untranslated (gRPC Unknown, `auth: ...`): `Hash`, `HashKV`,
     /// `Snapshot` and `Defragment` for a caller who is not root.
@@ -153,6 +158,68 @@ pub enum Requirement {
     Keys(Vec<Need>),
     /// A user with the root role (auth management).
     Admin,
+}
+
+impl Need {
+    fn of(access: Access, key: &Bytes, range_end: &Bytes) -> Need {
+        Need {
+            access,
+            key: key.clone(),
+            range_end: range_end.clone(),
+        }
+    }
+
+    /// Write on the single key `key` (a lease's attached key).
+    pub fn write(key: &Bytes) -> Need {
+        Need::of(Access::Write, key, &Bytes::new())
+    }
+
+    /// Read on `[key, range_end)`.
+    pub fn read(key: &Bytes, range_end: &Bytes) -> Need {
+        Need::of(Access::Read, key, range_end)
+    }
+}
+
+/// What a KV request needs, as etcd 3.4 checks it: read for a range;
+/// write for a put (and read with `prev_kv`); write for a delete (and
+/// read with `prev_kv`); for a txn, read for every compare and range and
+/// the above for every put and delete of both branches, nested txns
+/// included (`checkTxnReqsPermission`). A compaction needs nothing.
+pub fn kv_needs(req: &mvcc::Request, out: &mut Vec<Need>) {
+    match req {
+        mvcc::Request::Put(p) => put_needs(p, out),
+        mvcc::Request::DeleteRange(d) => delete_needs(d, out),
+        mvcc::Request::Txn(t) => txn_needs(t, out),
+        mvcc::Request::Compaction(_) => {}
+    }
+}
+
+fn put_needs(p: &mvcc::PutRequest, out: &mut Vec<Need>) {
+    out.push(Need::write(&p.key));
+    if p.prev_kv {
+        out.push(Need::read(&p.key, &Bytes::new()));
+    }
+}
+
+fn delete_needs(d: &mvcc::DeleteRangeRequest, out: &mut Vec<Need>) {
+    out.push(Need::of(Access::Write, &d.key, &d.range_end));
+    if d.prev_kv {
+        out.push(Need::read(&d.key, &d.range_end));
+    }
+}
+
+pub fn txn_needs(t: &mvcc::TxnRequest, out: &mut Vec<Need>) {
+    for c in &t.compare {
+        out.push(Need::read(&c.key, &c.range_end));
+    }
+    for op in t.success.iter().chain(&t.failure) {
+        match op {
+            mvcc::RequestOp::Range(r) => out.push(Need::read(&r.key, &r.range_end)),
+            mvcc::RequestOp::Put(p) => put_needs(p, out),
+            mvcc::RequestOp::DeleteRange(d) => delete_needs(d, out),
+            mvcc::RequestOp::Txn(t) => txn_needs(t, out),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -391,9 +458,10 @@ impl AuthStore {
     }
 
     /// Whether the union of the user's permissions of the right type
-    /// covers the whole of `need`'s range.
+    /// covers the whole of `need`'s range (a single key `k` is the range
+    /// `[k, k\0)`, as etcd's interval tree has it).
     fn covered(&self, user: &User, need: &Need) -> bool {
-        let mut spans: Vec<(&[u8], End<'_>)> = user
+        let mut spans: Vec<(&[u8], End)> = user
             .roles
             .iter()
             .filter_map(|r| self.roles.get(r))
@@ -402,38 +470,35 @@ impl AuthStore {
             .map(|p| (&p.key[..], End::of(&p.key, &p.range_end)))
             .collect();
         let want_end = End::of(&need.key, &need.range_end);
-        if !want_end.after(&need.key) {
-            // An empty range reads and writes nothing.
-            return true;
+        if let End::Key(e) = &want_end {
+            if e[..] <= need.key[..] {
+                // An empty range reads and writes nothing.
+                return true;
+            }
         }
         spans.sort_by(|a, b| a.0.cmp(b.0));
-        // Walk the spans in key order, extending the covered prefix of the
-        // wanted range until it reaches the end or a gap shows.
-        let mut reached: &[u8] = &need.key;
-        let mut reached_point = false;
+        // Walk the spans in key order, extending the covered prefix
+        // `[need.key, reached)` until it reaches the end or a gap shows.
+        let mut reached: Vec<u8> = need.key.to_vec();
         for (begin, end) in spans {
-            if begin > reached {
+            if begin > &reached[..] {
                 break;
             }
             match end {
                 End::Unbounded => return true,
-                End::PointOf(k) => {
-                    if k == reached {
-                        reached_point = true;
-                    }
-                }
                 End::Key(e) => {
                     if e > reached {
                         reached = e;
-                        reached_point = false;
                     }
                 }
             }
-            if want_end.reached_by(reached, reached_point) {
-                return true;
+            if let End::Key(w) = &want_end {
+                if reached >= *w {
+                    return true;
+                }
             }
         }
-        want_end.reached_by(reached, reached_point)
+        false
     }
 
     /// Applies one change from the log; `index` is the entry's (it ends a
@@ -491,6 +556,9 @@ impl AuthStore {
                 if !self.users.contains_key(name) {
                     return Err(AuthError::AuthFailed);
                 }
+                // Tokens idle past their TTL go here, not only when shown
+                // again: a client that logs in and leaves costs nothing.
+                self.tokens.retain(|_, t| t.expires > now);
                 let token = format!("{token_prefix}.{index}");
                 self.tokens.insert(
                     token.clone(),
@@ -672,6 +740,22 @@ impl AuthStore {
         self.roles.insert(name.to_string(), role);
     }
 
+    /// Keeps the tokens of `previous` (the state a snapshot install
+    /// replaces) whose users still exist here, as etcd keeps its tokens
+    /// across a snapshot: a client's login survives its member catching up.
+    pub fn adopt_tokens(&mut self, previous: AuthStore) {
+        if !self.enabled {
+            return;
+        }
+        let users = &self.users;
+        self.tokens.extend(
+            previous
+                .tokens
+                .into_iter()
+                .filter(|(_, t)| users.contains_key(&t.user)),
+        );
+    }
+
     fn forget_tokens_of(&mut self, name: &str) {
         self.tokens.retain(|_, t| t.user != name);
     }
@@ -714,40 +798,26 @@ impl AuthStore {
     }
 }
 
-/// The end of a permission or request range, compared as etcd does: an
-/// empty `range_end` is the single key, `"\0"` has no end.
-#[derive(Debug, Clone, Copy)]
-enum End<'a> {
-    PointOf(&'a [u8]),
-    Key(&'a [u8]),
+/// The exclusive end of a permission or request range, as etcd's
+/// intervals: an empty `range_end` is the single key (ending at `key\0`,
+/// its immediate successor), `"\0"` has no end.
+#[derive(Debug, Clone)]
+enum End {
+    Key(Vec<u8>),
     Unbounded,
 }
 
-impl<'a> End<'a> {
-    fn of(key: &'a [u8], range_end: &'a [u8]) -> End<'a> {
+impl End {
+    fn of(key: &[u8], range_end: &[u8]) -> End {
         match range_end {
-            [] => End::PointOf(key),
+            [] => {
+                let mut successor = Vec::with_capacity(key.len() + 1);
+                successor.extend_from_slice(key);
+                successor.push(0);
+                End::Key(successor)
+            }
             [0] => End::Unbounded,
-            e => End::Key(e),
-        }
-    }
-
-    /// Whether the range `[key, self)` holds any key.
-    fn after(&self, key: &[u8]) -> bool {
-        match self {
-            End::PointOf(_) | End::Unbounded => true,
-            End::Key(e) => *e > key,
-        }
-    }
-
-    /// Whether coverage up to `reached` (exclusive; plus the key `reached`
-    /// itself when `point`) covers everything before this end.
-    fn reached_by(&self, reached: &[u8], point: bool) -> bool {
-        match self {
-            End::Unbounded => false,
-            End::Key(e) => reached >= *e,
-            // The single key `k` is covered when coverage passed it.
-            End::PointOf(k) => reached > *k || (point && reached == *k),
+            e => End::Key(e.to_vec()),
         }
     }
 }
@@ -1119,6 +1189,90 @@ mod tests {
         assert_eq!(
             s.check(Some("ghost"), &need(Access::Read, "a", "")),
             Err(AuthError::PermissionDenied)
+        );
+    }
+
+    #[test]
+    fn a_single_key_permission_is_the_range_up_to_its_successor() {
+        // Point `a` and range [a\0, c) together cover [a, c); point `a`
+        // alone covers [a, a\0) but not [a, a\0\0) or [a, b).
+        let s = store_with(&[
+            grant("r", PermType::Read, "a", ""),
+            grant("r", PermType::Read, "a\0", "c"),
+            grant("r", PermType::Write, "k", ""),
+        ]);
+        let alice = Some("alice");
+        assert_eq!(s.check(alice, &need(Access::Read, "a", "c")), Ok(()));
+        assert_eq!(s.check(alice, &need(Access::Read, "a", "b")), Ok(()));
+        assert_eq!(
+            s.check(alice, &need(Access::Read, "a", "d")),
+            Err(AuthError::PermissionDenied)
+        );
+        assert_eq!(s.check(alice, &need(Access::Write, "k", "k\0")), Ok(()));
+        assert_eq!(s.check(alice, &need(Access::Write, "k", "")), Ok(()));
+        assert_eq!(
+            s.check(alice, &need(Access::Write, "k", "k\0\0")),
+            Err(AuthError::PermissionDenied)
+        );
+        assert_eq!(
+            s.check(alice, &need(Access::Write, "k", "l")),
+            Err(AuthError::PermissionDenied)
+        );
+        // An empty or inverted range needs nothing.
+        assert_eq!(s.check(alice, &need(Access::Write, "z", "b")), Ok(()));
+    }
+
+    fn login(s: &mut AuthStore, user: &str, prefix: &str, index: u64, now: Instant) -> String {
+        let req = AuthRequest::Authenticate {
+            name: user.into(),
+            token_prefix: prefix.into(),
+        };
+        match s.apply(&req, index, now).unwrap().0 {
+            AuthApplied::Token(t) => t,
+            other => panic!("login answered {other:?}"),
+        }
+    }
+
+    #[test]
+    fn idle_tokens_are_swept_by_the_next_login() {
+        let mut s = store_with(&[]);
+        let start = Instant::now();
+        let old = login(&mut s, "alice", "old", 10, start);
+        assert_eq!(s.tokens.len(), 1);
+        let later = start + TOKEN_TTL + Duration::from_secs(1);
+        let new = login(&mut s, "alice", "new", 11, later);
+        assert_eq!(
+            s.tokens.len(),
+            1,
+            "the idle token is gone without being shown"
+        );
+        assert_eq!(
+            s.user_of(Some(&old), later),
+            Err(AuthError::InvalidAuthToken)
+        );
+        assert_eq!(s.user_of(Some(&new), later), Ok(Some("alice".into())));
+    }
+
+    #[test]
+    fn a_snapshot_install_keeps_the_tokens_of_users_that_remain() {
+        let now = Instant::now();
+        let mut before = store_with(&[]);
+        let alice = login(&mut before, "alice", "a", 10, now);
+        let root = login(&mut before, "root", "r", 11, now);
+        // The snapshot's state: alice deleted.
+        let mut after = store_with(&[]);
+        applied(
+            &mut after,
+            AuthRequest::UserDelete {
+                name: "alice".into(),
+            },
+        )
+        .unwrap();
+        after.adopt_tokens(before);
+        assert_eq!(after.user_of(Some(&root), now), Ok(Some("root".into())));
+        assert_eq!(
+            after.user_of(Some(&alice), now),
+            Err(AuthError::InvalidAuthToken)
         );
     }
 

@@ -79,15 +79,63 @@ const TAG_MEMBER_ATTRS: u8 = 4;
 const TAG_CONF_RECORD: u8 = 5;
 const TAG_MEMBER_PEERS: u8 = 6;
 const TAG_AUTH: u8 = 7;
+/// A client's KV write proposed while auth was on: `[ProposedBy][request]`.
+const TAG_KV_AUTHED: u8 = 8;
+/// A client's lease revoke proposed while auth was on: `[ProposedBy][id]`.
+const TAG_LEASE_REVOKE_AUTHED: u8 = 9;
+
+/// Who asks for a write or a lease revoke.
+#[derive(Debug, Clone, Copy)]
+pub enum Caller<'a> {
+    /// metcd itself (lease expiry, auto-compaction): never checked.
+    Member,
+    /// A client, with the simple token its request carried.
+    Client(Option<&'a str>),
+}
+
+/// The user a client's write was checked for at proposal, and the auth
+/// revision of that check: every member checks again at apply, where a
+/// newer auth revision refuses it (etcd's `ErrAuthOldRevision`) so a
+/// permission revoked in between cannot be outrun.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProposedBy {
+    user: String,
+    auth_revision: u64,
+}
+
+impl ProposedBy {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.put_u64_le(self.auth_revision);
+        out.put_u32_le(self.user.len() as u32);
+        out.extend_from_slice(self.user.as_bytes());
+    }
+
+    fn decode(data: &mut bytes::Bytes) -> Option<ProposedBy> {
+        if data.len() < 12 {
+            return None;
+        }
+        let auth_revision = data.get_u64_le();
+        let len = data.get_u32_le() as usize;
+        if data.len() < len {
+            return None;
+        }
+        let user = String::from_utf8(data.split_to(len).to_vec()).ok()?;
+        Some(ProposedBy {
+            user,
+            auth_revision,
+        })
+    }
+}
 
 pub(crate) enum Decoded {
-    Kv(mvcc::Request),
+    Kv(mvcc::Request, Option<ProposedBy>),
     LeaseGrant {
         id: i64,
         ttl: i64,
     },
     LeaseRevoke {
         id: i64,
+        by: Option<ProposedBy>,
     },
     MemberAttrs(MemberRecord),
     /// The member a conf change adds, promotes or removes (entry context).
@@ -105,14 +153,29 @@ pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decod
     let id = data.get_u64_le();
     let tag = data.get_u8();
     let body = match tag {
-        TAG_KV => Decoded::Kv(mvcc::codec::decode_shared(&data).ok()?),
+        TAG_KV => Decoded::Kv(mvcc::codec::decode_shared(&data).ok()?, None),
+        TAG_KV_AUTHED => {
+            let by = ProposedBy::decode(&mut data)?;
+            Decoded::Kv(mvcc::codec::decode_shared(&data).ok()?, Some(by))
+        }
         TAG_LEASE_GRANT if data.len() == 16 => Decoded::LeaseGrant {
             id: data.get_i64_le(),
             ttl: data.get_i64_le(),
         },
         TAG_LEASE_REVOKE if data.len() == 8 => Decoded::LeaseRevoke {
             id: data.get_i64_le(),
+            by: None,
         },
+        TAG_LEASE_REVOKE_AUTHED => {
+            let by = ProposedBy::decode(&mut data)?;
+            if data.len() != 8 {
+                return None;
+            }
+            Decoded::LeaseRevoke {
+                id: data.get_i64_le(),
+                by: Some(by),
+            }
+        }
         TAG_MEMBER_ATTRS => Decoded::MemberAttrs(members::decode(&data)?),
         TAG_CONF_RECORD => Decoded::ConfRecord(members::decode(&data)?),
         TAG_MEMBER_PEERS => Decoded::MemberPeers(members::decode(&data)?),
@@ -141,6 +204,41 @@ fn leases_used(req: &mvcc::Request, out: &mut Vec<i64>) {
         mvcc::Request::Put(p) if p.lease != 0 && !p.ignore_lease => out.push(p.lease),
         mvcc::Request::Txn(t) => t.success.iter().chain(&t.failure).for_each(|o| op(o, out)),
         _ => {}
+    }
+}
+
+/// The apply-time check of a write a client proposed while auth was on:
+/// the same on every member (the user named in the entry, never a token;
+/// the applied auth state and leases). A change of the auth state since
+/// the proposer's check refuses it (etcd's `ErrAuthOldRevision`); so does
+/// what the proposer's check would refuse now.
+fn check_at_apply(
+    auth: &crate::auth::AuthStore,
+    lessor: &crate::lease::Lessor,
+    by: &ProposedBy,
+    mut needs: Vec<crate::auth::Need>,
+    leases: &[i64],
+) -> std::result::Result<(), crate::auth::AuthError> {
+    if !auth.enabled() {
+        return Ok(());
+    }
+    lease_needs(lessor, leases, &mut needs);
+    if needs.is_empty() {
+        return Ok(());
+    }
+    if by.auth_revision < auth.revision() {
+        return Err(crate::auth::AuthError::AuthOldRevision);
+    }
+    auth.check(Some(&by.user), &crate::auth::Requirement::Keys(needs))
+}
+
+/// Write permission on every key attached to `leases` (unknown leases
+/// have none).
+fn lease_needs(lessor: &crate::lease::Lessor, leases: &[i64], out: &mut Vec<crate::auth::Need>) {
+    for lease in leases {
+        if let Some(state) = lessor.get(*lease) {
+            out.extend(state.keys.iter().map(crate::auth::Need::write));
+        }
     }
 }
 
@@ -403,10 +501,12 @@ pub struct Node {
     status: Cell<NodeStatus>,
     lessor: RefCell<crate::lease::Lessor>,
     auth: RefCell<crate::auth::AuthStore>,
-    /// The last log index recovered at start: an Authenticate entry up to
-    /// it is replayed, not new, and must not bring its token back (tokens
-    /// die with the process, as etcd's simple tokens).
-    recovered_last_index: u64,
+    /// The log index known committed at start (what start-up replays): an
+    /// Authenticate entry up to it is replayed, not new, and must not
+    /// bring its token back (tokens die with the process, as etcd's simple
+    /// tokens). One committed later is new to this process: its client may
+    /// be talking to another member that applies it too.
+    replayed_commit_index: u64,
     /// Whether auth is on, shared with every shard's API edge so requests
     /// skip the owner round trip of a permission check while it is off.
     auth_flag: RefCell<std::sync::Arc<std::sync::atomic::AtomicBool>>,
@@ -696,7 +796,7 @@ impl Node {
             status: Cell::new(NodeStatus::default()),
             lessor: RefCell::new(lessor),
             auth: RefCell::new(auth),
-            recovered_last_index: restored.last_index,
+            replayed_commit_index: catch_up_to,
             auth_flag: RefCell::new(Default::default()),
             watch_subscribers: RefCell::new(Vec::new()),
             snapshot_done: RefCell::new(None),
@@ -875,11 +975,28 @@ impl Node {
         self.fatal.borrow().is_none() && self.status.get().leader != 0
     }
 
-    /// Proposes a write and waits until it is durable and applied.
-    pub async fn write(&self, req: mvcc::Request) -> Result<mvcc::Response> {
+    /// Proposes a write and waits until it is durable and applied; a
+    /// client's is checked against its permissions first (and again at
+    /// apply), as etcd's.
+    pub async fn write(&self, req: mvcc::Request, caller: Caller<'_>) -> Result<mvcc::Response> {
+        let by = match caller {
+            Caller::Member => None,
+            Caller::Client(token) => {
+                let mut used = Vec::new();
+                leases_used(&req, &mut used);
+                self.check_proposal(token, |needs| crate::auth::kv_needs(&req, needs), &used)?
+            }
+        };
         let mut body = Vec::with_capacity(64);
+        let tag = match &by {
+            Some(by) => {
+                by.encode(&mut body);
+                TAG_KV_AUTHED
+            }
+            None => TAG_KV,
+        };
         mvcc::codec::encode(&req, &mut body);
-        match self.propose(TAG_KV, &body).await? {
+        match self.propose(tag, &body).await? {
             Applied::Kv(r) => Ok(r),
             _ => Err(ServerError::Stopped),
         }
@@ -900,11 +1017,23 @@ impl Node {
         }
     }
 
-    /// Revokes a lease through the log, deleting its keys; returns the revision.
-    pub async fn lease_revoke(&self, id: i64) -> Result<i64> {
+    /// Revokes a lease through the log, deleting its keys; returns the
+    /// revision. A client needs write permission on every attached key.
+    pub async fn lease_revoke(&self, id: i64, caller: Caller<'_>) -> Result<i64> {
+        let by = match caller {
+            Caller::Member => None,
+            Caller::Client(token) => self.check_proposal(token, |_| {}, &[id])?,
+        };
         let mut body = Vec::with_capacity(8);
+        let tag = match &by {
+            Some(by) => {
+                by.encode(&mut body);
+                TAG_LEASE_REVOKE_AUTHED
+            }
+            None => TAG_LEASE_REVOKE,
+        };
         body.put_i64_le(id);
-        match self.propose(TAG_LEASE_REVOKE, &body).await? {
+        match self.propose(tag, &body).await? {
             Applied::LeaseRevoked { revision } => Ok(revision),
             _ => Err(ServerError::Stopped),
         }
@@ -1063,35 +1192,47 @@ impl Node {
     }
 
     /// Whether the caller behind `token` may do what `requirement` names
-    /// (always, with auth off). A lease revoke needs write permission on
-    /// every key attached to the lease, as etcd's.
+    /// (always, with auth off, and then `requirement` is never built).
     pub fn authorize(
         &self,
         token: Option<&str>,
-        requirement: &crate::auth::Requirement,
-        revoking_lease: Option<i64>,
+        requirement: impl FnOnce() -> crate::auth::Requirement,
     ) -> Result<()> {
         let mut auth = self.auth.borrow_mut();
         if !auth.enabled() {
             return Ok(());
         }
         let user = auth.user_of(token, Instant::now())?;
-        if let Some(lease) = revoking_lease {
-            let needs = self
-                .lessor
-                .borrow()
-                .get(lease)
-                .into_iter()
-                .flat_map(|state| state.keys.iter())
-                .map(|key| crate::auth::Need {
-                    access: crate::auth::Access::Write,
-                    key: key.clone(),
-                    range_end: bytes::Bytes::new(),
-                })
-                .collect();
-            auth.check(user.as_deref(), &crate::auth::Requirement::Keys(needs))?;
+        Ok(auth.check(user.as_deref(), &requirement())?)
+    }
+
+    /// The proposer's check of a client's write while auth is on: the
+    /// needs `collect` adds, plus write permission on every key already
+    /// attached to `leases` (etcd's `checkLeasePuts`: who may not revoke a
+    /// lease may not attach keys to it either). Returns who to name in the
+    /// entry for the check at apply (`None`: auth off, or nothing to check).
+    fn check_proposal(
+        &self,
+        token: Option<&str>,
+        collect: impl FnOnce(&mut Vec<crate::auth::Need>),
+        leases: &[i64],
+    ) -> Result<Option<ProposedBy>> {
+        let mut auth = self.auth.borrow_mut();
+        if !auth.enabled() {
+            return Ok(None);
         }
-        Ok(auth.check(user.as_deref(), requirement)?)
+        let user = auth.user_of(token, Instant::now())?;
+        let mut needs = Vec::new();
+        collect(&mut needs);
+        lease_needs(&self.lessor.borrow(), leases, &mut needs);
+        if needs.is_empty() {
+            return Ok(None);
+        }
+        auth.check(user.as_deref(), &crate::auth::Requirement::Keys(needs))?;
+        Ok(Some(ProposedBy {
+            user: user.unwrap_or_default(),
+            auth_revision: auth.revision(),
+        }))
     }
 
     /// An auth change through the log, by the caller behind `token`: root
@@ -1102,7 +1243,7 @@ impl Node {
         req: &crate::auth::AuthRequest,
     ) -> Result<crate::auth::AuthApplied> {
         if !matches!(req, crate::auth::AuthRequest::Authenticate { .. }) {
-            self.authorize(token, &crate::auth::Requirement::Admin, None)?;
+            self.authorize(token, || crate::auth::Requirement::Admin)?;
         }
         let mut body = Vec::new();
         crate::auth::encode(req, &mut body);
@@ -1118,7 +1259,7 @@ impl Node {
         token: Option<&str>,
         query: &crate::auth::AuthQuery,
     ) -> Result<crate::auth::AuthAnswer> {
-        self.authorize(token, &query.requirement(), None)?;
+        self.authorize(token, || query.requirement())?;
         Ok(self.auth.borrow().query(query)?)
     }
 
@@ -1588,6 +1729,8 @@ impl Node {
         self.auth_flag
             .borrow()
             .store(auth.enabled(), std::sync::atomic::Ordering::Release);
+        let mut auth = auth;
+        auth.adopt_tokens(std::mem::take(&mut *self.auth.borrow_mut()));
         *self.auth.borrow_mut() = auth;
         *self.registry.borrow_mut() = registry;
         self.solo
@@ -1732,10 +1875,18 @@ impl Node {
             };
             let mut lessor = self.lessor.borrow_mut();
             let result = match decoded {
-                Decoded::Kv(req) => {
+                Decoded::Kv(req, by) => {
                     let mut used = Vec::new();
                     leases_used(&req, &mut used);
-                    if used.iter().any(|l| !lessor.exists(*l)) {
+                    let refused = by.as_ref().and_then(|by| {
+                        let mut needs = Vec::new();
+                        crate::auth::kv_needs(&req, &mut needs);
+                        check_at_apply(&self.auth.borrow(), &lessor, by, needs, &used).err()
+                    });
+                    if let Some(e) = refused {
+                        mvcc.apply_noop(entry.index)?;
+                        Err(ServerError::Auth(e))
+                    } else if used.iter().any(|l| !lessor.exists(*l)) {
                         mvcc.apply_noop(entry.index)?;
                         Err(ServerError::Lease(crate::lease::LeaseError::NotFound))
                     } else {
@@ -1810,7 +1961,7 @@ impl Node {
                     Ok(Applied::Published)
                 }
                 Decoded::Auth(crate::auth::AuthRequest::Authenticate { .. })
-                    if entry.index <= self.recovered_last_index =>
+                    if entry.index <= self.replayed_commit_index =>
                 {
                     mvcc.apply_noop(entry.index)?;
                     Err(ServerError::Stopped)
@@ -1831,7 +1982,14 @@ impl Node {
                         }
                     }
                 }
-                Decoded::LeaseRevoke { id: lease } => match lessor.revoke(lease) {
+                Decoded::LeaseRevoke { id: lease, by } => match by
+                    .as_ref()
+                    .map_or(Ok(()), |by| {
+                        check_at_apply(&self.auth.borrow(), &lessor, by, Vec::new(), &[lease])
+                    })
+                    .map_err(ServerError::Auth)
+                    .and_then(|()| lessor.revoke(lease).map_err(ServerError::Lease))
+                {
                     Ok(keys) => {
                         if !keys.is_empty() {
                             // One revision deletes every attached key, as etcd's revoke.
@@ -1862,7 +2020,7 @@ impl Node {
                     }
                     Err(e) => {
                         mvcc.apply_noop(entry.index)?;
-                        Err(ServerError::Lease(e))
+                        Err(e)
                     }
                 },
             };
@@ -2526,7 +2684,7 @@ async fn expire_leases(node: Rc<Node>) {
         for id in expired {
             let node = node.clone();
             glommio::spawn_local(async move {
-                match node.lease_revoke(id).await {
+                match node.lease_revoke(id, Caller::Member).await {
                     Ok(_) | Err(ServerError::Lease(_)) => {}
                     Err(e) => {
                         log(format_args!("revoking expired lease {id:x}: {e}"));
@@ -2559,7 +2717,7 @@ async fn auto_compact(node: Rc<Node>, mut compactor: Compactor) {
                 revision,
                 physical: false,
             });
-            match node.write(req).await {
+            match node.write(req, Caller::Member).await {
                 Ok(_) => log(format_args!(
                     "auto-compaction: compacted to revision {revision}"
                 )),
@@ -2624,4 +2782,167 @@ fn load_member_records(mvcc: &MvccStore<AnyEngine>, registry: &mut Registry) -> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+    use crate::auth::{AuthError, AuthRequest, AuthStore, KeyPermission, Need, PermType};
+    use bytes::Bytes;
+
+    /// root, and alice whose role may write `a*` only; auth on.
+    fn auth_store() -> AuthStore {
+        let mut s = AuthStore::default();
+        let now = Instant::now();
+        for req in [
+            AuthRequest::UserAdd {
+                name: "root".into(),
+                hashed_password: Bytes::from_static(b"h"),
+                no_password: false,
+            },
+            AuthRequest::UserGrantRole {
+                user: "root".into(),
+                role: crate::auth::ROOT.into(),
+            },
+            AuthRequest::UserAdd {
+                name: "alice".into(),
+                hashed_password: Bytes::from_static(b"h"),
+                no_password: false,
+            },
+            AuthRequest::RoleAdd { name: "w".into() },
+            AuthRequest::RoleGrantPermission {
+                name: "w".into(),
+                perm: KeyPermission {
+                    perm_type: PermType::Write,
+                    key: Bytes::from_static(b"a"),
+                    range_end: Bytes::from_static(b"b"),
+                },
+            },
+            AuthRequest::UserGrantRole {
+                user: "alice".into(),
+                role: "w".into(),
+            },
+            AuthRequest::Enable,
+        ] {
+            s.apply(&req, 1, now).unwrap();
+        }
+        s
+    }
+
+    fn put(key: &'static str, lease: i64) -> mvcc::Request {
+        mvcc::Request::Put(mvcc::PutRequest {
+            key: Bytes::from_static(key.as_bytes()),
+            value: Bytes::from_static(b"v"),
+            lease,
+            ..Default::default()
+        })
+    }
+
+    fn at_apply(
+        auth: &AuthStore,
+        lessor: &crate::lease::Lessor,
+        by: &ProposedBy,
+        req: &mvcc::Request,
+    ) -> std::result::Result<(), AuthError> {
+        let mut used = Vec::new();
+        leases_used(req, &mut used);
+        let mut needs: Vec<Need> = Vec::new();
+        crate::auth::kv_needs(req, &mut needs);
+        check_at_apply(auth, lessor, by, needs, &used)
+    }
+
+    #[test]
+    fn a_write_is_checked_again_at_apply_against_the_applied_auth_state() {
+        let mut auth = auth_store();
+        let mut lessor = crate::lease::Lessor::new(1);
+        let now = Instant::now();
+        lessor.grant(7, 60, now).unwrap();
+        lessor.attach(Bytes::from_static(b"zebra"), 7);
+        let alice = ProposedBy {
+            user: "alice".into(),
+            auth_revision: auth.revision(),
+        };
+        assert_eq!(at_apply(&auth, &lessor, &alice, &put("apple", 0)), Ok(()));
+        assert_eq!(
+            at_apply(&auth, &lessor, &alice, &put("zoo", 0)),
+            Err(AuthError::PermissionDenied)
+        );
+        // Attaching to a lease that holds a key alice may not write is
+        // refused (etcd's checkLeasePuts); so is revoking it.
+        assert_eq!(
+            at_apply(&auth, &lessor, &alice, &put("apple", 7)),
+            Err(AuthError::PermissionDenied)
+        );
+        assert_eq!(
+            check_at_apply(&auth, &lessor, &alice, Vec::new(), &[7]),
+            Err(AuthError::PermissionDenied)
+        );
+        // An unknown lease has no keys: the lease check is not the one
+        // that refuses (the apply then answers "lease not found").
+        assert_eq!(
+            check_at_apply(&auth, &lessor, &alice, Vec::new(), &[8]),
+            Ok(())
+        );
+        // Any auth change between the proposer's check and the apply
+        // refuses the write, whatever it changed.
+        auth.apply(&AuthRequest::RoleAdd { name: "x".into() }, 2, now)
+            .unwrap();
+        assert_eq!(
+            at_apply(&auth, &lessor, &alice, &put("apple", 0)),
+            Err(AuthError::AuthOldRevision)
+        );
+        let fresh = ProposedBy {
+            user: "alice".into(),
+            auth_revision: auth.revision(),
+        };
+        assert_eq!(at_apply(&auth, &lessor, &fresh, &put("apple", 0)), Ok(()));
+        // With auth turned off by then, nothing is refused.
+        auth.apply(&AuthRequest::Disable, 3, now).unwrap();
+        assert_eq!(at_apply(&auth, &lessor, &alice, &put("zoo", 7)), Ok(()));
+    }
+
+    #[test]
+    fn authed_entries_carry_their_proposer_through_the_log_encoding() {
+        let by = ProposedBy {
+            user: "alice".into(),
+            auth_revision: 42,
+        };
+        let mut body = Vec::new();
+        by.encode(&mut body);
+        mvcc::codec::encode(&put("apple", 0), &mut body);
+        let mut entry = Vec::new();
+        entry.put_u64_le(3);
+        entry.put_u64_le(9);
+        entry.put_u8(TAG_KV_AUTHED);
+        entry.extend_from_slice(&body);
+        match decode_proposal(Bytes::from(entry.clone())) {
+            Some((3, 9, Decoded::Kv(req, Some(got)))) => {
+                assert_eq!(got, by);
+                assert_eq!(req, put("apple", 0));
+            }
+            _ => panic!("the authed write did not decode"),
+        }
+        // A user name longer than the entry is refused, not read past.
+        let cut = HEADER_BYTES + 12 + 2;
+        assert!(decode_proposal(Bytes::from(entry[..cut].to_vec())).is_none());
+
+        let mut revoke = Vec::new();
+        revoke.put_u64_le(3);
+        revoke.put_u64_le(10);
+        revoke.put_u8(TAG_LEASE_REVOKE_AUTHED);
+        by.encode(&mut revoke);
+        revoke.put_i64_le(7);
+        match decode_proposal(Bytes::from(revoke)) {
+            Some((
+                3,
+                10,
+                Decoded::LeaseRevoke {
+                    id: 7,
+                    by: Some(got),
+                },
+            )) => assert_eq!(got, by),
+            _ => panic!("the authed revoke did not decode"),
+        }
+    }
 }

@@ -26,7 +26,7 @@ use crate::api::http::{self, HttpLimits};
 use crate::config::Config;
 use crate::error::{Result, ServerError};
 use crate::mvcc;
-use crate::node::{Node, NodeStatus};
+use crate::node::{Caller, Node, NodeStatus};
 use crate::watch::{EventSubscriber, Feed, HeaderIds, WatchHub};
 
 /// The owner core of the Raft group.
@@ -36,10 +36,15 @@ const CHANNEL_CAPACITY: usize = 4096;
 /// A request to the group owner.
 #[derive(Debug)]
 pub enum Command {
-    Write(mvcc::Request),
-    Range(mvcc::RangeRequest),
+    /// A client's write, with the simple token its request carried (every
+    /// command that names a token is checked on the owner while auth is
+    /// on).
+    Write(mvcc::Request, Option<String>),
+    /// A range; a linearizable one is checked after its read barrier, so
+    /// a permission revoked before the read began is never outrun.
+    Range(mvcc::RangeRequest, Option<String>),
     /// A txn without writes: served from the applied state, no log entry.
-    ReadTxn(mvcc::TxnRequest),
+    ReadTxn(mvcc::TxnRequest, Option<String>),
     HashKv(i64),
     Hash,
     /// Events of `[key, range_end)` from a revision on, for a new watcher.
@@ -52,7 +57,7 @@ pub enum Command {
         id: i64,
         ttl: i64,
     },
-    LeaseRevoke(i64),
+    LeaseRevoke(i64, Option<String>),
     /// A backup file for the Maintenance Snapshot stream.
     Backup,
     /// Maintenance Defragment.
@@ -86,12 +91,10 @@ pub enum Command {
         old: u64,
         peer_urls: Vec<String>,
     },
-    /// Whether the caller behind `token` may do what `requirement` names;
-    /// with `revoking_lease`, also write every key attached to that lease.
+    /// Whether the caller behind `token` may do what `requirement` names.
     Authorize {
         token: Option<String>,
         requirement: crate::auth::Requirement,
-        revoking_lease: Option<i64>,
     },
     /// An auth change through the log by the caller behind `token`.
     AuthChange {
@@ -194,14 +197,12 @@ impl Backend {
 
     /// etcd's permission check for the caller behind `token`, run on the
     /// owner; nothing to do, and no trip there, while `auth_enabled` (the
-    /// flag the owner's apply keeps) is off. With `revoking_lease`, also
-    /// write permission on every key attached to that lease.
+    /// flag the owner's apply keeps) is off.
     pub async fn authorize(
         &self,
         auth_enabled: &std::sync::atomic::AtomicBool,
         token: Option<String>,
         requirement: impl FnOnce() -> crate::auth::Requirement,
-        revoking_lease: Option<i64>,
     ) -> Result<()> {
         if !auth_enabled.load(std::sync::atomic::Ordering::Acquire) {
             return Ok(());
@@ -209,7 +210,6 @@ impl Backend {
         let cmd = Command::Authorize {
             token,
             requirement: requirement(),
-            revoking_lease,
         };
         match self.call(cmd).await {
             Reply::Authorized(result) => result,
@@ -230,8 +230,12 @@ impl Backend {
     /// owner took, a chunk at a time, yielding to other tasks in between.
     /// A shard other than the owner thus takes the scan's cost off the
     /// owner's core; on the owner it interleaves with writes.
-    pub async fn range(&self, req: mvcc::RangeRequest) -> (Result<mvcc::RangeResponse>, u64) {
-        let (start, term) = match self.call(Command::Range(req)).await {
+    pub async fn range(
+        &self,
+        req: mvcc::RangeRequest,
+        token: Option<String>,
+    ) -> (Result<mvcc::RangeResponse>, u64) {
+        let (start, term) = match self.call(Command::Range(req, token)).await {
             Reply::Range(start, term) => (start, term),
             Reply::Failed(e) => return (Err(e), 0),
             _ => return (Err(ServerError::Stopped), 0),
@@ -254,26 +258,40 @@ impl Backend {
 
 async fn execute(node: &Node, cmd: Command) -> Reply {
     match cmd {
-        Command::Write(req) => {
-            let result = node.write(req).await;
+        Command::Write(req, token) => {
+            let result = node.write(req, Caller::Client(token.as_deref())).await;
             Reply::Write(result, node.status().term)
         }
-        Command::Range(req) => {
-            let result = if req.serializable {
-                node.start_range(req)
+        Command::Range(req, token) => {
+            let barrier = if req.serializable {
+                Ok(())
             } else {
-                match node.read_barrier().await {
-                    Ok(()) => node.start_range(req),
-                    Err(e) => Err(e),
-                }
+                node.read_barrier().await
             };
+            let result = barrier
+                .and_then(|()| {
+                    node.authorize(token.as_deref(), || {
+                        crate::auth::Requirement::Keys(vec![crate::auth::Need::read(
+                            &req.key,
+                            &req.range_end,
+                        )])
+                    })
+                })
+                .and_then(|()| node.start_range(req));
             Reply::Range(result, node.status().term)
         }
-        Command::ReadTxn(req) => {
-            let result = match node.read_barrier().await {
-                Ok(()) => node.read_txn(&req),
-                Err(e) => Err(e),
-            };
+        Command::ReadTxn(req, token) => {
+            let result = node
+                .read_barrier()
+                .await
+                .and_then(|()| {
+                    node.authorize(token.as_deref(), || {
+                        let mut needs = Vec::new();
+                        crate::auth::txn_needs(&req, &mut needs);
+                        crate::auth::Requirement::Keys(needs)
+                    })
+                })
+                .and_then(|()| node.read_txn(&req));
             Reply::ReadTxn(result, node.status().term)
         }
         Command::HashKv(rev) => Reply::HashKv(node.hash_kv(rev), node.status().term),
@@ -282,8 +300,10 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             let result = node.lease_grant(id, ttl).await;
             Reply::LeaseGrant(result, node.status().term)
         }
-        Command::LeaseRevoke(id) => {
-            let result = node.lease_revoke(id).await;
+        Command::LeaseRevoke(id, token) => {
+            let result = node
+                .lease_revoke(id, Caller::Client(token.as_deref()))
+                .await;
             Reply::LeaseRevoke(result, node.status().term)
         }
         Command::Backup => {
@@ -339,11 +359,9 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             node.status().term,
         ),
         Command::Members => Reply::Members(node.members(), node.status().term),
-        Command::Authorize {
-            token,
-            requirement,
-            revoking_lease,
-        } => Reply::Authorized(node.authorize(token.as_deref(), &requirement, revoking_lease)),
+        Command::Authorize { token, requirement } => {
+            Reply::Authorized(node.authorize(token.as_deref(), || requirement))
+        }
         Command::AuthChange { token, req } => {
             let result = node.auth_change(token.as_deref(), &req).await;
             let status = node.status();

@@ -48,9 +48,11 @@ pub fn to_wire(e: &ServerError) -> WireError {
         ServerError::Auth(a) => {
             use crate::auth::AuthError as A;
             let (code, http) = match a {
-                A::UserEmpty | A::RoleEmpty | A::AuthFailed | A::InvalidAuthMgmt => {
-                    (InvalidArgument, 400)
-                }
+                A::UserEmpty
+                | A::RoleEmpty
+                | A::AuthFailed
+                | A::InvalidAuthMgmt
+                | A::AuthOldRevision => (InvalidArgument, 400),
                 A::PermissionDenied => (PermissionDenied, 403),
                 A::InvalidAuthToken => (Unauthenticated, 401),
                 A::Maintenance(_) => (Unknown, 500),

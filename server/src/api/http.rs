@@ -34,7 +34,7 @@ use serde_json::{json, Value};
 use super::error::to_wire;
 use super::grpc::gateway::{self, Gateway};
 use super::hyper_io::HyperStream;
-use crate::auth::{Access, Need, Requirement};
+use crate::auth::Requirement;
 use crate::error::ServerError;
 use crate::mvcc::{self, KeyValue};
 use crate::shard::{Backend, Command, Reply};
@@ -302,39 +302,16 @@ async fn route(
         _ => {}
     }
     let key = Bytes::from(percent_decode_strict(&path)?);
-    // What a key request needs, and whether it may name a range (GET and
-    // DELETE do; PUT and POST write one key).
-    let need = match *req.method() {
-        Method::GET | Method::HEAD => Some((Access::Read, true)),
-        Method::DELETE => Some((Access::Write, true)),
-        Method::PUT | Method::POST => Some((Access::Write, false)),
-        _ => None,
-    };
-    let auth_on = limits
-        .auth_enabled
-        .load(std::sync::atomic::Ordering::Acquire);
-    if let (Some((access, ranged)), true) = (need, auth_on) {
-        let range_end = if ranged {
-            range_end(&key, &query)?.unwrap_or_default()
-        } else {
-            Bytes::new()
-        };
-        authorize(backend, &limits, &req, || {
-            Requirement::Keys(vec![Need {
-                access,
-                key: key.clone(),
-                range_end,
-            }])
-        })
-        .await?;
-    }
+    // Key requests are checked on the owner (while auth is on) with the
+    // permissions a gRPC request of the same shape needs.
+    let token = token_of(&req);
     match *req.method() {
-        Method::GET | Method::HEAD => get(backend, key, &query).await,
+        Method::GET | Method::HEAD => get(backend, key, &query, token).await,
         Method::PUT | Method::POST => {
             let value = read_body(req, limits.max_request_bytes).await?;
-            put(backend, key, value).await
+            put(backend, key, value, token).await
         }
-        Method::DELETE => delete(backend, key, &query).await,
+        Method::DELETE => delete(backend, key, &query, token).await,
         _ => {
             let mut resp = json_response(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -350,6 +327,14 @@ async fn route(
     }
 }
 
+/// The simple token in `Authorization`, as etcd's gateway takes it.
+fn token_of(req: &Request<Incoming>) -> Option<String> {
+    req.headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
 /// etcd's permission check for the token in `Authorization` (nothing to
 /// do while auth is off).
 async fn authorize(
@@ -358,13 +343,8 @@ async fn authorize(
     req: &Request<Incoming>,
     requirement: impl FnOnce() -> Requirement,
 ) -> Result<(), ServerError> {
-    let token = req
-        .headers()
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
     backend
-        .authorize(&limits.auth_enabled, token, requirement, None)
+        .authorize(&limits.auth_enabled, token_of(req), requirement)
         .await
 }
 
@@ -422,7 +402,7 @@ async fn compact(backend: &Backend, query: &Query) -> Result<HttpResponse, Serve
         revision,
         physical: query.flag("physical"),
     });
-    let resp = write(backend, req).await?;
+    let resp = write(backend, req, None).await?;
     let rev = response_revision(&resp);
     Ok(json_response(
         StatusCode::OK,
@@ -472,21 +452,30 @@ async fn replace_member(backend: &Backend, query: &Query) -> Result<HttpResponse
     }
 }
 
-async fn write(backend: &Backend, req: mvcc::Request) -> Result<mvcc::Response, ServerError> {
-    match backend.call(Command::Write(req)).await {
+async fn write(
+    backend: &Backend,
+    req: mvcc::Request,
+    token: Option<String>,
+) -> Result<mvcc::Response, ServerError> {
+    match backend.call(Command::Write(req, token)).await {
         Reply::Write(r, _) => r,
         _ => Err(ServerError::Stopped),
     }
 }
 
-async fn put(backend: &Backend, key: Bytes, value: Bytes) -> Result<HttpResponse, ServerError> {
+async fn put(
+    backend: &Backend,
+    key: Bytes,
+    value: Bytes,
+    token: Option<String>,
+) -> Result<HttpResponse, ServerError> {
     let put = mvcc::PutRequest {
         key,
         value,
         ..Default::default()
     };
     mvcc::validate_put(&put)?;
-    let resp = write(backend, mvcc::Request::Put(put)).await?;
+    let resp = write(backend, mvcc::Request::Put(put), token).await?;
     let rev = response_revision(&resp);
     let mut out = Response::new(Full::new(Bytes::new()));
     *out.status_mut() = StatusCode::NO_CONTENT;
@@ -522,7 +511,12 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpResponse, ServerError> {
+async fn get(
+    backend: &Backend,
+    key: Bytes,
+    query: &Query,
+    token: Option<String>,
+) -> Result<HttpResponse, ServerError> {
     let end = range_end(&key, query)?;
     let is_range =
         end.is_some() || query.has("limit") || query.flag("count_only") || query.flag("keys_only");
@@ -559,7 +553,7 @@ async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpRespons
         ..Default::default()
     };
     mvcc::validate_range(&req)?;
-    let resp = backend.range(req).await.0?;
+    let resp = backend.range(req, token).await.0?;
     let rev = resp.header.revision;
     if is_range {
         let kvs: Vec<Value> = resp.kvs.iter().map(kv_json).collect();
@@ -592,14 +586,19 @@ async fn get(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpRespons
     }
 }
 
-async fn delete(backend: &Backend, key: Bytes, query: &Query) -> Result<HttpResponse, ServerError> {
+async fn delete(
+    backend: &Backend,
+    key: Bytes,
+    query: &Query,
+    token: Option<String>,
+) -> Result<HttpResponse, ServerError> {
     let del = mvcc::DeleteRangeRequest {
         range_end: range_end(&key, query)?.unwrap_or_default(),
         key,
         prev_kv: query.flag("prev_kv"),
     };
     mvcc::validate_delete_range(&del)?;
-    let resp = write(backend, mvcc::Request::DeleteRange(del)).await?;
+    let resp = write(backend, mvcc::Request::DeleteRange(del), token).await?;
     let rev = response_revision(&resp);
     let mvcc::Response::DeleteRange(d) = &resp else {
         return Err(ServerError::Stopped);

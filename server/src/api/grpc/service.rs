@@ -17,7 +17,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use super::convert::{self, HeaderInfo};
 use super::pb::etcdserverpb as pb;
 use crate::api::error::to_wire;
-use crate::auth::{Access, AuthAnswer, AuthApplied, AuthQuery, AuthRequest, Need, Requirement};
+use crate::auth::{AuthAnswer, AuthApplied, AuthQuery, AuthRequest, Need, Requirement};
 use crate::error::ServerError;
 use crate::mvcc;
 use crate::shard::{Backend, Command, LeaseInfo, Reply};
@@ -67,11 +67,14 @@ impl Shared {
         SendWrapper::new(async move { self.backend.call(cmd).await }).await
     }
 
+    /// A range by the caller behind `token` (checked on the owner, after
+    /// the read barrier when linearizable).
     async fn range(
         &self,
         req: mvcc::RangeRequest,
+        token: Option<String>,
     ) -> (crate::error::Result<mvcc::RangeResponse>, u64) {
-        SendWrapper::new(async move { self.backend.range(req).await }).await
+        SendWrapper::new(async move { self.backend.range(req, token).await }).await
     }
 
     /// etcd's permission check for the caller behind `token` (nothing to
@@ -81,16 +84,7 @@ impl Shared {
         token: Option<String>,
         requirement: impl FnOnce() -> Requirement,
     ) -> Result<(), Status> {
-        self.authorize_with(token, requirement, None).await
-    }
-
-    async fn authorize_with(
-        &self,
-        token: Option<String>,
-        requirement: impl FnOnce() -> Requirement,
-        revoking_lease: Option<i64>,
-    ) -> Result<(), Status> {
-        self.check(token, requirement, revoking_lease)
+        self.check(token, requirement)
             .await
             .map_err(|e| status_of(&e))
     }
@@ -100,18 +94,23 @@ impl Shared {
         &self,
         token: Option<String>,
         requirement: impl FnOnce() -> Requirement,
-        revoking_lease: Option<i64>,
     ) -> crate::error::Result<()> {
         SendWrapper::new(async move {
             self.backend
-                .authorize(&self.info.auth_enabled, token, requirement, revoking_lease)
+                .authorize(&self.info.auth_enabled, token, requirement)
                 .await
         })
         .await
     }
 
-    async fn write(&self, req: mvcc::Request) -> Result<(mvcc::Response, HeaderInfo), Status> {
-        match self.call(Command::Write(req)).await {
+    /// A write by the caller behind `token` (checked on the owner before it
+    /// is proposed, and by every member when it applies).
+    async fn write(
+        &self,
+        req: mvcc::Request,
+        token: Option<String>,
+    ) -> Result<(mvcc::Response, HeaderInfo), Status> {
+        match self.call(Command::Write(req, token)).await {
             Reply::Write(Ok(resp), term) => Ok((resp, self.header(term))),
             Reply::Write(Err(e), _) => Err(status_of(&e)),
             _ => Err(status_of(&ServerError::Stopped)),
@@ -129,47 +128,8 @@ fn token_of<T>(request: &Request<T>) -> Option<String> {
         .map(str::to_string)
 }
 
-fn need(access: Access, key: &bytes::Bytes, range_end: &bytes::Bytes) -> Need {
-    Need {
-        access,
-        key: key.clone(),
-        range_end: range_end.clone(),
-    }
-}
-
 fn range_needs(r: &mvcc::RangeRequest) -> Requirement {
-    Requirement::Keys(vec![need(Access::Read, &r.key, &r.range_end)])
-}
-
-fn put_needs(p: &mvcc::PutRequest, out: &mut Vec<Need>) {
-    let none = bytes::Bytes::new();
-    out.push(need(Access::Write, &p.key, &none));
-    if p.prev_kv {
-        out.push(need(Access::Read, &p.key, &none));
-    }
-}
-
-fn delete_needs(d: &mvcc::DeleteRangeRequest, out: &mut Vec<Need>) {
-    out.push(need(Access::Write, &d.key, &d.range_end));
-    if d.prev_kv {
-        out.push(need(Access::Read, &d.key, &d.range_end));
-    }
-}
-
-/// etcd's `checkTxnReqsPermission`: read for every compare and range,
-/// write for every put and delete, in both branches and nested txns.
-fn txn_needs(t: &mvcc::TxnRequest, out: &mut Vec<Need>) {
-    for c in &t.compare {
-        out.push(need(Access::Read, &c.key, &c.range_end));
-    }
-    for op in t.success.iter().chain(&t.failure) {
-        match op {
-            mvcc::RequestOp::Range(r) => out.push(need(Access::Read, &r.key, &r.range_end)),
-            mvcc::RequestOp::Put(p) => put_needs(p, out),
-            mvcc::RequestOp::DeleteRange(d) => delete_needs(d, out),
-            mvcc::RequestOp::Txn(t) => txn_needs(t, out),
-        }
-    }
+    Requirement::Keys(vec![Need::read(&r.key, &r.range_end)])
 }
 
 /// The services of one shard, ready for [`super::serve::Router`].
@@ -219,7 +179,9 @@ impl pb::kv_server::Kv for KvService {
         let token = token_of(&request);
         let req = convert::range_request(request.into_inner())?;
         mvcc::validate_range(&req).map_err(mvcc_status)?;
-        self.0.authorize(token, || range_needs(&req)).await?;
+        self.0
+            .authorize(token.clone(), || range_needs(&req))
+            .await?;
         if req.sort_order != mvcc::SortOrder::None && req.sort_order != mvcc::SortOrder::Ascend
             || req.sort_target != mvcc::SortTarget::Key
             || req.count_only
@@ -232,7 +194,7 @@ impl pb::kv_server::Kv for KvService {
         // a few chunks whatever the range's size.
         let (out, responses) =
             futures_channel::mpsc::channel::<Result<pb::RangeResponse, Status>>(2);
-        let task = SendWrapper::new(stream_range(self.0.clone(), req, out));
+        let task = SendWrapper::new(stream_range(self.0.clone(), req, token, out));
         glommio::spawn_local(task).detach();
         Ok(Response::new(Box::pin(responses)))
     }
@@ -244,8 +206,7 @@ impl pb::kv_server::Kv for KvService {
         let token = token_of(&request);
         let req = convert::range_request(request.into_inner())?;
         mvcc::validate_range(&req).map_err(mvcc_status)?;
-        self.0.authorize(token, || range_needs(&req)).await?;
-        match self.0.range(req).await {
+        match self.0.range(req, token).await {
             (Ok(r), term) => Ok(Response::new(convert::range_response(
                 r,
                 &self.0.header(term),
@@ -261,14 +222,7 @@ impl pb::kv_server::Kv for KvService {
         let token = token_of(&request);
         let req = convert::put_request(request.into_inner());
         mvcc::validate_put(&req).map_err(mvcc_status)?;
-        self.0
-            .authorize(token, || {
-                let mut needs = Vec::with_capacity(2);
-                put_needs(&req, &mut needs);
-                Requirement::Keys(needs)
-            })
-            .await?;
-        match self.0.write(mvcc::Request::Put(req)).await? {
+        match self.0.write(mvcc::Request::Put(req), token).await? {
             (mvcc::Response::Put(r), h) => Ok(Response::new(convert::put_response(r, &h))),
             _ => Err(status_of(&ServerError::Stopped)),
         }
@@ -281,14 +235,7 @@ impl pb::kv_server::Kv for KvService {
         let token = token_of(&request);
         let req = convert::delete_request(request.into_inner());
         mvcc::validate_delete_range(&req).map_err(mvcc_status)?;
-        self.0
-            .authorize(token, || {
-                let mut needs = Vec::with_capacity(2);
-                delete_needs(&req, &mut needs);
-                Requirement::Keys(needs)
-            })
-            .await?;
-        match self.0.write(mvcc::Request::DeleteRange(req)).await? {
+        match self.0.write(mvcc::Request::DeleteRange(req), token).await? {
             (mvcc::Response::DeleteRange(r), h) => {
                 Ok(Response::new(convert::delete_response(r, &h)))
             }
@@ -303,15 +250,8 @@ impl pb::kv_server::Kv for KvService {
         let token = token_of(&request);
         let req = convert::txn_request(request.into_inner())?;
         mvcc::validate_txn(&req, self.0.info.max_txn_ops).map_err(mvcc_status)?;
-        self.0
-            .authorize(token, || {
-                let mut needs = Vec::new();
-                txn_needs(&req, &mut needs);
-                Requirement::Keys(needs)
-            })
-            .await?;
         if mvcc::is_txn_readonly(&req) {
-            return match self.0.call(Command::ReadTxn(req)).await {
+            return match self.0.call(Command::ReadTxn(req, token)).await {
                 Reply::ReadTxn(Ok(r), term) => Ok(Response::new(convert::txn_response(
                     r,
                     &self.0.header(term),
@@ -320,7 +260,7 @@ impl pb::kv_server::Kv for KvService {
                 _ => Err(status_of(&ServerError::Stopped)),
             };
         }
-        match self.0.write(mvcc::Request::Txn(req)).await? {
+        match self.0.write(mvcc::Request::Txn(req), token).await? {
             (mvcc::Response::Txn(r), h) => Ok(Response::new(convert::txn_response(r, &h))),
             _ => Err(status_of(&ServerError::Stopped)),
         }
@@ -330,12 +270,13 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::CompactionRequest>,
     ) -> Result<Response<pb::CompactionResponse>, Status> {
+        let token = token_of(&request);
         let r = request.into_inner();
         let req = mvcc::Request::Compaction(mvcc::CompactionRequest {
             revision: r.revision,
             physical: r.physical,
         });
-        match self.0.write(req).await? {
+        match self.0.write(req, token).await? {
             (mvcc::Response::Compaction(c), h) => Ok(Response::new(pb::CompactionResponse {
                 header: h.header(c.header.revision),
             })),
@@ -489,7 +430,7 @@ impl WatchStream {
         let allowed = self
             .shared
             .authorize(self.token.clone(), || {
-                Requirement::Keys(vec![need(Access::Read, &c.key, &c.range_end)])
+                Requirement::Keys(vec![Need::read(&c.key, &c.range_end)])
             })
             .await;
         if allowed.is_err() {
@@ -648,10 +589,7 @@ impl pb::lease_server::Lease for LeaseService {
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         let token = token_of(&request);
         let id = request.into_inner().id;
-        self.0
-            .authorize_with(token, || Requirement::Keys(Vec::new()), Some(id))
-            .await?;
-        match self.0.call(Command::LeaseRevoke(id)).await {
+        match self.0.call(Command::LeaseRevoke(id, token)).await {
             Reply::LeaseRevoke(Ok(revision), term) => Ok(Response::new(pb::LeaseRevokeResponse {
                 header: self.0.header(term).header(revision),
             })),
@@ -696,6 +634,7 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        let token = token_of(&request);
         let r = request.into_inner();
         let (info, h, revision) = self.query(Command::LeaseTimeToLive(r.id)).await?;
         let LeaseInfo::TimeToLive(found) = info else {
@@ -706,6 +645,16 @@ impl pb::lease_server::Lease for LeaseService {
             Some((ttl, granted, keys)) => (ttl, granted, keys),
             None => (-1, 0, Vec::new()),
         };
+        if r.keys && !keys.is_empty() {
+            // Key names are data: only for who may read them all (etcd
+            // 3.4.26's fix of CVE-2023-32082).
+            let none = bytes::Bytes::new();
+            self.0
+                .authorize(token, || {
+                    Requirement::Keys(keys.iter().map(|k| Need::read(k, &none)).collect())
+                })
+                .await?;
+        }
         Ok(Response::new(pb::LeaseTimeToLiveResponse {
             header: h.header(revision),
             id: r.id,
@@ -841,7 +790,7 @@ impl MaintenanceService {
     /// etcd 3.4's Maintenance admin check; its refusals keep the auth
     /// package's own wording (`auth: permission denied`, gRPC Unknown).
     async fn admin_only(&self, token: Option<String>) -> Result<(), Status> {
-        match self.0.check(token, || Requirement::Admin, None).await {
+        match self.0.check(token, || Requirement::Admin).await {
             Ok(()) => Ok(()),
             Err(ServerError::Auth(e)) => Err(status_of(&ServerError::Auth(e.for_maintenance()))),
             Err(e) => Err(status_of(&e)),
@@ -993,6 +942,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 async fn stream_range(
     shared: Shared,
     mut req: mvcc::RangeRequest,
+    token: Option<String>,
     mut out: futures_channel::mpsc::Sender<Result<pb::RangeResponse, Status>>,
 ) {
     use futures_lite::future::poll_fn;
@@ -1001,7 +951,7 @@ async fn stream_range(
     let mut total = None;
     loop {
         req.limit = RANGE_STREAM_CHUNK.min(wanted - sent);
-        let (chunk, term) = match shared.range(req.clone()).await {
+        let (chunk, term) = match shared.range(req.clone(), token.clone()).await {
             (Ok(r), term) => (r, term),
             (Err(e), _) => {
                 let _ = out.start_send(Err(status_of(&e)));
@@ -1115,6 +1065,26 @@ pub struct AuthService(Shared);
 const BCRYPT_COST: u32 = 10;
 
 impl AuthService {
+    /// What a UserAdd or UserChangePassword stores: the hash the client
+    /// sent (etcd 3.5's `hashedPassword`), else the bcrypt of its password.
+    /// A caller who may not make the change is refused before bcrypt is
+    /// paid for.
+    async fn stored_password(
+        &self,
+        token: &Option<String>,
+        password: String,
+        hashed: String,
+    ) -> Result<bytes::Bytes, Status> {
+        self.0
+            .authorize(token.clone(), || Requirement::Admin)
+            .await?;
+        if hashed.is_empty() {
+            hash_password(password).await
+        } else {
+            Ok(bytes::Bytes::from(hashed))
+        }
+    }
+
     async fn change(
         &self,
         token: Option<String>,
@@ -1164,18 +1134,58 @@ impl AuthService {
     }
 }
 
-/// Runs bcrypt (tens of milliseconds by design) on a thread of its own:
+/// Threads that run bcrypt for the whole process, and how many hashes may
+/// wait for them: a flood of logins queues a bounded amount of work, then
+/// gets etcd's "too many requests", and never costs a shard its core.
+const BCRYPT_THREADS: usize = 2;
+const BCRYPT_QUEUE: usize = 64;
+
+type HashJob = Box<dyn FnOnce() + Send>;
+
+fn bcrypt_pool() -> Result<&'static std::sync::mpsc::SyncSender<HashJob>, Status> {
+    static POOL: std::sync::OnceLock<Result<std::sync::mpsc::SyncSender<HashJob>, String>> =
+        std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<HashJob>(BCRYPT_QUEUE);
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(queue));
+        for n in 0..BCRYPT_THREADS {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("metcd-bcrypt-{n}"))
+                .spawn(move || loop {
+                    // The lock is held only while waiting for a job.
+                    let next = queue.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    match next {
+                        Ok(job) => job(),
+                        Err(_) => return,
+                    }
+                })
+                .map_err(|e| format!("etcdserver: password hashing: {e}"))?;
+        }
+        Ok(jobs)
+    })
+    .as_ref()
+    .map_err(|e| Status::internal(e.clone()))
+}
+
+/// Runs bcrypt (tens of milliseconds by design) on the hashing threads:
 /// never on a shard, whose other requests would wait for it.
 async fn off_core<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Status> {
     let (tx, rx) = futures_channel::oneshot::channel();
-    std::thread::Builder::new()
-        .name("metcd-bcrypt".into())
-        .spawn(move || {
-            let _ = tx.send(work());
-        })
-        .map_err(|e| Status::internal(format!("etcdserver: password hashing: {e}")))?;
+    let job: HashJob = Box::new(move || {
+        let _ = tx.send(work());
+    });
+    match bcrypt_pool()?.try_send(job) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::TrySendError::Full(_)) => {
+            return Err(status_of(&ServerError::TooManyRequests))
+        }
+        Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+            return Err(Status::internal("etcdserver: password hashing stopped"))
+        }
+    }
     rx.await
         .map_err(|_| Status::internal("etcdserver: password hashing failed"))
 }
@@ -1186,16 +1196,6 @@ async fn hash_password(password: String) -> Result<bytes::Bytes, Status> {
         .await?
         .map(|h| bytes::Bytes::from(h.format_for_version(bcrypt::Version::TwoA)))
         .map_err(|e| Status::internal(format!("etcdserver: password hashing: {e}")))
-}
-
-/// What a UserAdd or UserChangePassword stores: the hash the client sent
-/// (etcd 3.5's `hashedPassword`), else the bcrypt of its password.
-async fn stored_password(password: String, hashed: String) -> Result<bytes::Bytes, Status> {
-    if hashed.is_empty() {
-        hash_password(password).await
-    } else {
-        Ok(bytes::Bytes::from(hashed))
-    }
 }
 
 /// etcd's simple token: 16 random lowercase letters (the applying
@@ -1292,7 +1292,8 @@ impl pb::auth_server::Auth for AuthService {
         let hashed_password = if no_password {
             bytes::Bytes::new()
         } else {
-            stored_password(r.password, r.hashed_password).await?
+            self.stored_password(&token, r.password, r.hashed_password)
+                .await?
         };
         let req = AuthRequest::UserAdd {
             name: r.name,
@@ -1340,11 +1341,9 @@ impl pb::auth_server::Auth for AuthService {
     ) -> Result<Response<pb::AuthUserChangePasswordResponse>, Status> {
         let token = token_of(&request);
         let r = request.into_inner();
-        // Refuse a caller who may not change it before paying for bcrypt.
-        self.0
-            .authorize(token.clone(), || Requirement::Admin)
+        let hashed_password = self
+            .stored_password(&token, r.password, r.hashed_password)
             .await?;
-        let hashed_password = stored_password(r.password, r.hashed_password).await?;
         let req = AuthRequest::UserChangePassword {
             name: r.name,
             hashed_password,
