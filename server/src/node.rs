@@ -1083,12 +1083,14 @@ impl Node {
         if leader == 0 {
             return Err(ServerError::NoLeader);
         }
-        self.within_request_timeout(async {
+        // Boxed: the peer call's future is kilobytes, and unboxed it would
+        // size every owner command's future (puts included) to match.
+        Box::pin(self.within_request_timeout(async {
             self.transport
                 .lease_call(leader, &q)
                 .await
                 .map_err(|_| ServerError::NotLeader)
-        })
+        }))
         .await
     }
 

@@ -89,37 +89,21 @@ impl Router {
         (router, gateway)
     }
 
+    /// Routes one request. Kept small (the router is shared, not cloned,
+    /// and the awaited calls are boxed): hyper moves this future into the
+    /// stream's task, and its size is copied for every request.
     async fn route(
-        mut self,
+        self: Rc<Self>,
         req: hyper::Request<Incoming>,
     ) -> Result<hyper::Response<ResponseBody>, Infallible> {
         let leader_required = requires_leader(req.headers());
-        if leader_required && !SendWrapper::new(self.leader.has_leader()).await {
+        if leader_required && !Box::pin(SendWrapper::new(self.leader.has_leader())).await {
             return Ok(no_leader_status()
                 .into_http::<tonic::body::Body>()
                 .map(|body| body.boxed_unsync()));
         }
         let guard_stream = leader_required && is_stream(req.uri().path());
-        let path = req.uri().path();
-        let resp = if path.starts_with("/etcdserverpb.KV/") {
-            self.kv.call(req).await
-        } else if path.starts_with("/etcdserverpb.Watch/") {
-            self.watch.call(req).await
-        } else if path.starts_with("/etcdserverpb.Lease/") {
-            self.lease.call(req).await
-        } else if path.starts_with("/etcdserverpb.Cluster/") {
-            self.cluster.call(req).await
-        } else if path.starts_with("/etcdserverpb.Maintenance/") {
-            self.maintenance.call(req).await
-        } else if path.starts_with("/etcdserverpb.Auth/") {
-            self.auth.call(req).await
-        } else {
-            Ok(
-                tonic::Status::unimplemented(format!("unknown service {path}"))
-                    .into_http::<tonic::body::Body>(),
-            )
-        };
-        let resp = match resp {
+        let resp = match self.dispatch(req).await {
             Ok(r) => r,
             Err(never) => match never {},
         };
@@ -128,6 +112,36 @@ impl Router {
             return Ok(resp.map(|body| self.leader.guard_stream(body).boxed_unsync()));
         }
         Ok(resp)
+    }
+
+    /// The service's boxed future for `req`, chosen by path. A tonic
+    /// server takes `&mut self` only to clone its shared state into the
+    /// future it returns, so a clone of the one server asked is enough.
+    fn dispatch(
+        &self,
+        req: hyper::Request<Incoming>,
+    ) -> std::pin::Pin<
+        Box<dyn Future<Output = Result<hyper::Response<tonic::body::Body>, Infallible>> + Send>,
+    > {
+        let path = req.uri().path();
+        if path.starts_with("/etcdserverpb.KV/") {
+            self.kv.clone().call(req)
+        } else if path.starts_with("/etcdserverpb.Watch/") {
+            self.watch.clone().call(req)
+        } else if path.starts_with("/etcdserverpb.Lease/") {
+            self.lease.clone().call(req)
+        } else if path.starts_with("/etcdserverpb.Cluster/") {
+            self.cluster.clone().call(req)
+        } else if path.starts_with("/etcdserverpb.Maintenance/") {
+            self.maintenance.clone().call(req)
+        } else if path.starts_with("/etcdserverpb.Auth/") {
+            self.auth.clone().call(req)
+        } else {
+            let status = tonic::Status::unimplemented(format!("unknown service {path}"));
+            Box::pin(std::future::ready(Ok(
+                status.into_http::<tonic::body::Body>()
+            )))
+        }
     }
 }
 
@@ -168,11 +182,15 @@ pub async fn serve(
                 crate::api::http::serve_etcd_http1(io, backend, gateway).await;
                 return;
             }
+            let router = Rc::new(router);
             let service = hyper::service::service_fn(move |req| router.clone().route(req));
             // A failing connection is the client's business (reset, bad
             // preface, protocol error answered with GOAWAY).
             let _ = hyper::server::conn::http2::Builder::new(GlommioExec)
                 .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+                // etcd's gRPC server sends no `date`; formatting and
+                // encoding one per response is work nobody reads.
+                .auto_date_header(false)
                 .serve_connection(HyperStream::with_replay(stream, head), service)
                 .await;
         }
