@@ -56,6 +56,12 @@ pub fn member_record(data: &[u8]) {
     let _ = members::decode(data);
 }
 
+/// A JSON gateway body as etcd's Go gateway would judge it (the words of
+/// a refusal).
+pub fn gateway_json(data: &[u8]) {
+    let _ = crate::api::grpc::go_json::explain(data);
+}
+
 /// A peer frame's body: a raft message as the transport parses it.
 pub fn peer_message(data: &[u8]) {
     let _ = Message::parse_from_bytes(data);
@@ -70,6 +76,9 @@ mod tests {
         Compare, CompareResult, CompareTarget, PutRequest, Request, RequestOp, TargetUnion,
         TxnRequest,
     };
+
+    /// A gateway body with every kind of field the explainer checks.
+    const GATEWAY_SEED: &[u8] = br#"{"compare":[{"target":"MOD","result":"EQUAL","key":"YQ==","mod_revision":"0"}],"success":[{"request_put":{"key":"YQ==","value":"MQ==","lease":"7","prev_kv":true}}],"failure":[{"request_range":{"key":"Zm9v","sort_order":"DESCEND","limit":5}}]}"#;
 
     /// Inputs per target; bounded so the test stays in seconds.
     const INPUTS: usize = 3000;
@@ -161,9 +170,11 @@ mod tests {
                 kv_request,
                 member_record,
                 peer_message,
+                gateway_json,
             ] {
                 f(&noise);
             }
+            gateway_json(&rng.mutate(GATEWAY_SEED));
             kv_request(&rng.mutate(&kv));
             proposal(&rng.mutate(&proposal_bytes));
             raft_log_records(&rng.mutate(&entry));

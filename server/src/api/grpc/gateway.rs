@@ -120,7 +120,7 @@ impl Gateway {
                 Ok(r) => frames.push_back(grpc_frame(&r)),
                 // The gateway's decoding error reaches the client as gRPC
                 // code Unknown (HTTP 500).
-                Err(e) => return stream_error(&Status::unknown(e.to_string())),
+                Err(e) => return stream_error(&Status::unknown(decode_error(&body, &e))),
             }
         }
         let decoder = tonic_prost::ProstCodec::<Resp, Req>::default().decoder();
@@ -256,9 +256,21 @@ where
     let request = if body.iter().all(u8::is_ascii_whitespace) {
         Req::default()
     } else {
-        match serde_json::from_slice::<Req>(body) {
-            Ok(r) => r,
-            Err(e) => return error_response(&Status::invalid_argument(e.to_string())),
+        // Go's decoder reads the first value and ignores what follows.
+        match serde_json::Deserializer::from_slice(body)
+            .into_iter::<Req>()
+            .next()
+        {
+            // What serde takes and Go's gateway would not (unpadded or
+            // URL-safe base64, say) is refused as etcd refuses it.
+            Some(Ok(r)) => match super::go_json::explain(body) {
+                None => r,
+                Some(why) => return error_response(&Status::invalid_argument(why)),
+            },
+            Some(Err(e)) => {
+                return error_response(&Status::invalid_argument(decode_error(body, &e)))
+            }
+            None => Req::default(),
         }
     };
     match rpc(with_token(tonic::Request::new(request), authorization)).await {
@@ -276,6 +288,12 @@ where
         },
         Err(status) => error_response(&status),
     }
+}
+
+/// Why a body did not decode, in the words of etcd's Go gateway where
+/// [`super::go_json`] knows them, else serde's.
+fn decode_error(body: &[u8], e: &serde_json::Error) -> String {
+    super::go_json::explain(body).unwrap_or_else(|| e.to_string())
 }
 
 /// Why a request body could not be read: over the size limit, or the

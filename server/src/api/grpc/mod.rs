@@ -6,6 +6,7 @@
 
 pub mod convert;
 pub mod gateway;
+pub mod go_json;
 pub mod pb;
 pub mod require_leader;
 pub mod serve;
