@@ -66,7 +66,7 @@ pub fn route(path: &str) -> Option<&str> {
 /// Whether `route` is one of the streaming routes served
 /// ([`Gateway::serve_stream`]).
 pub fn is_stream(route: &str) -> bool {
-    matches!(route, "watch" | "lease/keepalive")
+    matches!(route, "watch" | "lease/keepalive" | "maintenance/snapshot")
 }
 
 impl Gateway {
@@ -78,8 +78,14 @@ impl Gateway {
         body: Incoming,
         authorization: Option<HeaderValue>,
     ) -> Option<Response<StreamOutput>> {
-        let (watch, lease) = (&self.watch, &self.lease);
+        let (watch, lease, maintenance) = (&self.watch, &self.lease, &self.maintenance);
         Some(match route {
+            "maintenance/snapshot" => {
+                self.server_stream(body, authorization, |r| {
+                    Maintenance::snapshot(maintenance, r)
+                })
+                .await
+            }
             "watch" => {
                 self.stream(body, authorization, |r| Watch::watch(watch, r))
                     .await
@@ -130,31 +136,42 @@ impl Gateway {
             None,
             Some(self.max_body_bytes),
         );
-        match rpc(with_token(
+        let answer = rpc(with_token(
             tonic::Request::new(input),
             authorization.as_ref(),
         ))
-        .await
-        {
-            Ok(stream) => {
-                let lines = futures_lite::StreamExt::map(stream.into_inner(), |item| match item {
-                    Ok(resp) => result_line(&resp),
-                    Err(status) => error_line(&status),
-                });
-                let mut resp = Response::new(StreamOutput {
-                    lines: Some(Box::pin(lines)),
-                    error: None,
-                });
-                resp.headers_mut()
-                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                resp.headers_mut().insert(
-                    "grpc-metadata-content-type",
-                    HeaderValue::from_static("application/grpc"),
-                );
-                resp
-            }
-            Err(status) => stream_error(&status),
-        }
+        .await;
+        stream_output(answer)
+    }
+
+    /// A server-streaming RPC through the gateway (Maintenance Snapshot):
+    /// one request object in the body, a `{"result":..}` line per response.
+    async fn server_stream<Req, Resp, F, Fut>(
+        &self,
+        body: Incoming,
+        authorization: Option<HeaderValue>,
+        rpc: F,
+    ) -> Response<StreamOutput>
+    where
+        Req: DeserializeOwned + Default,
+        Resp: Serialize + Send + 'static,
+        F: FnOnce(tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<BoxStream<Resp>>, Status>>,
+    {
+        let body = match Limited::new(body, self.max_body_bytes).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => return stream_error(&body_error(&*e)),
+        };
+        let request = match decode_request::<Req>(&body) {
+            Ok(r) => r,
+            Err(status) => return stream_error(&status),
+        };
+        let answer = rpc(with_token(
+            tonic::Request::new(request),
+            authorization.as_ref(),
+        ))
+        .await;
+        stream_output(answer)
     }
 
     /// Answers one gateway request (`route` from [`route`]), or `None` when
@@ -251,27 +268,10 @@ where
     F: FnOnce(tonic::Request<Req>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
 {
-    let body = &request.body;
     let authorization = request.authorization.as_ref();
-    let request = if body.iter().all(u8::is_ascii_whitespace) {
-        Req::default()
-    } else {
-        // Go's decoder reads the first value and ignores what follows.
-        match serde_json::Deserializer::from_slice(body)
-            .into_iter::<Req>()
-            .next()
-        {
-            // What serde takes and Go's gateway would not (unpadded or
-            // URL-safe base64, say) is refused as etcd refuses it.
-            Some(Ok(r)) => match super::go_json::explain(body) {
-                None => r,
-                Some(why) => return error_response(&Status::invalid_argument(why)),
-            },
-            Some(Err(e)) => {
-                return error_response(&Status::invalid_argument(decode_error(body, &e)))
-            }
-            None => Req::default(),
-        }
+    let request = match decode_request::<Req>(&request.body) {
+        Ok(r) => r,
+        Err(status) => return error_response(&status),
     };
     match rpc(with_token(tonic::Request::new(request), authorization)).await {
         Ok(resp) => match serde_json::to_vec(resp.get_ref()) {
@@ -287,6 +287,28 @@ where
             Err(e) => error_response(&Status::internal(e.to_string())),
         },
         Err(status) => error_response(&status),
+    }
+}
+
+/// One request object from a unary (or server-streaming) route's body:
+/// an empty body is the default request, as the gateway treats EOF.
+fn decode_request<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, Status> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Req::default());
+    }
+    // Go's decoder reads the first value and ignores what follows.
+    match serde_json::Deserializer::from_slice(body)
+        .into_iter::<Req>()
+        .next()
+    {
+        // What serde takes and Go's gateway would not (unpadded or
+        // URL-safe base64, say) is refused as etcd refuses it.
+        Some(Ok(r)) => match super::go_json::explain(body) {
+            None => Ok(r),
+            Some(why) => Err(Status::invalid_argument(why)),
+        },
+        Some(Err(e)) => Err(Status::invalid_argument(decode_error(body, &e))),
+        None => Ok(Req::default()),
     }
 }
 
@@ -326,6 +348,33 @@ fn stream_error(status: &Status) -> Response<StreamOutput> {
     *resp.status_mut() = http;
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// A streaming RPC's answer as the gateway sends it: a `{"result":..}` line
+/// per response (an `{"error":..}` line if the stream fails), or the unary
+/// error shape when it failed before streaming.
+fn stream_output<Resp: Serialize + Send + 'static>(
+    answer: Result<tonic::Response<BoxStream<Resp>>, Status>,
+) -> Response<StreamOutput> {
+    let stream = match answer {
+        Ok(stream) => stream,
+        Err(status) => return stream_error(&status),
+    };
+    let lines = futures_lite::StreamExt::map(stream.into_inner(), |item| match item {
+        Ok(resp) => result_line(&resp),
+        Err(status) => error_line(&status),
+    });
+    let mut resp = Response::new(StreamOutput {
+        lines: Some(Box::pin(lines)),
+        error: None,
+    });
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        "grpc-metadata-content-type",
+        HeaderValue::from_static("application/grpc"),
+    );
     resp
 }
 

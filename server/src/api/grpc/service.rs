@@ -907,10 +907,11 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
             Reply::Backup(Err(e), _) => return Err(status_of(&e)),
             _ => return Err(status_of(&ServerError::Stopped)),
         };
-        let header = self.0.header(term).header(revision);
+        // etcd 3.4 sends no header on Snapshot responses.
+        let _ = (revision, term);
         let (out, responses) =
             futures_channel::mpsc::channel::<Result<pb::SnapshotResponse, Status>>(4);
-        let task = SendWrapper::new(stream_backup(path, size, header, out));
+        let task = SendWrapper::new(stream_backup(path, size, out));
         glommio::spawn_local(task).detach();
         Ok(Response::new(Box::pin(responses)))
     }
@@ -998,7 +999,6 @@ async fn stream_range(
 async fn stream_backup(
     path: std::path::PathBuf,
     size: u64,
-    header: Option<pb::ResponseHeader>,
     mut out: futures_channel::mpsc::Sender<Result<pb::SnapshotResponse, Status>>,
 ) {
     use futures_lite::future::poll_fn;
@@ -1006,7 +1006,9 @@ async fn stream_backup(
     const CHUNK: u64 = 1 << 20;
     let mut hasher = sha2::Sha256::new();
     let pad = (512 - (size + 8) % 512) % 512;
-    let total = size + pad + 8 + 32;
+    // As etcd 3.4: `remaining_bytes` counts the data still to come, and
+    // the SHA-256 travels alone after it (remaining 0).
+    let data_total = size + pad + 8;
     let mut sent = 0u64;
     let result: Result<(), String> = async {
         let file = glommio::io::BufferedFile::open(&path)
@@ -1024,8 +1026,8 @@ async fn stream_backup(
             hasher.update(&chunk[..]);
             sent += chunk.len() as u64;
             let msg = pb::SnapshotResponse {
-                header,
-                remaining_bytes: total - sent,
+                header: None,
+                remaining_bytes: data_total - sent,
                 blob: bytes::Bytes::copy_from_slice(&chunk),
             };
             poll_fn(|cx| out.poll_ready(cx))
@@ -1037,16 +1039,19 @@ async fn stream_backup(
         let mut tail = vec![0u8; pad as usize];
         tail.extend_from_slice(&size.to_le_bytes());
         hasher.update(&tail);
-        tail.extend_from_slice(&hasher.finalize());
-        let msg = pb::SnapshotResponse {
-            header,
-            remaining_bytes: 0,
-            blob: tail.into(),
-        };
-        poll_fn(|cx| out.poll_ready(cx))
-            .await
-            .map_err(|e| e.to_string())?;
-        out.start_send(Ok(msg)).map_err(|e| e.to_string())
+        let sha = hasher.finalize();
+        for blob in [tail, sha.to_vec()] {
+            let msg = pb::SnapshotResponse {
+                header: None,
+                remaining_bytes: 0,
+                blob: blob.into(),
+            };
+            poll_fn(|cx| out.poll_ready(cx))
+                .await
+                .map_err(|e| e.to_string())?;
+            out.start_send(Ok(msg)).map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
     .await;
     if let Err(e) = result {
