@@ -741,19 +741,25 @@ impl AuthStore {
     }
 
     /// Keeps the tokens of `previous` (the state a snapshot install
-    /// replaces) whose users still exist here, as etcd keeps its tokens
-    /// across a snapshot: a client's login survives its member catching up.
+    /// replaces) whose users still exist here with the same password, as
+    /// etcd keeps its tokens across a snapshot: a client's login survives
+    /// its member catching up, unless what the snapshot skipped would have
+    /// ended it (the user deleted, the password changed, auth turned off).
     pub fn adopt_tokens(&mut self, previous: AuthStore) {
-        if !self.enabled {
+        if !self.enabled || !previous.enabled {
             return;
         }
-        let users = &self.users;
-        self.tokens.extend(
-            previous
-                .tokens
-                .into_iter()
-                .filter(|(_, t)| users.contains_key(&t.user)),
-        );
+        let (users, before) = (&self.users, &previous.users);
+        let same_user = |name: &str| match (users.get(name), before.get(name)) {
+            (Some(now), Some(then)) => now.password == then.password,
+            _ => false,
+        };
+        let kept: Vec<(String, Token)> = previous
+            .tokens
+            .into_iter()
+            .filter(|(_, t)| same_user(&t.user))
+            .collect();
+        self.tokens.extend(kept);
     }
 
     fn forget_tokens_of(&mut self, name: &str) {
@@ -1272,6 +1278,24 @@ mod tests {
         assert_eq!(after.user_of(Some(&root), now), Ok(Some("root".into())));
         assert_eq!(
             after.user_of(Some(&alice), now),
+            Err(AuthError::InvalidAuthToken)
+        );
+
+        // A password change inside the snapshot ends the user's logins.
+        let mut before = store_with(&[]);
+        let root = login(&mut before, "root", "r", 11, now);
+        let mut after = store_with(&[]);
+        applied(
+            &mut after,
+            AuthRequest::UserChangePassword {
+                name: "root".into(),
+                hashed_password: b("other"),
+            },
+        )
+        .unwrap();
+        after.adopt_tokens(before);
+        assert_eq!(
+            after.user_of(Some(&root), now),
             Err(AuthError::InvalidAuthToken)
         );
     }

@@ -59,7 +59,9 @@ pub fn member_record(data: &[u8]) {
 /// A JSON gateway body as etcd's Go gateway would judge it (the words of
 /// a refusal).
 pub fn gateway_json(data: &[u8]) {
-    let _ = crate::api::grpc::go_json::explain(data);
+    for route in ["kv/txn", "kv/range", "watch", "auth/role/grant"] {
+        let _ = crate::api::grpc::go_json::explain(route, data);
+    }
 }
 
 /// A peer frame's body: a raft message as the transport parses it.

@@ -79,9 +79,9 @@ const TAG_MEMBER_ATTRS: u8 = 4;
 const TAG_CONF_RECORD: u8 = 5;
 const TAG_MEMBER_PEERS: u8 = 6;
 const TAG_AUTH: u8 = 7;
-/// A client's KV write proposed while auth was on: `[ProposedBy][request]`.
+/// A client's KV write: `[ProposedBy][request]` (TAG_KV: metcd's own).
 const TAG_KV_AUTHED: u8 = 8;
-/// A client's lease revoke proposed while auth was on: `[ProposedBy][id]`.
+/// A client's lease revoke: `[ProposedBy][id]` (TAG_LEASE_REVOKE: expiry).
 const TAG_LEASE_REVOKE_AUTHED: u8 = 9;
 
 /// Who asks for a write or a lease revoke.
@@ -93,10 +93,11 @@ pub enum Caller<'a> {
     Client(Option<&'a str>),
 }
 
-/// The user a client's write was checked for at proposal, and the auth
-/// revision of that check: every member checks again at apply, where a
-/// newer auth revision refuses it (etcd's `ErrAuthOldRevision`) so a
-/// permission revoked in between cannot be outrun.
+/// The user a client's write was checked for at proposal (empty: none, or
+/// auth was off), and the auth revision of that check: every member checks
+/// again at apply, where a newer auth revision refuses it while auth is on
+/// (etcd's `ErrAuthOldRevision`), so a permission revoked or auth enabled
+/// in between cannot be outrun.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ProposedBy {
     user: String,
@@ -984,7 +985,11 @@ impl Node {
             Caller::Client(token) => {
                 let mut used = Vec::new();
                 leases_used(&req, &mut used);
-                self.check_proposal(token, |needs| crate::auth::kv_needs(&req, needs), &used)?
+                Some(self.check_proposal(
+                    token,
+                    |needs| crate::auth::kv_needs(&req, needs),
+                    &used,
+                )?)
             }
         };
         let mut body = Vec::with_capacity(64);
@@ -1022,7 +1027,7 @@ impl Node {
     pub async fn lease_revoke(&self, id: i64, caller: Caller<'_>) -> Result<i64> {
         let by = match caller {
             Caller::Member => None,
-            Caller::Client(token) => self.check_proposal(token, |_| {}, &[id])?,
+            Caller::Client(token) => Some(self.check_proposal(token, |_| {}, &[id])?),
         };
         let mut body = Vec::with_capacity(8);
         let tag = match &by {
@@ -1208,33 +1213,39 @@ impl Node {
         Ok(auth.check(user.as_deref(), &requirement())?)
     }
 
-    /// The proposer's check of a client's write while auth is on: the
+    /// The proposer's check of a client's write (while auth is on): the
     /// needs `collect` adds, plus write permission on every key already
     /// attached to `leases` (etcd's `checkLeasePuts`: who may not revoke a
     /// lease may not attach keys to it either). Returns who to name in the
-    /// entry for the check at apply (`None`: auth off, or nothing to check).
+    /// entry for the check at apply — always, even with auth off (no user,
+    /// the current auth revision): auth enabled in between bumps the
+    /// revision, so such a write is refused at apply, as etcd refuses it,
+    /// and a lease that gains keys in between is checked there too.
     fn check_proposal(
         &self,
         token: Option<&str>,
         collect: impl FnOnce(&mut Vec<crate::auth::Need>),
         leases: &[i64],
-    ) -> Result<Option<ProposedBy>> {
+    ) -> Result<ProposedBy> {
         let mut auth = self.auth.borrow_mut();
+        let auth_revision = auth.revision();
         if !auth.enabled() {
-            return Ok(None);
+            return Ok(ProposedBy {
+                user: String::new(),
+                auth_revision,
+            });
         }
         let user = auth.user_of(token, Instant::now())?;
         let mut needs = Vec::new();
         collect(&mut needs);
         lease_needs(&self.lessor.borrow(), leases, &mut needs);
-        if needs.is_empty() {
-            return Ok(None);
+        if !needs.is_empty() {
+            auth.check(user.as_deref(), &crate::auth::Requirement::Keys(needs))?;
         }
-        auth.check(user.as_deref(), &crate::auth::Requirement::Keys(needs))?;
-        Ok(Some(ProposedBy {
+        Ok(ProposedBy {
             user: user.unwrap_or_default(),
-            auth_revision: auth.revision(),
-        }))
+            auth_revision,
+        })
     }
 
     /// An auth change through the log, by the caller behind `token`: root
@@ -2902,6 +2913,26 @@ mod tests {
         // With auth turned off by then, nothing is refused.
         auth.apply(&AuthRequest::Disable, 3, now).unwrap();
         assert_eq!(at_apply(&auth, &lessor, &alice, &put("zoo", 7)), Ok(()));
+        // A write proposed while auth was off (no user) and applied after
+        // it was turned on is refused: enabling moved the revision.
+        let anonymous = ProposedBy {
+            user: String::new(),
+            auth_revision: auth.revision(),
+        };
+        auth.apply(&AuthRequest::Enable, 4, now).unwrap();
+        assert_eq!(
+            at_apply(&auth, &lessor, &anonymous, &put("apple", 0)),
+            Err(AuthError::AuthOldRevision)
+        );
+        // ... and one that names nobody at the current revision, too.
+        let nobody = ProposedBy {
+            user: String::new(),
+            auth_revision: auth.revision(),
+        };
+        assert_eq!(
+            at_apply(&auth, &lessor, &nobody, &put("apple", 0)),
+            Err(AuthError::UserEmpty)
+        );
     }
 
     #[test]

@@ -81,18 +81,20 @@ impl Gateway {
         let (watch, lease, maintenance) = (&self.watch, &self.lease, &self.maintenance);
         Some(match route {
             "maintenance/snapshot" => {
-                self.server_stream(body, authorization, |r| {
+                self.server_stream(route, body, authorization, |r| {
                     Maintenance::snapshot(maintenance, r)
                 })
                 .await
             }
             "watch" => {
-                self.stream(body, authorization, |r| Watch::watch(watch, r))
+                self.stream(route, body, authorization, |r| Watch::watch(watch, r))
                     .await
             }
             "lease/keepalive" => {
-                self.stream(body, authorization, |r| Lease::lease_keep_alive(lease, r))
-                    .await
+                self.stream(route, body, authorization, |r| {
+                    Lease::lease_keep_alive(lease, r)
+                })
+                .await
             }
             _ => return None,
         })
@@ -106,6 +108,7 @@ impl Gateway {
     /// Watch streams until the client hangs up, which ends its watchers.
     async fn stream<Req, Resp, F, Fut>(
         &self,
+        route: &str,
         body: Incoming,
         authorization: Option<HeaderValue>,
         rpc: F,
@@ -121,13 +124,27 @@ impl Gateway {
             Err(e) => return stream_error(&body_error(&*e)),
         };
         let mut frames = VecDeque::new();
-        for request in serde_json::Deserializer::from_slice(&body).into_iter::<Req>() {
-            match request {
-                Ok(r) => frames.push_back(grpc_frame(&r)),
-                // The gateway's decoding error reaches the client as gRPC
-                // code Unknown (HTTP 500).
-                Err(e) => return stream_error(&Status::unknown(decode_error(&body, &e))),
+        let mut values = serde_json::Deserializer::from_slice(&body).into_iter::<Req>();
+        let mut start = 0;
+        while let Some(request) = values.next() {
+            // The gateway's decoding error reaches the client as gRPC code
+            // Unknown (HTTP 500); each request object is judged as Go's
+            // gateway judges it.
+            let rest = &body[start..];
+            let refused = match request {
+                Ok(r) => match super::go_json::explain(route, rest) {
+                    None => {
+                        frames.push_back(grpc_frame(&r));
+                        None
+                    }
+                    Some(why) => Some(why),
+                },
+                Err(e) => Some(decode_error(route, rest, &e)),
+            };
+            if let Some(why) = refused {
+                return stream_error(&Status::unknown(why));
             }
+            start = values.byte_offset();
         }
         let decoder = tonic_prost::ProstCodec::<Resp, Req>::default().decoder();
         let input = tonic::Streaming::new_request(
@@ -148,6 +165,7 @@ impl Gateway {
     /// one request object in the body, a `{"result":..}` line per response.
     async fn server_stream<Req, Resp, F, Fut>(
         &self,
+        route: &str,
         body: Incoming,
         authorization: Option<HeaderValue>,
         rpc: F,
@@ -162,7 +180,7 @@ impl Gateway {
             Ok(b) => b.to_bytes(),
             Err(e) => return stream_error(&body_error(&*e)),
         };
-        let request = match decode_request::<Req>(&body) {
+        let request = match decode_request::<Req>(route, &body) {
             Ok(r) => r,
             Err(status) => return stream_error(&status),
         };
@@ -188,6 +206,7 @@ impl Gateway {
             Err(e) => return Some(error_response(&body_error(&*e))),
         };
         let body = GatewayRequest {
+            route,
             body,
             authorization,
         };
@@ -242,7 +261,8 @@ impl Gateway {
 /// A unary gateway request: its JSON body and its `Authorization` header
 /// (an auth token, passed to the service as gRPC metadata, as etcd's
 /// gateway does).
-struct GatewayRequest {
+struct GatewayRequest<'a> {
+    route: &'a str,
     body: Bytes,
     authorization: Option<HeaderValue>,
 }
@@ -261,7 +281,7 @@ fn with_token<T>(
 
 /// Decodes the JSON request (an empty body is the default request, as the
 /// gateway treats EOF), runs the RPC and encodes its answer.
-async fn unary<Req, Resp, F, Fut>(request: &GatewayRequest, rpc: F) -> HttpResponse
+async fn unary<Req, Resp, F, Fut>(request: &GatewayRequest<'_>, rpc: F) -> HttpResponse
 where
     Req: DeserializeOwned + Default,
     Resp: Serialize,
@@ -269,7 +289,7 @@ where
     Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
 {
     let authorization = request.authorization.as_ref();
-    let request = match decode_request::<Req>(&request.body) {
+    let request = match decode_request::<Req>(request.route, &request.body) {
         Ok(r) => r,
         Err(status) => return error_response(&status),
     };
@@ -292,7 +312,10 @@ where
 
 /// One request object from a unary (or server-streaming) route's body:
 /// an empty body is the default request, as the gateway treats EOF.
-fn decode_request<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, Status> {
+fn decode_request<Req: DeserializeOwned + Default>(
+    route: &str,
+    body: &[u8],
+) -> Result<Req, Status> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Req::default());
     }
@@ -303,19 +326,19 @@ fn decode_request<Req: DeserializeOwned + Default>(body: &[u8]) -> Result<Req, S
     {
         // What serde takes and Go's gateway would not (unpadded or
         // URL-safe base64, say) is refused as etcd refuses it.
-        Some(Ok(r)) => match super::go_json::explain(body) {
+        Some(Ok(r)) => match super::go_json::explain(route, body) {
             None => Ok(r),
             Some(why) => Err(Status::invalid_argument(why)),
         },
-        Some(Err(e)) => Err(Status::invalid_argument(decode_error(body, &e))),
+        Some(Err(e)) => Err(Status::invalid_argument(decode_error(route, body, &e))),
         None => Ok(Req::default()),
     }
 }
 
 /// Why a body did not decode, in the words of etcd's Go gateway where
 /// [`super::go_json`] knows them, else serde's.
-fn decode_error(body: &[u8], e: &serde_json::Error) -> String {
-    super::go_json::explain(body).unwrap_or_else(|| e.to_string())
+fn decode_error(route: &str, body: &[u8], e: &serde_json::Error) -> String {
+    super::go_json::explain(route, body).unwrap_or_else(|| e.to_string())
 }
 
 /// Why a request body could not be read: over the size limit, or the
@@ -338,7 +361,8 @@ fn grpc_frame<M: Message>(msg: &M) -> Bytes {
     buf.freeze()
 }
 
-/// A Watch answer that failed before streaming: the unary error shape.
+/// A stream (Watch, LeaseKeepAlive, Snapshot) that failed before it began:
+/// the unary error shape.
 fn stream_error(status: &Status) -> Response<StreamOutput> {
     let (http, json) = error_json(status);
     let mut resp = Response::new(StreamOutput {

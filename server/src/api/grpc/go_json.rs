@@ -5,146 +5,233 @@
 //! scripts see their error strings verbatim (`invalid character 'o' in
 //! literal null (expecting 'u')`, `unexpected EOF`, `illegal base64 data at
 //! input byte 0`, `json: cannot unmarshal number into Go value of type
-//! []uint8`). serde says the same things differently, so when serde refuses
-//! a body this module finds the first problem Go would have reported and
-//! words it as Go does.
+//! []uint8`). serde says the same things differently, so this module finds
+//! the first problem Go would report and words it as Go does.
 //!
 //! Covered: every syntax error of Go's scanner (a port of its state
 //! machine and messages), a top-level value that is not an object, and the
-//! etcd request fields by name: bytes (`key`, `range_end`, `value`: strict
-//! standard base64), 64-bit integers (a number or a quoted number) and
-//! booleans. Anything else keeps serde's message.
+//! fields of each routed request message (its schema below, in jsonpb's
+//! order: proto field order, oneof members last; proto names and their
+//! lowerCamelCase JSON names, the latter winning as in jsonpb): bytes
+//! (strict standard base64), 64-bit integers (a number or a quoted
+//! number), booleans, strings, enums by name, nested messages. Fields a
+//! message does not have are ignored, as jsonpb ignores them. What this
+//! module does not judge keeps serde's message.
 //!
-//! Also refuses what serde would take and Go does not (unpadded or URL-safe
-//! base64 in a bytes field), so a body means the same to both gateways.
+//! It also refuses what serde would take and Go does not (unpadded or
+//! URL-safe base64), so a body means the same to both gateways.
 //!
-//! Must never: refuse what etcd's gateway accepts (fields it does not know
-//! by name are left to serde).
+//! Must never: refuse what etcd's gateway accepts.
 
 use serde_json::Value;
 
-/// Fields of etcd's request messages that are `bytes`.
-const BYTES_FIELDS: &[&str] = &["key", "range_end", "value"];
-/// Fields that are 64-bit integers (jsonpb takes a number or a quoted one).
-const INT_FIELDS: &[&str] = &[
-    "lease",
-    "limit",
-    "revision",
-    "min_mod_revision",
-    "max_mod_revision",
-    "min_create_revision",
-    "max_create_revision",
-    "ID",
-    "TTL",
-    "start_revision",
-    "watch_id",
-    "create_revision",
-    "mod_revision",
-    "version",
-    "memberID",
-    "targetID",
+/// What a field holds, as jsonpb decodes it.
+#[derive(Clone, Copy)]
+enum Kind {
+    Bytes,
+    Int64,
+    Uint64,
+    Bool,
+    Str,
+    Strs,
+    Enum(&'static str, &'static [&'static str]),
+    Message(&'static [Field]),
+    Messages(&'static [Field]),
+    /// Not judged here (serde decides).
+    Unchecked,
+}
+
+#[derive(Clone, Copy)]
+struct Field {
+    name: &'static str,
+    kind: Kind,
+}
+
+const fn f(name: &'static str, kind: Kind) -> Field {
+    Field { name, kind }
+}
+
+use Kind::{Bool, Bytes, Enum, Int64, Message, Messages, Str, Strs, Uint64, Unchecked};
+
+const SORT_ORDER: Kind = Enum(
+    "etcdserverpb.RangeRequest_SortOrder",
+    &["NONE", "ASCEND", "DESCEND"],
+);
+const SORT_TARGET: Kind = Enum(
+    "etcdserverpb.RangeRequest_SortTarget",
+    &["KEY", "VERSION", "CREATE", "MOD", "VALUE"],
+);
+
+static RANGE: [Field; 13] = [
+    f("key", Bytes),
+    f("range_end", Bytes),
+    f("limit", Int64),
+    f("revision", Int64),
+    f("sort_order", SORT_ORDER),
+    f("sort_target", SORT_TARGET),
+    f("serializable", Bool),
+    f("keys_only", Bool),
+    f("count_only", Bool),
+    f("min_mod_revision", Int64),
+    f("max_mod_revision", Int64),
+    f("min_create_revision", Int64),
+    f("max_create_revision", Int64),
 ];
-/// Fields that are booleans.
-const BOOL_FIELDS: &[&str] = &[
-    "prev_kv",
-    "ignore_value",
-    "ignore_lease",
-    "serializable",
-    "keys_only",
-    "count_only",
-    "physical",
-    "progress_notify",
-    "fragment",
-    "keys",
-    "isLearner",
+static PUT: [Field; 6] = [
+    f("key", Bytes),
+    f("value", Bytes),
+    f("lease", Int64),
+    f("prev_kv", Bool),
+    f("ignore_value", Bool),
+    f("ignore_lease", Bool),
+];
+static DELETE_RANGE: [Field; 3] = [f("key", Bytes), f("range_end", Bytes), f("prev_kv", Bool)];
+static COMPARE: [Field; 9] = [
+    f(
+        "result",
+        Enum(
+            "etcdserverpb.Compare_CompareResult",
+            &["EQUAL", "GREATER", "LESS", "NOT_EQUAL"],
+        ),
+    ),
+    f(
+        "target",
+        Enum(
+            "etcdserverpb.Compare_CompareTarget",
+            &["VERSION", "CREATE", "MOD", "VALUE", "LEASE"],
+        ),
+    ),
+    f("key", Bytes),
+    f("range_end", Bytes),
+    // The target_union oneof.
+    f("version", Int64),
+    f("create_revision", Int64),
+    f("mod_revision", Int64),
+    f("value", Bytes),
+    f("lease", Int64),
+];
+static REQUEST_OP: [Field; 4] = [
+    f("request_range", Message(&RANGE)),
+    f("request_put", Message(&PUT)),
+    f("request_delete_range", Message(&DELETE_RANGE)),
+    f("request_txn", Message(&TXN)),
+];
+static TXN: [Field; 3] = [
+    f("compare", Messages(&COMPARE)),
+    f("success", Messages(&REQUEST_OP)),
+    f("failure", Messages(&REQUEST_OP)),
+];
+static COMPACTION: [Field; 2] = [f("revision", Int64), f("physical", Bool)];
+static LEASE_GRANT: [Field; 2] = [f("TTL", Int64), f("ID", Int64)];
+static LEASE_ID: [Field; 1] = [f("ID", Int64)];
+static LEASE_TIME_TO_LIVE: [Field; 2] = [f("ID", Int64), f("keys", Bool)];
+static MEMBER_ADD: [Field; 2] = [f("peerURLs", Strs), f("isLearner", Bool)];
+static MEMBER_ID: [Field; 1] = [f("ID", Uint64)];
+static MEMBER_UPDATE: [Field; 2] = [f("ID", Uint64), f("peerURLs", Strs)];
+static ALARM: [Field; 3] = [
+    f(
+        "action",
+        Enum(
+            "etcdserverpb.AlarmRequest_AlarmAction",
+            &["GET", "ACTIVATE", "DEACTIVATE"],
+        ),
+    ),
+    f("memberID", Uint64),
+    f(
+        "alarm",
+        Enum("etcdserverpb.AlarmType", &["NONE", "NOSPACE", "CORRUPT"]),
+    ),
+];
+static MOVE_LEADER: [Field; 1] = [f("targetID", Uint64)];
+static NAME_PASSWORD: [Field; 2] = [f("name", Str), f("password", Str)];
+static USER_ADD_OPTIONS: [Field; 1] = [f("no_password", Bool)];
+static USER_ADD: [Field; 3] = [
+    f("name", Str),
+    f("password", Str),
+    f("options", Message(&USER_ADD_OPTIONS)),
+];
+static NAME: [Field; 1] = [f("name", Str)];
+static ROLE: [Field; 1] = [f("role", Str)];
+static USER_GRANT: [Field; 2] = [f("user", Str), f("role", Str)];
+static USER_REVOKE: [Field; 2] = [f("name", Str), f("role", Str)];
+static PERMISSION: [Field; 3] = [
+    f(
+        "permType",
+        Enum("authpb.Permission_Type", &["READ", "WRITE", "READWRITE"]),
+    ),
+    f("key", Bytes),
+    f("range_end", Bytes),
+];
+static ROLE_GRANT: [Field; 2] = [f("name", Str), f("perm", Message(&PERMISSION))];
+/// etcd 3.4 has `key` and `range_end` as strings here, 3.5 as bytes.
+static ROLE_REVOKE: [Field; 3] = [
+    f("role", Str),
+    f("key", Unchecked),
+    f("range_end", Unchecked),
+];
+static WATCH_CREATE: [Field; 8] = [
+    f("key", Bytes),
+    f("range_end", Bytes),
+    f("start_revision", Int64),
+    f("progress_notify", Bool),
+    f("filters", Unchecked),
+    f("prev_kv", Bool),
+    f("watch_id", Int64),
+    f("fragment", Bool),
+];
+static WATCH_CANCEL: [Field; 1] = [f("watch_id", Int64)];
+static WATCH: [Field; 3] = [
+    f("create_request", Message(&WATCH_CREATE)),
+    f("cancel_request", Message(&WATCH_CANCEL)),
+    f("progress_request", Message(&[])),
 ];
 
-/// Enum fields and their Go type names, with the names jsonpb accepts.
-const ENUM_FIELDS: &[(&str, &str, &[&str])] = &[
-    (
-        "sort_order",
-        "etcdserverpb.RangeRequest_SortOrder",
-        &["NONE", "ASCEND", "DESCEND"],
-    ),
-    (
-        "sort_target",
-        "etcdserverpb.RangeRequest_SortTarget",
-        &["KEY", "VERSION", "CREATE", "MOD", "VALUE"],
-    ),
-    (
-        "result",
-        "etcdserverpb.Compare_CompareResult",
-        &["EQUAL", "GREATER", "LESS", "NOT_EQUAL"],
-    ),
-    (
-        "target",
-        "etcdserverpb.Compare_CompareTarget",
-        &["VERSION", "CREATE", "MOD", "VALUE", "LEASE"],
-    ),
-    (
-        "permType",
-        "authpb.Permission_Type",
-        &["READ", "WRITE", "READWRITE"],
-    ),
-    (
-        "action",
-        "etcdserverpb.AlarmRequest_AlarmAction",
-        &["GET", "ACTIVATE", "DEACTIVATE"],
-    ),
-    (
-        "alarm",
-        "etcdserverpb.AlarmType",
-        &["NONE", "NOSPACE", "CORRUPT"],
-    ),
-];
-/// Repeated message fields.
-const MESSAGE_LIST_FIELDS: &[&str] = &["compare", "success", "failure"];
-/// Message fields.
-const MESSAGE_FIELDS: &[&str] = &[
-    "request_range",
-    "request_put",
-    "request_delete_range",
-    "request_txn",
-    "create_request",
-    "cancel_request",
-    "progress_request",
-    "perm",
-    "options",
-];
+/// The request message of a gateway route (`kv/put`, ...); `None` for a
+/// route this module has no schema for (only syntax is judged then).
+fn schema(route: &str) -> Option<&'static [Field]> {
+    Some(match route {
+        "kv/range" => &RANGE,
+        "kv/put" => &PUT,
+        "kv/deleterange" => &DELETE_RANGE,
+        "kv/txn" => &TXN,
+        "kv/compaction" => &COMPACTION,
+        "lease/grant" => &LEASE_GRANT,
+        "lease/revoke" | "kv/lease/revoke" | "lease/keepalive" => &LEASE_ID,
+        "lease/timetolive" | "kv/lease/timetolive" => &LEASE_TIME_TO_LIVE,
+        "cluster/member/add" => &MEMBER_ADD,
+        "cluster/member/remove" | "cluster/member/promote" => &MEMBER_ID,
+        "cluster/member/update" => &MEMBER_UPDATE,
+        "maintenance/alarm" => &ALARM,
+        "maintenance/transfer-leadership" => &MOVE_LEADER,
+        "auth/authenticate" | "auth/user/changepw" => &NAME_PASSWORD,
+        "auth/user/add" => &USER_ADD,
+        "auth/user/get" | "auth/user/delete" | "auth/role/add" => &NAME,
+        "auth/role/get" | "auth/role/delete" => &ROLE,
+        "auth/user/grant" => &USER_GRANT,
+        "auth/user/revoke" => &USER_REVOKE,
+        "auth/role/grant" => &ROLE_GRANT,
+        "auth/role/revoke" => &ROLE_REVOKE,
+        "watch" => &WATCH,
+        // Requests without fields: anything in the object is unknown.
+        _ => &[],
+    })
+}
+
 const MESSAGE_GO_TYPE: &str = "map[string]json.RawMessage";
 
-/// Go's message for why `body` does not decode, or `None` when this
-/// module cannot tell (the caller keeps serde's).
-pub fn explain(body: &[u8]) -> Option<String> {
+/// Go's message for why the first JSON value of `body`, a request for
+/// gateway `route`, does not decode; `None` when Go would take it (or
+/// this module cannot tell: the caller keeps serde's verdict).
+pub fn explain(route: &str, body: &[u8]) -> Option<String> {
     if let Err(e) = scan(body) {
         return Some(e);
     }
     let end = value_end(body)?;
     let value: Value = serde_json::from_slice(&body[..end]).ok()?;
     match &value {
-        Value::Object(_) => first_field_error(&value),
+        Value::Object(_) => message_error(&value, schema(route)?),
         Value::Null => None,
         other => Some(cannot_unmarshal(kind_of(other), MESSAGE_GO_TYPE)),
-    }
-}
-
-/// A message field's value: an object (or null) whose fields are checked.
-fn message_error(v: &Value) -> Option<String> {
-    match v {
-        Value::Object(_) => first_field_error(v),
-        Value::Null => None,
-        other => Some(cannot_unmarshal(kind_of(other), MESSAGE_GO_TYPE)),
-    }
-}
-
-fn enum_error(v: &Value, go_type: &str, names: &[&str]) -> Option<String> {
-    match v {
-        Value::Null => None,
-        Value::String(s) if names.contains(&s.as_str()) => None,
-        Value::String(s) => Some(format!("unknown value {s:?} for enum {go_type}")),
-        Value::Number(n) if n.is_i64() => None,
-        Value::Number(n) => Some(cannot_unmarshal(&format!("number {n}"), go_type)),
-        other => Some(cannot_unmarshal(kind_of(other), go_type)),
     }
 }
 
@@ -163,36 +250,85 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
-/// The first typed field (in document order, depth first) Go would refuse.
-fn first_field_error(v: &Value) -> Option<String> {
+/// jsonpb's camelCase JSON name of a proto field (`range_end` →
+/// `rangeEnd`; names without `_` are their own).
+fn camel(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = false;
+    for c in name.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A message's value: an object (or null) whose known fields are judged
+/// in jsonpb's order.
+fn message_error(v: &Value, fields: &[Field]) -> Option<String> {
+    let object = match v {
+        Value::Object(o) => o,
+        Value::Null => return None,
+        other => return Some(cannot_unmarshal(kind_of(other), MESSAGE_GO_TYPE)),
+    };
+    fields.iter().find_map(|field| {
+        // Both names are accepted; with both present the camelCase wins.
+        let value = object
+            .get(&camel(field.name))
+            .or_else(|| object.get(field.name))?;
+        field_error(value, field.kind)
+    })
+}
+
+fn field_error(v: &Value, kind: Kind) -> Option<String> {
+    if v.is_null() {
+        return None;
+    }
+    match kind {
+        Bytes => bytes_error(v),
+        Int64 => int_error(v, "int64"),
+        Uint64 => int_error(v, "uint64"),
+        Bool => (!v.is_boolean()).then(|| cannot_unmarshal(kind_of(v), "bool")),
+        Str => (!v.is_string()).then(|| cannot_unmarshal(kind_of(v), "string")),
+        Strs => match v {
+            Value::Array(items) => items
+                .iter()
+                .find(|i| !i.is_string() && !i.is_null())
+                .map(|i| cannot_unmarshal(kind_of(i), "string")),
+            // jsonpb reads any repeated field as a list of raw values first.
+            other => Some(cannot_unmarshal(kind_of(other), "[]json.RawMessage")),
+        },
+        Enum(go_type, names) => enum_error(v, go_type, names),
+        Message(fields) => message_error(v, fields),
+        Messages(fields) => match v {
+            Value::Array(items) => items.iter().find_map(|i| message_error(i, fields)),
+            other => Some(cannot_unmarshal(kind_of(other), "[]json.RawMessage")),
+        },
+        Unchecked => None,
+    }
+}
+
+fn enum_error(v: &Value, go_type: &str, names: &[&str]) -> Option<String> {
     match v {
-        Value::Object(fields) => fields.iter().find_map(|(name, value)| {
-            let name = name.as_str();
-            if let Some((_, go_type, names)) = ENUM_FIELDS.iter().find(|(n, ..)| *n == name) {
-                enum_error(value, go_type, names)
-            } else if MESSAGE_LIST_FIELDS.contains(&name) {
-                match value {
-                    Value::Array(items) => items.iter().find_map(message_error),
-                    Value::Null => None,
-                    other => Some(cannot_unmarshal(kind_of(other), "[]json.RawMessage")),
-                }
-            } else if MESSAGE_FIELDS.contains(&name) {
-                message_error(value)
-            } else if BYTES_FIELDS.contains(&name) {
-                bytes_error(value)
-            } else if INT_FIELDS.contains(&name) {
-                int_error(value)
-            } else if BOOL_FIELDS.contains(&name) {
-                match value {
-                    Value::Bool(_) | Value::Null => None,
-                    other => Some(cannot_unmarshal(kind_of(other), "bool")),
-                }
-            } else {
-                first_field_error(value)
-            }
-        }),
-        Value::Array(items) => items.iter().find_map(first_field_error),
-        _ => None,
+        Value::String(s) if names.contains(&s.as_str()) => None,
+        // jsonpb quotes the name's raw JSON text (escapes left as they
+        // were): serde's escaping of it is the closest at hand.
+        Value::String(s) => {
+            let json = serde_json::to_string(s).unwrap_or_default();
+            let raw = json.get(1..json.len().saturating_sub(1)).unwrap_or("");
+            Some(format!(
+                "unknown value {} for enum {go_type}",
+                go_quote(raw)
+            ))
+        }
+        Value::Number(n) if n.is_i64() => None,
+        Value::Number(n) => Some(cannot_unmarshal(&format!("number {n}"), go_type)),
+        other => Some(cannot_unmarshal(kind_of(other), go_type)),
     }
 }
 
@@ -201,7 +337,6 @@ fn bytes_error(v: &Value) -> Option<String> {
         Value::String(s) => {
             base64_error(s.as_bytes()).map(|at| format!("illegal base64 data at input byte {at}"))
         }
-        Value::Null => None,
         // Go decodes an array into a byte slice element by element; leave
         // that corner to serde.
         Value::Array(_) => None,
@@ -211,28 +346,65 @@ fn bytes_error(v: &Value) -> Option<String> {
 
 /// jsonpb drops the quotes of a quoted integer and hands what is inside
 /// to `json.Unmarshal`.
-fn int_error(v: &Value) -> Option<String> {
-    match v {
-        Value::Null => None,
+fn int_error(v: &Value, go_type: &str) -> Option<String> {
+    let text = match v {
         Value::String(s) => {
-            scan_whole(s.as_bytes())
-                .err()
-                .or_else(|| match serde_json::from_str::<Value>(s) {
-                    Ok(inner) => int_error_unquoted(&inner),
-                    Err(_) => None,
-                })
+            if let Err(e) = scan_whole(s.as_bytes()) {
+                return Some(e);
+            }
+            match serde_json::from_str::<Value>(s) {
+                Ok(Value::Number(_)) => s.trim().to_string(),
+                Ok(other) => return Some(cannot_unmarshal(kind_of(&other), go_type)),
+                Err(_) => return None,
+            }
         }
-        other => int_error_unquoted(other),
-    }
+        // Go prints the literal as written; serde's rendering is the
+        // closest at hand for an unquoted one.
+        Value::Number(n) => n.to_string(),
+        other => return Some(cannot_unmarshal(kind_of(other), go_type)),
+    };
+    let fits = match go_type {
+        "uint64" => text.parse::<u64>().is_ok(),
+        _ => text.parse::<i64>().is_ok(),
+    };
+    (!fits).then(|| cannot_unmarshal(&format!("number {text}"), go_type))
 }
 
-fn int_error_unquoted(v: &Value) -> Option<String> {
-    match v {
-        Value::Null => None,
-        // Member IDs are uint64: both widths pass here.
-        Value::Number(n) if n.is_i64() || n.is_u64() => None,
-        Value::Number(n) => Some(cannot_unmarshal(&format!("number {n}"), "int64")),
-        other => Some(cannot_unmarshal(kind_of(other), "int64")),
+/// Go's `strconv.Quote` (printable characters kept, the rest escaped).
+fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c => out.push_str(&escape_rune(c)),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// One character as Go's quoting writes it.
+fn escape_rune(c: char) -> String {
+    match c {
+        '\x07' => r"\a".to_string(),
+        '\x08' => r"\b".to_string(),
+        '\x0c' => r"\f".to_string(),
+        '\n' => r"\n".to_string(),
+        '\r' => r"\r".to_string(),
+        '\t' => r"\t".to_string(),
+        '\x0b' => r"\v".to_string(),
+        c if (c as u32) < 0x20 || c == '\x7f' => format!(r"\x{:02x}", c as u32),
+        // Go's unicode.IsPrint: no controls, and no spaces but U+0020.
+        c if c.is_control() || (c.is_whitespace() && c != ' ') || c == '\u{ad}' => {
+            if (c as u32) <= 0xffff {
+                format!(r"\u{:04x}", c as u32)
+            } else {
+                format!(r"\U{:08x}", c as u32)
+            }
+        }
+        c => c.to_string(),
     }
 }
 
@@ -335,10 +507,17 @@ fn scan_whole(body: &[u8]) -> Result<(), String> {
             };
         }
     }
-    if s.in_value() || !s.started {
-        return Err("unexpected end of JSON input".into());
+    // Go's `eof()` feeds a space: a value cut short inside a literal or a
+    // number says so in that literal's words.
+    if s.started {
+        if let Step::End = s.step(b' ')? {
+            return Ok(());
+        }
+        if !s.in_value() {
+            return Ok(());
+        }
     }
-    Ok(())
+    Err("unexpected end of JSON input".into())
 }
 
 /// Go's scanner over the first value of `body`: `Err` with Go's message at
@@ -418,33 +597,13 @@ fn is_space(c: u8) -> bool {
     matches!(c, b' ' | b'\t' | b'\r' | b'\n')
 }
 
-/// Go's `quoteChar`.
+/// Go's `quoteChar`: the byte as a character in single quotes.
 fn quote_char(c: u8) -> String {
     match c {
         b'\'' => r"'\''".into(),
         b'"' => "'\"'".into(),
-        _ => {
-            let ch = char::from(c);
-            let quoted = match ch {
-                '\x07' => r"\a".to_string(),
-                '\x08' => r"\b".to_string(),
-                '\x0c' => r"\f".to_string(),
-                '\n' => r"\n".to_string(),
-                '\r' => r"\r".to_string(),
-                '\t' => r"\t".to_string(),
-                '\x0b' => r"\v".to_string(),
-                '\\' => r"\\".to_string(),
-                c if c.is_control() => {
-                    if (c as u32) < 0x80 {
-                        format!(r"\x{:02x}", c as u32)
-                    } else {
-                        format!(r"\u{:04x}", c as u32)
-                    }
-                }
-                c => c.to_string(),
-            };
-            format!("'{quoted}'")
-        }
+        b'\\' => r"'\\'".into(),
+        _ => format!("'{}'", escape_rune(char::from(c))),
     }
 }
 
@@ -685,61 +844,151 @@ mod tests {
     /// `/v3/kv/put` (captured with curl against a real etcd).
     #[test]
     fn explains_bodies_as_etcds_gateway_does() {
-        let cases: &[(&str, Option<&str>)] = &[
+        let cases: &[(&str, &str, Option<&str>)] = &[
             (
+                "kv/put",
                 "notjson",
                 Some("invalid character 'o' in literal null (expecting 'u')"),
             ),
-            (r#"{"key":"#, Some("unexpected EOF")),
+            ("kv/put", r#"{"key":"#, Some("unexpected EOF")),
             (
+                "kv/put",
                 r#"{"key":"zz"}"#,
                 Some("illegal base64 data at input byte 0"),
             ),
             (
+                "kv/put",
                 r#"{"key":123}"#,
                 Some("json: cannot unmarshal number into Go value of type []uint8"),
             ),
             (
+                "kv/put",
                 r#"{"key":"Zm9v","value":"YmFy","lease":"abc"}"#,
                 Some("invalid character 'a' looking for beginning of value"),
             ),
             (
+                "kv/put",
                 "[]",
                 Some(
                     "json: cannot unmarshal array into Go value of type map[string]json.RawMessage",
                 ),
             ),
             (
+                "kv/put",
                 r#"{"key":"Zm9v","value":"YmFy","prev_kv":"yes"}"#,
                 Some("json: cannot unmarshal string into Go value of type bool"),
             ),
-            (r#"{"key":"Zm9v","bogus":1}"#, None),
+            ("kv/put", r#"{"key":"Zm9v","bogus":1}"#, None),
             (
+                "kv/put",
                 r#"{"key":"Zm9vYg"}"#,
                 Some("illegal base64 data at input byte 4"),
             ),
             (
+                "kv/range",
                 r#"{"key":"Zm9v","sort_order":"BAD"}"#,
                 Some(r#"unknown value "BAD" for enum etcdserverpb.RangeRequest_SortOrder"#),
             ),
             (
+                "kv/txn",
                 r#"{"compare":{}}"#,
                 Some("json: cannot unmarshal object into Go value of type []json.RawMessage"),
             ),
             (
+                "kv/txn",
                 r#"{"compare":[1]}"#,
                 Some("json: cannot unmarshal number into Go value of type map[string]json.RawMessage"),
             ),
             (
+                "kv/txn",
                 r#"{"success":[{"request_put":{"key":1}}]}"#,
                 Some("json: cannot unmarshal number into Go value of type []uint8"),
             ),
-            (r#"{"ID":"12345678901234567890"}"#, None),
-            (r#"{"key":"Zm9v","sort_order":"DESCEND","limit":"5"}"#, None),
-            (r#"{"key":"Zm9v"} trailing"#, None),
+            (
+                "kv/txn",
+                r#"{"success":[{"requestPut":{"key":"Zm9vYg"}}]}"#,
+                Some("illegal base64 data at input byte 4"),
+            ),
+            ("cluster/member/remove", r#"{"ID":"12345678901234567890"}"#, None),
+            (
+                "cluster/member/remove",
+                r#"{"ID":"-1"}"#,
+                Some("json: cannot unmarshal number -1 into Go value of type uint64"),
+            ),
+            (
+                "kv/range",
+                r#"{"key":"Zm9v","sort_order":"DESCEND","limit":"5"}"#,
+                None,
+            ),
+            ("kv/put", r#"{"key":"Zm9v"} trailing"#, None),
+            // Fields a message does not have are ignored, as jsonpb does.
+            ("kv/put", r#"{"key":"Zm9v","extra":{"key":"raw"}}"#, None),
+            ("kv/put", r#"{"key":"Zm9v","sort_order":"BAD"}"#, None),
+            // The camelCase name wins over the proto name.
+            (
+                "kv/range",
+                r#"{"key":"Zm9v","range_end":"x","rangeEnd":"Zm9w"}"#,
+                None,
+            ),
+            (
+                "kv/range",
+                r#"{"key":"Zm9v","rangeEnd":"x"}"#,
+                Some("illegal base64 data at input byte 0"),
+            ),
+            // jsonpb's order is the proto's, not the body's.
+            (
+                "kv/put",
+                r#"{"lease":"x","value":"zz"}"#,
+                Some("illegal base64 data at input byte 0"),
+            ),
+            (
+                "kv/put",
+                r#"{"key":"Zm9v","lease":"-"}"#,
+                Some("invalid character ' ' in numeric literal"),
+            ),
+            (
+                "kv/put",
+                r#"{"key":"Zm9v","lease":""}"#,
+                Some("unexpected end of JSON input"),
+            ),
+            (
+                "kv/put",
+                r#"{"key":"Zm9v","lease":"1.5"}"#,
+                Some("json: cannot unmarshal number 1.5 into Go value of type int64"),
+            ),
+            (
+                "kv/put",
+                r#"{"key":"Zm9v","lease":"1 2"}"#,
+                Some("invalid character '2' after top-level value"),
+            ),
+            (
+                "auth/role/grant",
+                r#"{"name":"r","perm":{"permType":"ALL"}}"#,
+                Some(r#"unknown value "ALL" for enum authpb.Permission_Type"#),
+            ),
+            ("auth/role/revoke", r#"{"role":"r","key":"plain"}"#, None),
+            (
+                "kv/range",
+                r#"{"key":"Zm9v","sort_order":"B\u0001D"}"#,
+                Some(r#"unknown value "B\\u0001D" for enum etcdserverpb.RangeRequest_SortOrder"#),
+            ),
+            (
+                "cluster/member/add",
+                r#"{"peerURLs":"http://x"}"#,
+                Some("json: cannot unmarshal string into Go value of type []json.RawMessage"),
+            ),
+            (
+                "watch",
+                r#"{"create_request":{"key":"Zm9v","start_revision":true}}"#,
+                Some("json: cannot unmarshal bool into Go value of type int64"),
+            ),
         ];
-        for (body, want) in cases {
-            assert_eq!(explain(body.as_bytes()).as_deref(), *want, "body {body}");
+        for (route, body, want) in cases {
+            assert_eq!(
+                explain(route, body.as_bytes()).as_deref(),
+                *want,
+                "{route} {body}"
+            );
         }
     }
 

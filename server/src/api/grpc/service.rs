@@ -902,13 +902,12 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         request: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         self.admin_only(token_of(&request)).await?;
-        let (path, size, revision, term) = match self.0.call(Command::Backup).await {
-            Reply::Backup(Ok((path, size, revision)), term) => (path, size, revision, term),
+        // etcd 3.4 sends no header on Snapshot responses.
+        let (path, size) = match self.0.call(Command::Backup).await {
+            Reply::Backup(Ok((path, size, _revision)), _) => (path, size),
             Reply::Backup(Err(e), _) => return Err(status_of(&e)),
             _ => return Err(status_of(&ServerError::Stopped)),
         };
-        // etcd 3.4 sends no header on Snapshot responses.
-        let _ = (revision, term);
         let (out, responses) =
             futures_channel::mpsc::channel::<Result<pb::SnapshotResponse, Status>>(4);
         let task = SendWrapper::new(stream_backup(path, size, out));
@@ -1161,7 +1160,10 @@ fn bcrypt_pool() -> Result<&'static std::sync::mpsc::SyncSender<HashJob>, Status
                     // The lock is held only while waiting for a job.
                     let next = queue.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     match next {
-                        Ok(job) => job(),
+                        // A panicking job must not take its worker along.
+                        Ok(job) => {
+                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                        }
                         Err(_) => return,
                     }
                 })
