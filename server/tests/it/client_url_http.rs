@@ -294,6 +294,10 @@ fn gateway_malformed_bodies_are_refused_in_etcds_words() {
         ("/v3/kv/put", r#"{"key":"Zm9v","extra":{"key":"raw"}}"#),
         ("/v3/kv/put", r#"{"key":"Zm9v","sort_order":"BAD"}"#),
         ("/v3/kv/range", r#"{"key":"Zm9v","rangeEnd":"x"}"#),
+        (
+            "/v3/kv/range",
+            r#"{"key":"Zm9v","range_end":"x","rangeEnd":"Zm9w"}"#,
+        ),
         ("/v3/kv/put", r#"{"lease":"x","value":"zz"}"#),
         ("/v3/kv/put", r#"{"key":"Zm9v","lease":"-"}"#),
         ("/v3/kv/put", r#"{"key":"Zm9v","lease":"1.5"}"#),

@@ -319,8 +319,10 @@ fn decode_request<Req: DeserializeOwned + Default>(
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Req::default());
     }
-    // Go's decoder reads the first value and ignores what follows.
-    match serde_json::Deserializer::from_slice(body)
+    // Go's decoder reads the first value and ignores what follows; a
+    // field named twice counts once, as jsonpb counts it.
+    let view = super::go_json::jsonpb_view(route, body);
+    match serde_json::Deserializer::from_slice(view.as_deref().unwrap_or(body))
         .into_iter::<Req>()
         .next()
     {

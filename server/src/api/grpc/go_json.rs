@@ -235,6 +235,48 @@ pub fn explain(route: &str, body: &[u8]) -> Option<String> {
     }
 }
 
+/// The first JSON value of `body` as jsonpb sees it, when that differs
+/// from what serde would decode: a field given under both its proto name
+/// and its camelCase name is jsonpb's camelCase one alone (serde would
+/// decode, and judge, both). `None`: decode `body` as it is.
+pub fn jsonpb_view(route: &str, body: &[u8]) -> Option<Vec<u8>> {
+    let fields = schema(route)?;
+    let end = value_end(body)?;
+    let mut value: Value = serde_json::from_slice(&body[..end]).ok()?;
+    if !drop_shadowed(&mut value, fields) {
+        return None;
+    }
+    serde_json::to_vec(&value).ok()
+}
+
+/// Removes proto-named fields that a camelCase twin shadows, through the
+/// known nested messages; whether any was removed.
+fn drop_shadowed(v: &mut Value, fields: &[Field]) -> bool {
+    let Value::Object(object) = v else {
+        return false;
+    };
+    let mut dropped = false;
+    for field in fields {
+        let camel = camel(field.name);
+        if camel != field.name && object.contains_key(&camel) {
+            dropped |= object.remove(field.name).is_some();
+        }
+        let Some(value) = object.get_mut(&camel) else {
+            continue;
+        };
+        match (field.kind, value) {
+            (Message(inner), value) => dropped |= drop_shadowed(value, inner),
+            (Messages(inner), Value::Array(items)) => {
+                for item in items {
+                    dropped |= drop_shadowed(item, inner);
+                }
+            }
+            _ => {}
+        }
+    }
+    dropped
+}
+
 fn cannot_unmarshal(kind: &str, go_type: &str) -> String {
     format!("json: cannot unmarshal {kind} into Go value of type {go_type}")
 }
@@ -990,6 +1032,34 @@ mod tests {
                 "{route} {body}"
             );
         }
+    }
+
+    #[test]
+    fn a_camel_case_twin_shadows_the_proto_name_as_in_jsonpb() {
+        let view = |route: &str, body: &str| {
+            jsonpb_view(route, body.as_bytes()).map(|b| String::from_utf8(b).unwrap())
+        };
+        assert_eq!(
+            view(
+                "kv/range",
+                r#"{"key":"Zm9v","range_end":"x","rangeEnd":"Zm9w"}"#
+            )
+            .as_deref(),
+            Some(r#"{"key":"Zm9v","rangeEnd":"Zm9w"}"#)
+        );
+        assert_eq!(
+            view(
+                "kv/txn",
+                r#"{"success":[{"requestPut":{"key":"YQ==","prev_kv":"x","prevKv":true}}]}"#
+            )
+            .as_deref(),
+            Some(r#"{"success":[{"requestPut":{"key":"YQ==","prevKv":true}}]}"#)
+        );
+        assert_eq!(
+            view("kv/range", r#"{"key":"Zm9v","range_end":"Zm9w"}"#),
+            None
+        );
+        assert_eq!(view("kv/range", "nope"), None);
     }
 
     #[test]
