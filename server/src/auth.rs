@@ -479,21 +479,21 @@ impl AuthStore {
         spans.sort_by(|a, b| a.0.cmp(b.0));
         // Walk the spans in key order, extending the covered prefix
         // `[need.key, reached)` until it reaches the end or a gap shows.
-        let mut reached: Vec<u8> = need.key.to_vec();
-        for (begin, end) in spans {
-            if begin > &reached[..] {
+        let mut reached: &[u8] = &need.key;
+        for (begin, end) in &spans {
+            if *begin > reached {
                 break;
             }
             match end {
                 End::Unbounded => return true,
                 End::Key(e) => {
-                    if e > reached {
+                    if e.as_slice() > reached {
                         reached = e;
                     }
                 }
             }
             if let End::Key(w) = &want_end {
-                if reached >= *w {
+                if reached >= w.as_slice() {
                     return true;
                 }
             }
@@ -754,12 +754,12 @@ impl AuthStore {
             (Some(now), Some(then)) => now.password == then.password,
             _ => false,
         };
-        let kept: Vec<(String, Token)> = previous
-            .tokens
-            .into_iter()
-            .filter(|(_, t)| same_user(&t.user))
-            .collect();
-        self.tokens.extend(kept);
+        self.tokens.extend(
+            previous
+                .tokens
+                .into_iter()
+                .filter(|(_, t)| same_user(&t.user)),
+        );
     }
 
     fn forget_tokens_of(&mut self, name: &str) {

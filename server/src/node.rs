@@ -208,21 +208,24 @@ fn leases_used(req: &mvcc::Request, out: &mut Vec<i64>) {
     }
 }
 
-/// The apply-time check of a write a client proposed while auth was on:
-/// the same on every member (the user named in the entry, never a token;
-/// the applied auth state and leases). A change of the auth state since
-/// the proposer's check refuses it (etcd's `ErrAuthOldRevision`); so does
-/// what the proposer's check would refuse now.
+/// The apply-time check of a client's write: the same on every member (the
+/// user named in the entry, never a token; the applied auth state and
+/// leases). While auth is on, a change of the auth state since the
+/// proposer's check refuses it (etcd's `ErrAuthOldRevision`); so does what
+/// the proposer's check would refuse now. With auth off nothing is built:
+/// every client write passes here.
 fn check_at_apply(
     auth: &crate::auth::AuthStore,
     lessor: &crate::lease::Lessor,
     by: &ProposedBy,
-    mut needs: Vec<crate::auth::Need>,
+    collect: impl FnOnce(&mut Vec<crate::auth::Need>),
     leases: &[i64],
 ) -> std::result::Result<(), crate::auth::AuthError> {
     if !auth.enabled() {
         return Ok(());
     }
+    let mut needs = Vec::new();
+    collect(&mut needs);
     lease_needs(lessor, leases, &mut needs);
     if needs.is_empty() {
         return Ok(());
@@ -980,25 +983,16 @@ impl Node {
     /// client's is checked against its permissions first (and again at
     /// apply), as etcd's.
     pub async fn write(&self, req: mvcc::Request, caller: Caller<'_>) -> Result<mvcc::Response> {
-        let by = match caller {
-            Caller::Member => None,
+        let mut body = Vec::with_capacity(64);
+        let tag = match caller {
+            Caller::Member => TAG_KV,
             Caller::Client(token) => {
                 let mut used = Vec::new();
                 leases_used(&req, &mut used);
-                Some(self.check_proposal(
-                    token,
-                    |needs| crate::auth::kv_needs(&req, needs),
-                    &used,
-                )?)
-            }
-        };
-        let mut body = Vec::with_capacity(64);
-        let tag = match &by {
-            Some(by) => {
-                by.encode(&mut body);
+                self.check_proposal(token, |needs| crate::auth::kv_needs(&req, needs), &used)?
+                    .encode(&mut body);
                 TAG_KV_AUTHED
             }
-            None => TAG_KV,
         };
         mvcc::codec::encode(&req, &mut body);
         match self.propose(tag, &body).await? {
@@ -1025,17 +1019,13 @@ impl Node {
     /// Revokes a lease through the log, deleting its keys; returns the
     /// revision. A client needs write permission on every attached key.
     pub async fn lease_revoke(&self, id: i64, caller: Caller<'_>) -> Result<i64> {
-        let by = match caller {
-            Caller::Member => None,
-            Caller::Client(token) => Some(self.check_proposal(token, |_| {}, &[id])?),
-        };
         let mut body = Vec::with_capacity(8);
-        let tag = match &by {
-            Some(by) => {
-                by.encode(&mut body);
+        let tag = match caller {
+            Caller::Member => TAG_LEASE_REVOKE,
+            Caller::Client(token) => {
+                self.check_proposal(token, |_| {}, &[id])?.encode(&mut body);
                 TAG_LEASE_REVOKE_AUTHED
             }
-            None => TAG_LEASE_REVOKE,
         };
         body.put_i64_le(id);
         match self.propose(tag, &body).await? {
@@ -1333,18 +1323,15 @@ impl Node {
 
     /// Writes a consistent snapshot of the whole store (data, MVCC metadata,
     /// leases) to a new file under the snap dir, for the Maintenance
-    /// Snapshot stream. Returns (path, bytes, revision); the caller deletes
-    /// the file when sent.
-    pub async fn write_backup(&self) -> Result<(PathBuf, u64, i64)> {
-        // No await between these two: the revision read live is the one the
-        // engine snapshot holds (the per-turn status cell can lag by a turn).
-        let revision = self.status().revision;
+    /// Snapshot stream. Returns (path, bytes); the caller deletes the file
+    /// when sent.
+    pub async fn write_backup(&self) -> Result<(PathBuf, u64)> {
         let snapshot = self.engine.borrow().snapshot();
         let n = self.next_id.get().wrapping_add(1);
         self.next_id.set(n);
         let path = self.dirs.snap.join(format!("backup-{n:016x}.stream"));
         let bytes = engine::memory::write_snapshot_file_off_core(snapshot, &path).await?;
-        Ok((path, bytes, revision))
+        Ok((path, bytes))
     }
 
     /// Hands one feed item to every shard's watch hub (they only enqueue).
@@ -1892,9 +1879,8 @@ impl Node {
                     let mut used = Vec::new();
                     leases_used(&req, &mut used);
                     let refused = by.as_ref().and_then(|by| {
-                        let mut needs = Vec::new();
-                        crate::auth::kv_needs(&req, &mut needs);
-                        check_at_apply(&self.auth.borrow(), &lessor, by, needs, &used).err()
+                        let collect = |needs: &mut Vec<_>| crate::auth::kv_needs(&req, needs);
+                        check_at_apply(&self.auth.borrow(), &lessor, by, collect, &used).err()
                     });
                     if let Some(e) = refused {
                         mvcc.apply_noop(entry.index)?;
@@ -1998,7 +1984,7 @@ impl Node {
                 Decoded::LeaseRevoke { id: lease, by } => match by
                     .as_ref()
                     .map_or(Ok(()), |by| {
-                        check_at_apply(&self.auth.borrow(), &lessor, by, Vec::new(), &[lease])
+                        check_at_apply(&self.auth.borrow(), &lessor, by, |_| {}, &[lease])
                     })
                     .map_err(ServerError::Auth)
                     .and_then(|()| lessor.revoke(lease).map_err(ServerError::Lease))
@@ -2860,9 +2846,8 @@ mod tests {
     ) -> std::result::Result<(), AuthError> {
         let mut used = Vec::new();
         leases_used(req, &mut used);
-        let mut needs: Vec<Need> = Vec::new();
-        crate::auth::kv_needs(req, &mut needs);
-        check_at_apply(auth, lessor, by, needs, &used)
+        let collect = |needs: &mut Vec<Need>| crate::auth::kv_needs(req, needs);
+        check_at_apply(auth, lessor, by, collect, &used)
     }
 
     #[test]
@@ -2888,15 +2873,12 @@ mod tests {
             Err(AuthError::PermissionDenied)
         );
         assert_eq!(
-            check_at_apply(&auth, &lessor, &alice, Vec::new(), &[7]),
+            check_at_apply(&auth, &lessor, &alice, |_| {}, &[7]),
             Err(AuthError::PermissionDenied)
         );
         // An unknown lease has no keys: the lease check is not the one
         // that refuses (the apply then answers "lease not found").
-        assert_eq!(
-            check_at_apply(&auth, &lessor, &alice, Vec::new(), &[8]),
-            Ok(())
-        );
+        assert_eq!(check_at_apply(&auth, &lessor, &alice, |_| {}, &[8]), Ok(()));
         // Any auth change between the proposer's check and the apply
         // refuses the write, whatever it changed.
         auth.apply(&AuthRequest::RoleAdd { name: "x".into() }, 2, now)

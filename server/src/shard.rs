@@ -125,8 +125,8 @@ pub enum Reply {
     LeaseRevoke(Result<i64>, u64),
     CompactRevision(i64),
     Defragment(Result<()>, u64),
-    /// (file, bytes, revision) of a backup to stream, then delete.
-    Backup(Result<(std::path::PathBuf, u64, i64)>, u64),
+    /// (file, bytes) of a backup to stream, then delete.
+    Backup(Result<(std::path::PathBuf, u64)>, u64),
     /// A lease query: the answer, the store revision and the term.
     Lease(LeaseInfo, i64, u64),
     Metrics(String),

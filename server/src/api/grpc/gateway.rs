@@ -119,32 +119,29 @@ impl Gateway {
         F: FnOnce(tonic::Request<tonic::Streaming<Req>>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<BoxStream<Resp>>, Status>>,
     {
-        let body = match Limited::new(body, self.max_body_bytes).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) => return stream_error(&body_error(&*e)),
+        let body = match self.read_body(body).await {
+            Ok(b) => b,
+            Err(status) => return stream_error(&status),
         };
         let mut frames = VecDeque::new();
         let mut values = serde_json::Deserializer::from_slice(&body).into_iter::<Req>();
         let mut start = 0;
         while let Some(request) = values.next() {
-            // The gateway's decoding error reaches the client as gRPC code
-            // Unknown (HTTP 500); each request object is judged as Go's
-            // gateway judges it.
+            // Each request object is judged as Go's gateway judges it; a
+            // refusal reaches the client as gRPC code Unknown (HTTP 500).
             let rest = &body[start..];
-            let refused = match request {
+            let why = match request {
                 Ok(r) => match super::go_json::explain(route, rest) {
                     None => {
                         frames.push_back(grpc_frame(&r));
-                        None
+                        start = values.byte_offset();
+                        continue;
                     }
-                    Some(why) => Some(why),
+                    Some(why) => why,
                 },
-                Err(e) => Some(decode_error(route, rest, &e)),
+                Err(e) => decode_error(route, rest, &e),
             };
-            if let Some(why) = refused {
-                return stream_error(&Status::unknown(why));
-            }
-            start = values.byte_offset();
+            return stream_error(&Status::unknown(why));
         }
         let decoder = tonic_prost::ProstCodec::<Resp, Req>::default().decoder();
         let input = tonic::Streaming::new_request(
@@ -176,9 +173,9 @@ impl Gateway {
         F: FnOnce(tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<BoxStream<Resp>>, Status>>,
     {
-        let body = match Limited::new(body, self.max_body_bytes).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) => return stream_error(&body_error(&*e)),
+        let body = match self.read_body(body).await {
+            Ok(b) => b,
+            Err(status) => return stream_error(&status),
         };
         let request = match decode_request::<Req>(route, &body) {
             Ok(r) => r,
@@ -201,9 +198,9 @@ impl Gateway {
         body: Incoming,
         authorization: Option<HeaderValue>,
     ) -> Option<HttpResponse> {
-        let body = match Limited::new(body, self.max_body_bytes).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) => return Some(error_response(&body_error(&*e))),
+        let body = match self.read_body(body).await {
+            Ok(b) => b,
+            Err(status) => return Some(error_response(&status)),
         };
         let body = GatewayRequest {
             route,
@@ -343,13 +340,17 @@ fn decode_error(route: &str, body: &[u8], e: &serde_json::Error) -> String {
     super::go_json::explain(route, body).unwrap_or_else(|| e.to_string())
 }
 
-/// Why a request body could not be read: over the size limit, or the
-/// client's connection failed mid-body.
-fn body_error(e: &(dyn std::error::Error + Send + Sync + 'static)) -> Status {
-    if e.is::<http_body_util::LengthLimitError>() {
-        Status::invalid_argument("etcdserver: request is too large")
-    } else {
-        Status::cancelled(e.to_string())
+impl Gateway {
+    /// The whole request body, or why it could not be read: over the size
+    /// limit, or the client's connection failed mid-body.
+    async fn read_body(&self, body: Incoming) -> Result<Bytes, Status> {
+        match Limited::new(body, self.max_body_bytes).collect().await {
+            Ok(b) => Ok(b.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                Err(Status::invalid_argument("etcdserver: request is too large"))
+            }
+            Err(e) => Err(Status::cancelled(e.to_string())),
+        }
     }
 }
 

@@ -226,8 +226,7 @@ pub fn explain(route: &str, body: &[u8]) -> Option<String> {
     if let Err(e) = scan(body) {
         return Some(e);
     }
-    let end = value_end(body)?;
-    let value: Value = serde_json::from_slice(&body[..end]).ok()?;
+    let value = first_value(body)?;
     match &value {
         Value::Object(_) => message_error(&value, schema(route)?),
         Value::Null => None,
@@ -241,8 +240,7 @@ pub fn explain(route: &str, body: &[u8]) -> Option<String> {
 /// decode, and judge, both). `None`: decode `body` as it is.
 pub fn jsonpb_view(route: &str, body: &[u8]) -> Option<Vec<u8>> {
     let fields = schema(route)?;
-    let end = value_end(body)?;
-    let mut value: Value = serde_json::from_slice(&body[..end]).ok()?;
+    let mut value = first_value(body)?;
     if !drop_shadowed(&mut value, fields) {
         return None;
     }
@@ -522,12 +520,13 @@ fn base64_error(s: &[u8]) -> Option<usize> {
     None
 }
 
-/// The end of the first JSON value in `body` (Go's decoder reads one value
-/// and ignores what follows).
-fn value_end(body: &[u8]) -> Option<usize> {
-    let mut de = serde_json::Deserializer::from_slice(body).into_iter::<serde::de::IgnoredAny>();
-    de.next()?.ok()?;
-    Some(de.byte_offset())
+/// The first JSON value in `body` (Go's decoder reads one value and
+/// ignores what follows).
+fn first_value(body: &[u8]) -> Option<Value> {
+    serde_json::Deserializer::from_slice(body)
+        .into_iter::<Value>()
+        .next()?
+        .ok()
 }
 
 /// `json.Unmarshal`'s validity check: exactly one value, nothing but

@@ -904,7 +904,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         self.admin_only(token_of(&request)).await?;
         // etcd 3.4 sends no header on Snapshot responses.
         let (path, size) = match self.0.call(Command::Backup).await {
-            Reply::Backup(Ok((path, size, _revision)), _) => (path, size),
+            Reply::Backup(Ok(backup), _) => backup,
             Reply::Backup(Err(e), _) => return Err(status_of(&e)),
             _ => return Err(status_of(&ServerError::Stopped)),
         };
