@@ -29,7 +29,7 @@ use crate::btree::{BtreeEngine, BtreeSnapshot};
 use crate::lsm::{LsmEngine, LsmSnapshot};
 use crate::memory::MemorySnapshot;
 use crate::snapfile;
-use crate::{Engine, EngineSnapshot, Error, MemoryEngine, Result, Scan, WriteBatch};
+use crate::{Engine, EngineSize, EngineSnapshot, Error, MemoryEngine, Result, Scan, WriteBatch};
 
 const KIND_FILE: &str = "ENGINE";
 const CURRENT_FILE: &str = "db.current";
@@ -193,6 +193,10 @@ impl Engine for AnyEngine {
 
     fn durable_applied_index(&self) -> u64 {
         dispatch!(self, e => e.durable_applied_index())
+    }
+
+    fn size(&self) -> EngineSize {
+        dispatch!(self, e => Engine::size(e))
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {

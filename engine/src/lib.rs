@@ -124,6 +124,18 @@ pub trait EngineSnapshot: Send + Sync + 'static {
         F: FnMut(&Bytes, &Bytes) -> Scan;
 }
 
+/// How much room an engine's data takes: what etcd calls the backend's
+/// size (`dbSize`) and the part of it live data uses (`dbSizeInUse`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineSize {
+    /// Disk engines: their files, plus what was written since the last
+    /// persist (an estimate until then). Memory: the live bytes.
+    pub total_bytes: u64,
+    /// Of that, what live data uses (free pages, obsolete tables not yet
+    /// compacted away excluded where the engine knows them).
+    pub in_use_bytes: u64,
+}
+
 /// An ordered key/value store with atomic batches and snapshot reads.
 ///
 /// Writes come from one owner at a time (the apply loop); reads may come from
@@ -143,6 +155,9 @@ pub trait Engine: 'static {
     /// The applied index that would survive a crash right now without any
     /// log replay (for the memory engine: the index of its last snapshot file).
     fn durable_applied_index(&self) -> u64;
+
+    /// How much room the data takes; cheap (no lock, no I/O).
+    fn size(&self) -> EngineSize;
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
         self.snapshot().get(key)

@@ -49,7 +49,15 @@ use bytes::Bytes;
 use crossbeam_skiplist::{map::Entry, SkipMap};
 
 use crate::snapfile::{self, SnapshotData};
-use crate::{BatchOp, Engine, EngineSnapshot, Error, Result, Scan, WriteBatch};
+use crate::{BatchOp, Engine, EngineSize, EngineSnapshot, Error, Result, Scan, WriteBatch};
+
+/// What one stored version costs beyond its key and value (skiplist node,
+/// sequence, reference counts), in [`EngineSize`] terms.
+const VERSION_OVERHEAD: u64 = 64;
+
+fn version_bytes(key: &[u8], value: &[u8]) -> u64 {
+    (key.len() + value.len()) as u64 + VERSION_OVERHEAD
+}
 
 /// Optimistic (unregistered) point reads retry this often when a write lands
 /// underneath them before falling back to a registered snapshot.
@@ -257,6 +265,9 @@ struct Inner {
     applied_index: AtomicU64,
     durable_applied_index: AtomicU64,
     live_keys: AtomicUsize,
+    /// Bytes of the newest live version of every key (keys, values and
+    /// [`VERSION_OVERHEAD`] each): the engine's [`EngineSize`].
+    live_bytes: AtomicU64,
     published: Mutex<Published>,
     writer: Mutex<WriterState>,
 }
@@ -269,6 +280,7 @@ impl Inner {
             applied_index: AtomicU64::new(applied_index),
             durable_applied_index: AtomicU64::new(0),
             live_keys: AtomicUsize::new(0),
+            live_bytes: AtomicU64::new(0),
             published: Mutex::new(Published {
                 seq,
                 applied_index,
@@ -345,12 +357,14 @@ impl Inner {
         }
     }
 
-    /// Whether the newest version of `key` (published or not) is a value.
-    fn newest_is_live(&self, key: &[u8]) -> bool {
-        match seek(&self.versions, key, u64::MAX, true) {
-            Some(entry) => entry.key().user_key == key && entry.value().is_some(),
-            None => false,
+    /// The size (as [`version_bytes`]) of the newest version of `key`
+    /// (published or not) if it is a value.
+    fn newest_live_bytes(&self, key: &[u8]) -> Option<u64> {
+        let entry = seek(&self.versions, key, u64::MAX, true)?;
+        if entry.key().user_key != key {
+            return None;
         }
+        entry.value().as_ref().map(|v| version_bytes(key, v))
     }
 
     /// Drops the versions of `key` no snapshot in `pins` (nor any newer
@@ -504,7 +518,9 @@ impl MemoryEngine {
     pub fn from_snapshot_data(data: SnapshotData) -> MemoryEngine {
         let inner = Inner::new(LOADED_SEQ, data.applied_index);
         let mut live = 0;
+        let mut bytes = 0;
         for (key, value) in data.entries {
+            bytes += version_bytes(&key, &value);
             inner.versions.insert(
                 InternalKey {
                     user_key: key,
@@ -518,6 +534,7 @@ impl MemoryEngine {
         inner
             .live_keys
             .store(live.min(inner.versions.len()), Ordering::Relaxed);
+        inner.live_bytes.store(bytes, Ordering::Relaxed);
         MemoryEngine {
             inner: Arc::new(inner),
         }
@@ -677,12 +694,16 @@ impl Engine for MemoryEngine {
 
         let mut became_live = 0usize;
         let mut became_dead = 0usize;
+        let (mut bytes_added, mut bytes_gone) = (0u64, 0u64);
         for op in &ops {
             let (key, value) = match op {
                 BatchOp::Put { key, value } => (key, Some(value.clone())),
                 BatchOp::Delete { key } => (key, None),
             };
-            match (inner.newest_is_live(key), value.is_some()) {
+            let before = inner.newest_live_bytes(key);
+            bytes_gone += before.unwrap_or(0);
+            bytes_added += value.as_ref().map_or(0, |v| version_bytes(key, v));
+            match (before.is_some(), value.is_some()) {
                 (false, true) => became_live += 1,
                 (true, false) => became_dead += 1,
                 _ => {}
@@ -714,6 +735,10 @@ impl Engine for MemoryEngine {
 
         inner.live_keys.fetch_add(became_live, Ordering::Relaxed);
         inner.live_keys.fetch_sub(became_dead, Ordering::Relaxed);
+        // One writer at a time: a plain read-modify-write is enough.
+        let bytes =
+            (inner.live_bytes.load(Ordering::Relaxed) + bytes_added).saturating_sub(bytes_gone);
+        inner.live_bytes.store(bytes, Ordering::Relaxed);
 
         for op in &ops {
             let key = match op {
@@ -742,6 +767,16 @@ impl Engine for MemoryEngine {
 
     fn durable_applied_index(&self) -> u64 {
         self.inner.durable_applied_index.load(Ordering::Acquire)
+    }
+
+    /// The latest state's live bytes. Versions only a snapshot still pins
+    /// are not counted: they go when it does.
+    fn size(&self) -> EngineSize {
+        let bytes = self.inner.live_bytes.load(Ordering::Relaxed);
+        EngineSize {
+            total_bytes: bytes,
+            in_use_bytes: bytes,
+        }
     }
 
     /// A point read without registering a snapshot (no lock): read at the

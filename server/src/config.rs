@@ -13,6 +13,8 @@ use serde::Deserialize;
 
 /// Default `--max-request-bytes`, as etcd's (1.5 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// etcd's backend quota when `--quota-backend-bytes` is 0 or unset (2 GiB).
+pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 << 30;
 
 /// Everything a member needs to start.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -80,8 +82,10 @@ pub struct Config {
     /// served by the owner) cost microseconds instead of a wake-up, at the
     /// price of CPU burnt while idle. 0 sleeps at once.
     pub spin_before_park_us: u64,
-    /// Accepted for etcd compatibility; the quota alarm is tracked separately.
-    pub quota_backend_bytes: u64,
+    /// etcd's backend quota: a write that would take the store past it is
+    /// refused and raises the NOSPACE alarm. 0 means etcd's default
+    /// (2 GiB), a negative value disables the quota.
+    pub quota_backend_bytes: i64,
     /// How often watchers that asked for progress notifications get one
     /// (a duration such as `10m`, `5s`; `0s` disables). etcd's default: 10m.
     pub experimental_watch_progress_notify_interval: String,
@@ -142,7 +146,7 @@ impl Default for Config {
             max_pending_proposals: 100_000,
             io_memory_bytes: 1 << 20,
             spin_before_park_us: 0,
-            quota_backend_bytes: 2 << 30,
+            quota_backend_bytes: 0,
             experimental_watch_progress_notify_interval: "10m".into(),
             experimental_peer_fault_file: None,
             peer_cert_file: None,
@@ -225,8 +229,8 @@ pub struct Flags {
     pub io_memory_bytes: Option<usize>,
     #[arg(long)]
     pub spin_before_park_us: Option<u64>,
-    #[arg(long)]
-    pub quota_backend_bytes: Option<u64>,
+    #[arg(long, allow_negative_numbers = true)]
+    pub quota_backend_bytes: Option<i64>,
     #[arg(long)]
     pub experimental_watch_progress_notify_interval: Option<String>,
     #[arg(long, hide = true)]
@@ -302,6 +306,16 @@ macro_rules! overlay {
 }
 
 impl Config {
+    /// The backend quota in force: None when disabled (a negative flag),
+    /// etcd's default for 0.
+    pub fn backend_quota(&self) -> Option<u64> {
+        match self.quota_backend_bytes {
+            q if q < 0 => None,
+            0 => Some(DEFAULT_QUOTA_BACKEND_BYTES),
+            q => Some(q as u64),
+        }
+    }
+
     /// Builds the config from flags, reading `--config` if given.
     pub fn from_flags(mut flags: Flags) -> Result<Config, ConfigError> {
         let mut cfg = match &flags.config {

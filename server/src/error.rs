@@ -18,6 +18,12 @@ pub enum ServerError {
     RequestTooLarge,
     #[error("etcdserver: too many requests")]
     TooManyRequests,
+    /// The store reached `--quota-backend-bytes` or a NOSPACE alarm is on.
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
+    /// A CORRUPT alarm is on.
+    #[error("etcdserver: corrupt cluster")]
+    Corrupt,
     #[error("etcdserver: server stopped")]
     Stopped,
     #[error("etcdserver: no leader")]
@@ -64,7 +70,18 @@ impl ServerError {
             "etcdserver: not leader" => ServerError::NotLeader,
             "etcdserver: request timed out" => ServerError::Timeout,
             "etcdserver: no leader" => ServerError::NoLeader,
+            "etcdserver: mvcc: database space exceeded" => ServerError::NoSpace,
+            "etcdserver: corrupt cluster" => ServerError::Corrupt,
             other => ServerError::BadRequest(other.to_string()),
+        }
+    }
+}
+
+impl From<crate::alarm::Refusal> for ServerError {
+    fn from(r: crate::alarm::Refusal) -> Self {
+        match r {
+            crate::alarm::Refusal::NoSpace => ServerError::NoSpace,
+            crate::alarm::Refusal::Corrupt => ServerError::Corrupt,
         }
     }
 }

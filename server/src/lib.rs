@@ -4,6 +4,7 @@
 //! import glommio, so a simulation can drive them; `node` (the Raft loop),
 //! `api` and `shard` are the only modules that touch the runtime.
 
+pub mod alarm;
 pub mod alloc;
 pub mod api;
 pub mod auth;

@@ -100,7 +100,7 @@ pub struct Gauges {
     pub committed_index: u64,
     pub applied_index: u64,
     pub proposals_pending: usize,
-    pub db_size: u64,
+    pub db_size: engine::EngineSize,
     pub keys: usize,
     pub watchers: usize,
     pub quota_backend_bytes: u64,
@@ -181,13 +181,13 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         &mut out,
         "etcd_mvcc_db_total_size_in_bytes",
         "Total size of the underlying database physically allocated in bytes.",
-        g.db_size,
+        g.db_size.total_bytes,
     );
     gauge(
         &mut out,
         "etcd_mvcc_db_total_size_in_use_in_bytes",
         "Total size of the underlying database logically in use in bytes.",
-        g.db_size,
+        g.db_size.in_use_bytes,
     );
     gauge(
         &mut out,

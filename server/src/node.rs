@@ -67,6 +67,8 @@ pub enum Applied {
     /// A membership change: the members after it.
     Members(Vec<MemberRecord>),
     Auth(crate::auth::AuthApplied),
+    /// The alarms an Alarm call changed or asked for.
+    Alarms(Vec<crate::alarm::AlarmMember>),
 }
 
 /// What goes into the log: `[u64 origin member][u64 proposal id][u8 tag][body]`.
@@ -83,6 +85,8 @@ const TAG_AUTH: u8 = 7;
 const TAG_KV_AUTHED: u8 = 8;
 /// A client's lease revoke: `[ProposedBy][id]` (TAG_LEASE_REVOKE: expiry).
 const TAG_LEASE_REVOKE_AUTHED: u8 = 9;
+/// An Alarm call (`alarm::encode`).
+const TAG_ALARM: u8 = 10;
 
 /// Who asks for a write or a lease revoke.
 #[derive(Debug, Clone, Copy)]
@@ -144,6 +148,7 @@ pub(crate) enum Decoded {
     /// New peer URLs of a member (MemberUpdate).
     MemberPeers(MemberRecord),
     Auth(crate::auth::AuthRequest),
+    Alarm(crate::alarm::AlarmRequest),
 }
 
 pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decoded)> {
@@ -181,6 +186,7 @@ pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decod
         TAG_CONF_RECORD => Decoded::ConfRecord(members::decode(&data)?),
         TAG_MEMBER_PEERS => Decoded::MemberPeers(members::decode(&data)?),
         TAG_AUTH => Decoded::Auth(crate::auth::decode(&data)?),
+        TAG_ALARM => Decoded::Alarm(crate::alarm::decode(&data)?),
         _ => return None,
     };
     Some((origin, id, body))
@@ -523,8 +529,15 @@ pub struct Node {
     last_snapshot_index: Cell<u64>,
     max_request_bytes: usize,
     max_pending: usize,
-    /// `--quota-backend-bytes`, reported in `/metrics`.
-    quota_backend_bytes: u64,
+    /// `--quota-backend-bytes` in force (None: disabled).
+    backend_quota: Option<u64>,
+    /// The engine's size after the last applied batch: what the quota is
+    /// checked against, and etcd's `dbSize` / `dbSizeInUse`.
+    engine_size: Cell<engine::EngineSize>,
+    alarms: RefCell<crate::alarm::Alarms>,
+    /// When this member last proposed its NOSPACE alarm (one attempt in
+    /// flight at a time; retried if it got lost).
+    nospace_proposed_at: Cell<Option<Instant>>,
     max_batch: usize,
     batch_window: Duration,
     snapshot_count: u64,
@@ -662,6 +675,8 @@ impl Node {
         };
         let lessor = restore_leases(&mvcc, crate::lease::min_ttl_secs(cfg.election_timeout))?;
         let auth = restore_auth(&mvcc)?;
+        let alarms = restore_alarms(&mvcc)?;
+        let engine_size = engine.size();
         let wal = Wal::open(
             &dirs.wal,
             WalOptions {
@@ -809,7 +824,10 @@ impl Node {
             snapshot_retry_at: Cell::new(None),
             max_request_bytes: cfg.max_request_bytes,
             max_pending: cfg.max_pending_proposals,
-            quota_backend_bytes: cfg.quota_backend_bytes,
+            backend_quota: cfg.backend_quota(),
+            engine_size: Cell::new(engine_size),
+            alarms: RefCell::new(alarms),
+            nospace_proposed_at: Cell::new(None),
             max_batch: cfg.wal_max_batch,
             batch_window: Duration::from_micros(cfg.wal_batch_window_us),
             snapshot_count: cfg.snapshot_count,
@@ -932,28 +950,6 @@ impl Node {
         status
     }
 
-    /// Bytes this member's data occupies on disk (engine files and WAL
-    /// segments): etcd's "DB SIZE".
-    pub fn disk_usage(&self) -> u64 {
-        fn bytes_under(dir: &Path, depth: usize) -> u64 {
-            let Ok(entries) = std::fs::read_dir(dir) else {
-                return 0;
-            };
-            entries
-                .flatten()
-                .filter_map(|e| {
-                    let meta = e.metadata().ok()?;
-                    if meta.is_dir() && depth > 0 {
-                        Some(bytes_under(&e.path(), depth - 1))
-                    } else {
-                        meta.is_file().then_some(meta.len())
-                    }
-                })
-                .sum()
-        }
-        bytes_under(&self.dirs.snap, 2) + bytes_under(&self.dirs.wal, 0)
-    }
-
     /// The Prometheus `/metrics` page (see [`crate::metrics`]).
     pub fn metrics_page(&self) -> String {
         let status = self.status();
@@ -967,16 +963,23 @@ impl Node {
             applied_index: status.applied_index,
             proposals_pending: self.queue.try_borrow().map_or(0, |q| q.len())
                 + self.pending.try_borrow().map_or(0, |p| p.len()),
-            db_size: self.disk_usage(),
+            db_size: self.engine_size.get(),
             keys,
             watchers: crate::watch::watchers_in_process(),
-            quota_backend_bytes: self.quota_backend_bytes,
+            quota_backend_bytes: self.backend_quota.unwrap_or(0),
         };
         crate::metrics::render(&gauges, &self.metrics)
     }
 
+    /// etcd's `/health`: no fatal error, a leader, and no active alarm.
     pub fn is_healthy(&self) -> bool {
-        self.fatal.borrow().is_none() && self.status.get().leader != 0
+        self.fatal.borrow().is_none()
+            && self.status.get().leader != 0
+            && self
+                .alarms
+                .borrow()
+                .get(crate::alarm::AlarmType::None)
+                .is_empty()
     }
 
     /// Proposes a write and waits until it is durable and applied; a
@@ -987,6 +990,9 @@ impl Node {
         let tag = match caller {
             Caller::Member => TAG_KV,
             Caller::Client(token) => {
+                if matches!(req, mvcc::Request::Put(_) | mvcc::Request::Txn(_)) {
+                    self.check_quota(crate::alarm::cost(&req))?;
+                }
                 let mut used = Vec::new();
                 leases_used(&req, &mut used);
                 self.check_proposal(token, |needs| crate::auth::kv_needs(&req, needs), &used)?
@@ -1006,6 +1012,7 @@ impl Node {
         if ttl > crate::lease::MAX_LEASE_TTL {
             return Err(ServerError::Lease(crate::lease::LeaseError::TtlTooLarge));
         }
+        self.check_quota(crate::alarm::LEASE_COST)?;
         let id = if id == 0 { self.new_lease_id() } else { id };
         let mut body = Vec::with_capacity(16);
         body.put_i64_le(id);
@@ -1128,6 +1135,37 @@ impl Node {
         body: &[u8],
         conf: Option<ConfChangeV2>,
     ) -> Result<Applied> {
+        let (id, rx) = self.enqueue(tag, body, conf)?;
+        if self.solo.get() {
+            // A single member answers every proposal it accepted.
+            return rx.await.map_err(|_| ServerError::Stopped)?;
+        }
+        // With peers a forwarded proposal can be lost with a leader change.
+        let answer = self
+            .within_request_timeout(async { rx.await.map_err(|_| ServerError::Stopped)? })
+            .await;
+        if let Err(e) = &answer {
+            self.pending.borrow_mut().remove(&id);
+            if matches!(
+                e,
+                ServerError::Timeout
+                    | ServerError::LeaderChanged
+                    | ServerError::NoLeader
+                    | ServerError::Stopped
+            ) {
+                self.metrics.note_failed_proposal();
+            }
+        }
+        answer
+    }
+
+    /// Queues a proposal for the loop: its id and where its answer arrives.
+    fn enqueue(
+        &self,
+        tag: u8,
+        body: &[u8],
+        conf: Option<ConfChangeV2>,
+    ) -> Result<(u64, oneshot::Receiver<Result<Applied>>)> {
         if self.fatal.borrow().is_some() {
             return Err(ServerError::Stopped);
         }
@@ -1156,27 +1194,7 @@ impl Node {
             reply: tx,
         });
         self.queue_ready.notify();
-        if self.solo.get() {
-            // A single member answers every proposal it accepted.
-            return rx.await.map_err(|_| ServerError::Stopped)?;
-        }
-        // With peers a forwarded proposal can be lost with a leader change.
-        let answer = self
-            .within_request_timeout(async { rx.await.map_err(|_| ServerError::Stopped)? })
-            .await;
-        if let Err(e) = &answer {
-            self.pending.borrow_mut().remove(&id);
-            if matches!(
-                e,
-                ServerError::Timeout
-                    | ServerError::LeaderChanged
-                    | ServerError::NoLeader
-                    | ServerError::Stopped
-            ) {
-                self.metrics.note_failed_proposal();
-            }
-        }
-        answer
+        Ok((id, rx))
     }
 
     /// Shares whether auth is on with the API edges of every shard.
@@ -1368,6 +1386,8 @@ impl Node {
     pub async fn defragment(&self) -> Result<()> {
         let engine = self.engine.borrow().clone();
         let (before, after) = self.engine_dir.defragment(&engine).await?;
+        // The quota and Status see the compacted file at once.
+        self.engine_size.set(engine.size());
         if before > 0 {
             log(format_args!(
                 "defragmented the {} engine: {before} -> {after} bytes",
@@ -1709,6 +1729,7 @@ impl Node {
         let mvcc = MvccStore::open(engine.clone())?;
         let lessor = restore_leases(&mvcc, self.lessor.borrow().min_ttl())?;
         let auth = restore_auth(&mvcc)?;
+        let alarms = restore_alarms(&mvcc)?;
         let conf = meta.get_conf_state().clone();
         let mut registry = Registry::default();
         load_member_records(&mvcc, &mut registry)?;
@@ -1726,6 +1747,8 @@ impl Node {
         *self.engine.borrow_mut() = engine;
         *self.mvcc.borrow_mut() = mvcc;
         *self.lessor.borrow_mut() = lessor;
+        *self.alarms.borrow_mut() = alarms;
+        self.engine_size.set(self.engine.borrow().size());
         self.auth_flag
             .borrow()
             .store(auth.enabled(), std::sync::atomic::Ordering::Release);
@@ -1846,6 +1869,9 @@ impl Node {
         mvcc.set_read_prev_for_watchers(crate::watch::prev_kv_watched());
         let mut pending = self.pending.borrow_mut();
         let mut events = Vec::new();
+        // Whether a write that adds data applied (etcd's quota applier
+        // checks those after applying them).
+        let mut grew = false;
         for entry in entries {
             if entry.entry_type != EntryType::EntryNormal {
                 let (origin, id, result) = self.apply_membership(raw, &mut mvcc, &entry)?;
@@ -1878,11 +1904,15 @@ impl Node {
                 Decoded::Kv(req, by) => {
                     let mut used = Vec::new();
                     leases_used(&req, &mut used);
+                    let alarmed = self.alarms.borrow().refuses_kv(&req);
                     let refused = by.as_ref().and_then(|by| {
                         let collect = |needs: &mut Vec<_>| crate::auth::kv_needs(&req, needs);
                         check_at_apply(&self.auth.borrow(), &lessor, by, collect, &used).err()
                     });
-                    if let Some(e) = refused {
+                    if let Some(refusal) = alarmed {
+                        mvcc.apply_noop(entry.index)?;
+                        Err(refusal.into())
+                    } else if let Some(e) = refused {
                         mvcc.apply_noop(entry.index)?;
                         Err(ServerError::Auth(e))
                     } else if used.iter().any(|l| !lessor.exists(*l)) {
@@ -1891,6 +1921,7 @@ impl Node {
                     } else {
                         match mvcc.apply(entry.index, &req) {
                             Ok(outcome) => {
+                                grew |= crate::alarm::cost(&req) > 0;
                                 lessor.on_events(&outcome.events);
                                 events.extend(outcome.events);
                                 Ok(Applied::Kv(outcome.response))
@@ -1901,7 +1932,13 @@ impl Node {
                     }
                 }
                 Decoded::LeaseGrant { id: lease, ttl } => {
-                    match lessor.grant(lease, ttl, Instant::now()) {
+                    let granted = match self.alarms.borrow().refuses_lease_grant() {
+                        Some(refusal) => Err(refusal.into()),
+                        None => lessor
+                            .grant(lease, ttl, Instant::now())
+                            .map_err(ServerError::Lease),
+                    };
+                    match granted {
                         Ok(ttl) => {
                             mvcc.put_meta(
                                 entry.index,
@@ -1916,9 +1953,39 @@ impl Node {
                         }
                         Err(e) => {
                             mvcc.apply_noop(entry.index)?;
-                            Err(ServerError::Lease(e))
+                            Err(e)
                         }
                     }
+                }
+                Decoded::Alarm(req) => {
+                    let (alarms, change) = self.alarms.borrow_mut().apply(&req);
+                    match &change {
+                        Some(crate::alarm::MetaChange::Put(name)) => {
+                            mvcc.put_meta(entry.index, name, bytes::Bytes::new())?
+                        }
+                        Some(crate::alarm::MetaChange::Delete(name)) => {
+                            mvcc.delete_meta(entry.index, name)?
+                        }
+                        None => mvcc.apply_noop(entry.index)?,
+                    }
+                    if change.is_some() {
+                        let raised = req.action == crate::alarm::AlarmAction::Activate;
+                        if raised && req.member == self.id {
+                            // Its own raise landed: the next one (after a
+                            // disarm) need not wait out the retry interval.
+                            self.nospace_proposed_at.set(None);
+                        }
+                        log(format_args!(
+                            "alarm {}: {}",
+                            if raised { "raised" } else { "disarmed" },
+                            alarms
+                                .iter()
+                                .map(|a| a.text())
+                                .collect::<String>()
+                                .trim_end()
+                        ));
+                    }
+                    Ok(Applied::Alarms(alarms))
                 }
                 Decoded::ConfRecord(_) => {
                     mvcc.apply_noop(entry.index)?;
@@ -1981,12 +2048,18 @@ impl Node {
                         }
                     }
                 }
-                Decoded::LeaseRevoke { id: lease, by } => match by
-                    .as_ref()
-                    .map_or(Ok(()), |by| {
-                        check_at_apply(&self.auth.borrow(), &lessor, by, |_| {}, &[lease])
+                Decoded::LeaseRevoke { id: lease, by } => match self
+                    .alarms
+                    .borrow()
+                    .refuses_lease_revoke()
+                    .map_or(Ok(()), |refusal| Err(ServerError::from(refusal)))
+                    .and_then(|()| {
+                        by.as_ref()
+                            .map_or(Ok(()), |by| {
+                                check_at_apply(&self.auth.borrow(), &lessor, by, |_| {}, &[lease])
+                            })
+                            .map_err(ServerError::Auth)
                     })
-                    .map_err(ServerError::Auth)
                     .and_then(|()| lessor.revoke(lease).map_err(ServerError::Lease))
                 {
                     Ok(keys) => {
@@ -2030,10 +2103,96 @@ impl Node {
                 }
             }
         }
+        drop(pending);
+        drop(mvcc);
         if !events.is_empty() {
             self.feed_watchers(&crate::watch::Feed::Events(events.into()));
         }
+        let size = self.engine.borrow().size();
+        self.engine_size.set(size);
+        if grew
+            && self
+                .backend_quota
+                .is_some_and(|quota| size.total_bytes >= quota)
+        {
+            // etcd's apply-time quota check: a write took the store past
+            // the quota (writes admitted together at proposal overshoot).
+            self.raise_nospace();
+        }
         Ok(())
+    }
+
+    /// etcd's quota check of a request that may add `cost` bytes: refused
+    /// with NOSPACE, and this member's NOSPACE alarm raised, if the store
+    /// would reach the quota. What adds nothing (a txn that only reads or
+    /// deletes) always passes, as in etcd.
+    fn check_quota(&self, cost: u64) -> Result<()> {
+        let Some(quota) = self.backend_quota.filter(|_| cost > 0) else {
+            return Ok(());
+        };
+        if self.engine_size.get().total_bytes.saturating_add(cost) < quota {
+            return Ok(());
+        }
+        self.raise_nospace();
+        Err(ServerError::NoSpace)
+    }
+
+    /// Proposes this member's NOSPACE alarm unless it is active or a
+    /// proposal of it is still in flight (one per second at most). Nobody
+    /// waits for it: the entry applies on every member like any other.
+    fn raise_nospace(&self) {
+        use crate::alarm::{AlarmAction, AlarmRequest, AlarmType};
+        if self.learner.get() || self.alarms.borrow().is_active(AlarmType::NoSpace, self.id) {
+            return;
+        }
+        let now = Instant::now();
+        if self
+            .nospace_proposed_at
+            .get()
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.nospace_proposed_at.set(Some(now));
+        log(format_args!(
+            "the store reached the backend quota ({} bytes); raising the NOSPACE alarm",
+            self.backend_quota.unwrap_or(0)
+        ));
+        let mut body = Vec::with_capacity(10);
+        crate::alarm::encode(
+            &AlarmRequest {
+                action: AlarmAction::Activate,
+                member: self.id,
+                alarm: AlarmType::NoSpace,
+            },
+            &mut body,
+        );
+        // Dropping the receiver: the answer goes nowhere.
+        let _ = self.enqueue(TAG_ALARM, &body, None);
+    }
+
+    /// An Alarm call, through the log as etcd 3.4 sends every one (`Get`
+    /// included).
+    pub async fn alarm(
+        &self,
+        req: crate::alarm::AlarmRequest,
+    ) -> Result<Vec<crate::alarm::AlarmMember>> {
+        let mut body = Vec::with_capacity(10);
+        crate::alarm::encode(&req, &mut body);
+        match self.propose(TAG_ALARM, &body).await? {
+            Applied::Alarms(alarms) => Ok(alarms),
+            _ => Err(ServerError::Stopped),
+        }
+    }
+
+    /// The active alarms as of the last applied entry (Status `errors`).
+    pub fn active_alarms(&self) -> Vec<crate::alarm::AlarmMember> {
+        self.alarms.borrow().get(crate::alarm::AlarmType::None)
+    }
+
+    /// The engine's size after the last applied batch (etcd's `dbSize`).
+    pub fn db_size(&self) -> engine::EngineSize {
+        self.engine_size.get()
     }
 
     fn refresh_status(&self, raw: &RawNode<MemStorage>, wal: &Wal) {
@@ -2632,6 +2791,12 @@ impl Node {
     pub fn dirs(&self) -> &DataDirs {
         &self.dirs
     }
+}
+
+/// The active alarms, from their records.
+fn restore_alarms(mvcc: &MvccStore<AnyEngine>) -> Result<crate::alarm::Alarms> {
+    let records = mvcc.meta_with_prefix(crate::alarm::META_PREFIX)?;
+    Ok(crate::alarm::Alarms::from_meta(&records))
 }
 
 /// Rebuilds the auth state (users, roles, the enabled flag) from its records.

@@ -69,6 +69,8 @@ pub enum Command {
     LeaseTimeToLive(i64),
     Leases,
     Status,
+    /// Maintenance Alarm (through the log).
+    Alarm(crate::alarm::AlarmRequest),
     /// The leader this member knows (0: none), from the status of the
     /// last loop turn; cheaper than `Status` (no disk usage).
     Leader,
@@ -134,8 +136,11 @@ pub enum Reply {
     Status {
         status: NodeStatus,
         healthy: bool,
-        db_size: u64,
+        db_size: engine::EngineSize,
+        alarms: Vec<crate::alarm::AlarmMember>,
     },
+    /// An Alarm call's answer and the term.
+    Alarm(Result<Vec<crate::alarm::AlarmMember>>, u64),
     Members(Vec<crate::members::MemberRecord>, u64),
     /// A membership change: the member added (MemberAdd) and all members.
     MemberChange(Result<MemberChange>, u64),
@@ -431,8 +436,13 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         Command::Status => Reply::Status {
             status: node.status(),
             healthy: node.is_healthy(),
-            db_size: node.disk_usage(),
+            db_size: node.db_size(),
+            alarms: node.active_alarms(),
         },
+        Command::Alarm(req) => {
+            let result = node.alarm(req).await;
+            Reply::Alarm(result, node.status().term)
+        }
     }
 }
 

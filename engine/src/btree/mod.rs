@@ -78,7 +78,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use bytes::Bytes;
 
 use crate::io::{sync_dir, AlignedBuf, BlockCache, DirectFile};
-use crate::{BatchOp, Engine, EngineSnapshot, Error, Result, Scan, WriteBatch};
+use crate::{BatchOp, Engine, EngineSize, EngineSnapshot, Error, Result, Scan, WriteBatch};
 pub(crate) use page::{fuzz_decoders as fuzz_page, fuzz_sealed_file};
 use page::{offset_of, pages_for, Meta, MetaSlot, INLINE_MAX, NODE_CAPACITY};
 use tree::{BigVal, Child, Entry, Freed, Node, NodeKind, Val, WriteCtx};
@@ -462,9 +462,39 @@ struct Inner {
     current: Mutex<Current>,
     durable_applied_index: AtomicU64,
     poisoned: Mutex<Option<String>>,
+    /// [`BtreeSize`] as of the last commit, readable without the store
+    /// lock (a commit holds it for its whole write).
+    committed_file_bytes: AtomicU64,
+    committed_in_use_bytes: AtomicU64,
+    /// Keys and values put since the writer's root was last frozen for a
+    /// commit: the growth the file has not seen yet.
+    unpersisted_bytes: AtomicU64,
 }
 
 impl Inner {
+    /// The store's space use, with `store` locked and `file_bytes` the
+    /// data file's length.
+    fn measure(store: &Store, file_bytes: u64) -> BtreeSize {
+        let free: u64 = store.free.runs.values().sum::<u64>()
+            + store
+                .pending
+                .values()
+                .flatten()
+                .map(|&(_, n)| n)
+                .sum::<u64>();
+        BtreeSize {
+            file_bytes,
+            in_use_bytes: offset_of(store.page_count.saturating_sub(free)),
+        }
+    }
+
+    fn record_size(&self, size: BtreeSize) {
+        self.committed_file_bytes
+            .store(size.file_bytes, Ordering::Relaxed);
+        self.committed_in_use_bytes
+            .store(size.in_use_bytes, Ordering::Relaxed);
+    }
+
     fn check_poisoned(&self) -> Result<()> {
         match &*lock(&self.poisoned) {
             Some(why) => Err(Error::Poisoned(why.clone())),
@@ -515,6 +545,7 @@ impl BtreeEngine {
         } else {
             Child::Disk(meta.root)
         };
+        let file_bytes = file.file.len()?;
         let inner = Inner {
             dir: dir.to_path_buf(),
             options,
@@ -540,7 +571,11 @@ impl BtreeEngine {
             }),
             durable_applied_index: AtomicU64::new(meta.applied_index),
             poisoned: Mutex::new(None),
+            committed_file_bytes: AtomicU64::new(0),
+            committed_in_use_bytes: AtomicU64::new(0),
+            unpersisted_bytes: AtomicU64::new(0),
         };
+        inner.record_size(Inner::measure(&lock(&inner.store), file_bytes));
         Ok(BtreeEngine {
             inner: Arc::new(inner),
         })
@@ -562,6 +597,7 @@ impl BtreeEngine {
             }
             let epoch = c.epoch;
             c.epoch += 1;
+            inner.unpersisted_bytes.store(0, Ordering::Relaxed);
             (
                 epoch,
                 c.root.clone(),
@@ -583,6 +619,9 @@ impl BtreeEngine {
         inner
             .durable_applied_index
             .store(applied, Ordering::Release);
+        if let Ok(file_bytes) = file.file.len() {
+            inner.record_size(Inner::measure(&store, file_bytes));
+        }
         drop(root);
         let mut w = lock(&inner.writer);
         if w.touched > inner.options.resident_nodes {
@@ -742,17 +781,7 @@ impl BtreeEngine {
     pub fn size(&self) -> Result<BtreeSize> {
         let store = lock(&self.inner.store);
         let file_bytes = lock(&self.inner.current).file.file.len()?;
-        let free: u64 = store.free.runs.values().sum::<u64>()
-            + store
-                .pending
-                .values()
-                .flatten()
-                .map(|&(_, n)| n)
-                .sum::<u64>();
-        Ok(BtreeSize {
-            file_bytes,
-            in_use_bytes: offset_of(store.page_count.saturating_sub(free)),
-        })
+        Ok(Inner::measure(&store, file_bytes))
     }
 
     /// Checks the file's page accounting: the durable tree's node pages and
@@ -924,6 +953,11 @@ impl BtreeEngine {
         inner
             .durable_applied_index
             .store(applied, Ordering::Release);
+        inner.unpersisted_bytes.store(0, Ordering::Relaxed);
+        inner.record_size(BtreeSize {
+            file_bytes: offset_of(page_count),
+            in_use_bytes: offset_of(page_count),
+        });
         Ok(DefragReport {
             bytes_before,
             bytes_after: offset_of(page_count),
@@ -1345,6 +1379,7 @@ impl Engine for BtreeEngine {
             touched: 0,
         };
         let mut ops = batch.into_ops().into_iter();
+        let mut put_bytes = 0u64;
         loop {
             let chunk: Vec<BatchOp> = ops.by_ref().take(PREFETCH_OPS).collect();
             if chunk.is_empty() {
@@ -1362,6 +1397,7 @@ impl Engine for BtreeEngine {
             for op in chunk {
                 match op {
                     BatchOp::Put { key, value } => {
+                        put_bytes += (key.len() + value.len()) as u64;
                         let value = if key.len() + value.len() <= INLINE_MAX {
                             Val::Inline(value)
                         } else {
@@ -1384,6 +1420,9 @@ impl Engine for BtreeEngine {
         }
         w.freed.append(&mut ctx.freed);
         w.touched += ctx.touched;
+        inner
+            .unpersisted_bytes
+            .fetch_add(put_bytes, Ordering::Relaxed);
         Ok(())
     }
 
@@ -1406,6 +1445,17 @@ impl Engine for BtreeEngine {
 
     fn durable_applied_index(&self) -> u64 {
         self.inner.durable_applied_index.load(Ordering::Acquire)
+    }
+
+    /// The file as of the last commit plus what was put since (an upper
+    /// bound: overwrites and deletes will free pages at the next commit).
+    fn size(&self) -> EngineSize {
+        let inner = &*self.inner;
+        let pending = inner.unpersisted_bytes.load(Ordering::Relaxed);
+        EngineSize {
+            total_bytes: inner.committed_file_bytes.load(Ordering::Relaxed) + pending,
+            in_use_bytes: inner.committed_in_use_bytes.load(Ordering::Relaxed) + pending,
+        }
     }
 }
 

@@ -6,5 +6,6 @@ mod concurrency;
 mod gc;
 mod memory;
 mod model;
+mod size;
 mod snapfile;
 mod wal;

@@ -19,6 +19,7 @@ pub enum GrpcCode {
     OutOfRange = 11,
     Internal = 13,
     Unavailable = 14,
+    DataLoss = 15,
     Unauthenticated = 16,
 }
 
@@ -62,6 +63,8 @@ pub fn to_wire(e: &ServerError) -> WireError {
         }
         ServerError::RequestTooLarge => (InvalidArgument, 413, e.to_string()),
         ServerError::TooManyRequests => (ResourceExhausted, 429, e.to_string()),
+        ServerError::NoSpace => (ResourceExhausted, 507, e.to_string()),
+        ServerError::Corrupt => (DataLoss, 500, e.to_string()),
         ServerError::Stopped
         | ServerError::NoLeader
         | ServerError::Timeout

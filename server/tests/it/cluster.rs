@@ -1036,6 +1036,57 @@ fn leases_work_through_a_follower() {
     });
 }
 
+/// The NOSPACE alarm is cluster state: raised by a member whose store
+/// reached the quota, applied by every member, so a put through any member
+/// is refused until an operator disarms it through any member.
+#[test]
+fn the_nospace_alarm_holds_on_every_member() {
+    const NOSPACE: &str = "etcdserver: mvcc: database space exceeded";
+    let cluster = Cluster::start_with(3, &["--quota-backend-bytes", "1048576"]);
+    let eps: Vec<String> = cluster
+        .members
+        .iter()
+        .map(|m| m.client_endpoint())
+        .collect();
+    let value = vec![b'q'; 64 << 10];
+    let mut refused = None;
+    // 1 MiB holds about 16 revisions of 64 KiB; 40 attempts bound it.
+    for i in 0..40 {
+        let out = crate::etcd_peer::etcdctl_with(&eps[0], &[], &["put", "fill"], Some(&value));
+        if !out.status.success() {
+            refused = Some((i, String::from_utf8_lossy(&out.stderr).to_string()));
+            break;
+        }
+    }
+    let (puts, why) = refused.expect("40 puts of 64 KiB never reached a 1 MiB quota");
+    assert!(
+        why.contains(NOSPACE) && puts >= 8,
+        "after {puts} puts: {why}"
+    );
+    let (ok, revision) = ctl(&eps[0], &["get", "fill", "-w", "json"]);
+    assert!(ok, "{revision}");
+    let revision = serde_json::from_str::<serde_json::Value>(&revision).unwrap()["header"]
+        ["revision"]
+        .as_i64()
+        .unwrap();
+    for ep in &eps {
+        let (ok, list) = ctl(ep, &["alarm", "list"]);
+        assert!(ok && list.contains("alarm:NOSPACE"), "{ep}: {list}");
+        let (ok, text) = ctl(ep, &["put", "small", "v"]);
+        assert!(!ok && text.contains(NOSPACE), "{ep}: {text}");
+    }
+    // Compaction goes through the log (the memory engine frees the
+    // revisions at once), the disarm through the last member.
+    assert!(ctl(&eps[1], &["compaction", &revision.to_string()]).0);
+    let (ok, disarmed) = ctl(&eps[2], &["alarm", "disarm"]);
+    assert!(ok && disarmed.contains("alarm:NOSPACE"), "{disarmed}");
+    for ep in &eps {
+        assert_eq!(ctl(ep, &["alarm", "list"]), (true, String::new()), "{ep}");
+        let (ok, text) = ctl(ep, &["put", "small", "v"]);
+        assert!(ok, "{ep}: {text}");
+    }
+}
+
 /// metcd's admin endpoint replaces a voter in one joint-consensus step
 /// (ConfChangeV2 `{n1,n2,n3} ∪ {n1,n2,n4}`, left automatically): the old
 /// member stops, the new one joins with `--initial-cluster-state existing`,

@@ -13,6 +13,7 @@ mod http_api;
 mod lease_restart;
 mod mvcc_model;
 mod python_clients;
+mod quota;
 mod recovery;
 mod snapshot_save;
 mod support;

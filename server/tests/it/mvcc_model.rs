@@ -15,7 +15,7 @@ use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use engine::{BatchOp, Engine, EngineSnapshot, MemoryEngine, Scan, WriteBatch};
+use engine::{BatchOp, Engine, EngineSize, EngineSnapshot, MemoryEngine, Scan, WriteBatch};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use server::mvcc::{
@@ -105,6 +105,15 @@ impl Engine for MapEngine {
     fn durable_applied_index(&self) -> u64 {
         self.applied_index()
     }
+
+    fn size(&self) -> EngineSize {
+        let g = self.inner.lock().unwrap();
+        let bytes = g.data.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum();
+        EngineSize {
+            total_bytes: bytes,
+            in_use_bytes: bytes,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -166,6 +175,10 @@ impl<E: Engine> Engine for Probe<E> {
 
     fn durable_applied_index(&self) -> u64 {
         self.inner.durable_applied_index()
+    }
+
+    fn size(&self) -> EngineSize {
+        self.inner.size()
     }
 }
 

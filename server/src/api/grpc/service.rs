@@ -804,15 +804,41 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
 
     async fn alarm(
         &self,
-        _: Request<pb::AlarmRequest>,
+        request: Request<pb::AlarmRequest>,
     ) -> Result<Response<pb::AlarmResponse>, Status> {
-        // No alarm is ever raised yet (NOSPACE and CORRUPT come with quota
-        // and corruption checks). etcd's answer carries no header (its
-        // alarm applier never fills one): `{}` when there is no alarm.
-        Ok(Response::new(pb::AlarmResponse {
-            header: None,
-            alarms: Vec::new(),
-        }))
+        use crate::alarm::{AlarmAction, AlarmRequest, AlarmType};
+        let r = request.into_inner();
+        // Values outside the enums: etcd's applier treats an unknown
+        // action as none (answers no alarms) and stores an unknown type
+        // as is; neither can do anything here, so they are answered
+        // without a log entry.
+        let (Some(action), Some(alarm)) = (
+            AlarmAction::from_wire(r.action),
+            AlarmType::from_wire(r.alarm),
+        ) else {
+            return Ok(Response::new(pb::AlarmResponse::default()));
+        };
+        let req = AlarmRequest {
+            action,
+            member: r.member_id,
+            alarm,
+        };
+        match self.0.call(Command::Alarm(req)).await {
+            // etcd's answer carries no header (its alarm applier never
+            // fills one): `{}` when there is no alarm.
+            Reply::Alarm(Ok(alarms), _) => Ok(Response::new(pb::AlarmResponse {
+                header: None,
+                alarms: alarms
+                    .into_iter()
+                    .map(|a| pb::AlarmMember {
+                        member_id: a.member,
+                        alarm: a.alarm.wire(),
+                    })
+                    .collect(),
+            })),
+            Reply::Alarm(Err(e), _) | Reply::Failed(e) => Err(status_of(&e)),
+            _ => Err(status_of(&ServerError::Stopped)),
+        }
     }
 
     async fn status(
@@ -820,23 +846,30 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         _: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let Reply::Status {
-            status, db_size, ..
+            status,
+            db_size,
+            alarms,
+            ..
         } = self.0.call(Command::Status).await
         else {
             return Err(status_of(&ServerError::Stopped));
         };
-        let db_size = i64::try_from(db_size).unwrap_or(i64::MAX);
         let leader = status.leader;
+        let mut errors = Vec::new();
+        if leader == 0 {
+            errors.push(ServerError::NoLeader.to_string());
+        }
+        errors.extend(alarms.iter().map(|a| a.text()));
         Ok(Response::new(pb::StatusResponse {
             header: self.0.header(status.term).header(status.revision),
             version: crate::ETCD_API_VERSION.to_string(),
-            db_size,
+            db_size: i64::try_from(db_size.total_bytes).unwrap_or(i64::MAX),
             leader,
             raft_index: status.committed_index,
             raft_term: status.term,
             raft_applied_index: status.applied_index,
-            errors: Vec::new(),
-            db_size_in_use: db_size,
+            errors,
+            db_size_in_use: i64::try_from(db_size.in_use_bytes).unwrap_or(i64::MAX),
             is_learner: status.is_learner,
         }))
     }
