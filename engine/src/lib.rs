@@ -156,7 +156,7 @@ pub trait Engine: 'static {
     /// log replay (for the memory engine: the index of its last snapshot file).
     fn durable_applied_index(&self) -> u64;
 
-    /// How much room the data takes; cheap (no lock, no I/O).
+    /// How much room the data takes; cheap (no I/O, at most a short lock).
     fn size(&self) -> EngineSize;
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {

@@ -518,9 +518,7 @@ impl MemoryEngine {
     pub fn from_snapshot_data(data: SnapshotData) -> MemoryEngine {
         let inner = Inner::new(LOADED_SEQ, data.applied_index);
         let mut live = 0;
-        let mut bytes = 0;
         for (key, value) in data.entries {
-            bytes += version_bytes(&key, &value);
             inner.versions.insert(
                 InternalKey {
                     user_key: key,
@@ -534,6 +532,16 @@ impl MemoryEngine {
         inner
             .live_keys
             .store(live.min(inner.versions.len()), Ordering::Relaxed);
+        // Counted from the map, where duplicates collapsed.
+        let bytes = inner
+            .versions
+            .iter()
+            .filter_map(|e| {
+                e.value()
+                    .as_ref()
+                    .map(|v| version_bytes(&e.key().user_key, v))
+            })
+            .sum();
         inner.live_bytes.store(bytes, Ordering::Relaxed);
         MemoryEngine {
             inner: Arc::new(inner),

@@ -165,8 +165,7 @@ impl Alarms {
             if rest.len() != 9 {
                 continue;
             }
-            let alarm = AlarmType::from_wire(i32::from(rest.get_u8()));
-            if let Some(alarm) = alarm.filter(|a| *a != AlarmType::None) {
+            if let Some(alarm) = AlarmType::from_wire(i32::from(rest.get_u8())) {
                 alarms.active.insert((alarm, rest.get_u64()));
             }
         }
@@ -194,10 +193,11 @@ impl Alarms {
             .collect()
     }
 
-    /// Applies `req` as etcd's applier does: Activate and Deactivate
-    /// answer with the alarm they changed (nothing if it already was or
-    /// was not active), Get with the matching alarms. An alarm of type
-    /// `None` is never stored.
+    /// Applies `req` as etcd's applier does: Activate answers with the
+    /// alarm (active already or not), Deactivate with the alarm it cleared
+    /// (nothing if it was not active), Get with the matching alarms. Like
+    /// etcd's store this keeps any type, `None` included (it refuses
+    /// nothing but shows in the list).
     pub fn apply(&mut self, req: &AlarmRequest) -> (Vec<AlarmMember>, Option<MetaChange>) {
         let m = AlarmMember {
             member: req.member,
@@ -205,14 +205,13 @@ impl Alarms {
         };
         match req.action {
             AlarmAction::Get => (self.get(req.alarm), None),
-            AlarmAction::Activate if req.alarm != AlarmType::None => {
-                if self.active.insert((m.alarm, m.member)) {
-                    (vec![m], Some(MetaChange::Put(meta_name(&m))))
-                } else {
-                    (Vec::new(), None)
-                }
+            AlarmAction::Activate => {
+                let change = self
+                    .active
+                    .insert((m.alarm, m.member))
+                    .then(|| MetaChange::Put(meta_name(&m)));
+                (vec![m], change)
             }
-            AlarmAction::Activate => (Vec::new(), None),
             AlarmAction::Deactivate => {
                 if self.active.remove(&(m.alarm, m.member)) {
                     (vec![m], Some(MetaChange::Delete(meta_name(&m))))
@@ -335,10 +334,10 @@ mod tests {
         let Some(MetaChange::Put(name)) = meta else {
             panic!("activation stores the alarm: {meta:?}");
         };
-        // Activating again changes nothing (etcd answers no alarms).
+        // Activating again changes nothing; etcd answers with the alarm.
         assert_eq!(
             alarms.apply(&req(AlarmAction::Activate, 7, AlarmType::NoSpace)),
-            (Vec::new(), None)
+            (vec![seven], None)
         );
         alarms.apply(&req(AlarmAction::Activate, 3, AlarmType::Corrupt));
         assert_eq!(
@@ -366,11 +365,19 @@ mod tests {
         assert_eq!(changed, vec![seven]);
         assert_eq!(meta, Some(MetaChange::Delete(name)));
         assert!(!alarms.is_active(AlarmType::NoSpace, 7));
-        // A NONE alarm is never stored.
+        // etcd stores a NONE alarm too: listed, refusing nothing.
+        let none = AlarmMember {
+            member: 9,
+            alarm: AlarmType::None,
+        };
         assert_eq!(
-            alarms.apply(&req(AlarmAction::Activate, 9, AlarmType::None)),
-            (Vec::new(), None)
+            alarms
+                .apply(&req(AlarmAction::Activate, 9, AlarmType::None))
+                .0,
+            vec![none]
         );
+        assert!(alarms.get(AlarmType::None).contains(&none));
+        assert_eq!(alarms.refuses_lease_grant(), Some(Refusal::Corrupt));
         assert_eq!(seven.text(), "memberID:7 alarm:NOSPACE ");
     }
 

@@ -531,13 +531,13 @@ pub struct Node {
     max_pending: usize,
     /// `--quota-backend-bytes` in force (None: disabled).
     backend_quota: Option<u64>,
-    /// The engine's size after the last applied batch: what the quota is
-    /// checked against, and etcd's `dbSize` / `dbSizeInUse`.
-    engine_size: Cell<engine::EngineSize>,
     alarms: RefCell<crate::alarm::Alarms>,
     /// When this member last proposed its NOSPACE alarm (one attempt in
     /// flight at a time; retried if it got lost).
     nospace_proposed_at: Cell<Option<Instant>>,
+    /// An applied write took the store past the quota: the loop raises
+    /// this member's NOSPACE alarm after the turn.
+    nospace_wanted: Cell<bool>,
     max_batch: usize,
     batch_window: Duration,
     snapshot_count: u64,
@@ -676,7 +676,6 @@ impl Node {
         let lessor = restore_leases(&mvcc, crate::lease::min_ttl_secs(cfg.election_timeout))?;
         let auth = restore_auth(&mvcc)?;
         let alarms = restore_alarms(&mvcc)?;
-        let engine_size = engine.size();
         let wal = Wal::open(
             &dirs.wal,
             WalOptions {
@@ -825,9 +824,9 @@ impl Node {
             max_request_bytes: cfg.max_request_bytes,
             max_pending: cfg.max_pending_proposals,
             backend_quota: cfg.backend_quota(),
-            engine_size: Cell::new(engine_size),
             alarms: RefCell::new(alarms),
             nospace_proposed_at: Cell::new(None),
+            nospace_wanted: Cell::new(false),
             max_batch: cfg.wal_max_batch,
             batch_window: Duration::from_micros(cfg.wal_batch_window_us),
             snapshot_count: cfg.snapshot_count,
@@ -963,7 +962,7 @@ impl Node {
             applied_index: status.applied_index,
             proposals_pending: self.queue.try_borrow().map_or(0, |q| q.len())
                 + self.pending.try_borrow().map_or(0, |p| p.len()),
-            db_size: self.engine_size.get(),
+            db_size: self.db_size(),
             keys,
             watchers: crate::watch::watchers_in_process(),
             quota_backend_bytes: self.backend_quota.unwrap_or(0),
@@ -991,7 +990,7 @@ impl Node {
             Caller::Member => TAG_KV,
             Caller::Client(token) => {
                 if matches!(req, mvcc::Request::Put(_) | mvcc::Request::Txn(_)) {
-                    self.check_quota(crate::alarm::cost(&req))?;
+                    self.check_quota(crate::alarm::cost(&req)).await?;
                 }
                 let mut used = Vec::new();
                 leases_used(&req, &mut used);
@@ -1009,10 +1008,10 @@ impl Node {
 
     /// Grants a lease through the log; `id` 0 lets the member pick one.
     pub async fn lease_grant(&self, id: i64, ttl: i64) -> Result<(i64, i64, i64)> {
+        self.check_quota(crate::alarm::LEASE_COST).await?;
         if ttl > crate::lease::MAX_LEASE_TTL {
             return Err(ServerError::Lease(crate::lease::LeaseError::TtlTooLarge));
         }
-        self.check_quota(crate::alarm::LEASE_COST)?;
         let id = if id == 0 { self.new_lease_id() } else { id };
         let mut body = Vec::with_capacity(16);
         body.put_i64_le(id);
@@ -1386,8 +1385,6 @@ impl Node {
     pub async fn defragment(&self) -> Result<()> {
         let engine = self.engine.borrow().clone();
         let (before, after) = self.engine_dir.defragment(&engine).await?;
-        // The quota and Status see the compacted file at once.
-        self.engine_size.set(engine.size());
         if before > 0 {
             log(format_args!(
                 "defragmented the {} engine: {before} -> {after} bytes",
@@ -1459,6 +1456,10 @@ impl Node {
             self.handle_ready(&mut raw, &mut wal, &mut entry_buf)
                 .await?;
             self.refresh_status(&raw, &wal);
+            if self.nospace_wanted.take() {
+                let node = self.clone();
+                glommio::spawn_local(async move { node.raise_nospace().await }).detach();
+            }
             self.on_role_change(&raw);
             self.maybe_snapshot();
             self.trim_memory_log(&raw)?;
@@ -1748,7 +1749,6 @@ impl Node {
         *self.mvcc.borrow_mut() = mvcc;
         *self.lessor.borrow_mut() = lessor;
         *self.alarms.borrow_mut() = alarms;
-        self.engine_size.set(self.engine.borrow().size());
         self.auth_flag
             .borrow()
             .store(auth.enabled(), std::sync::atomic::Ordering::Release);
@@ -1970,11 +1970,6 @@ impl Node {
                     }
                     if change.is_some() {
                         let raised = req.action == crate::alarm::AlarmAction::Activate;
-                        if raised && req.member == self.id {
-                            // Its own raise landed: the next one (after a
-                            // disarm) need not wait out the retry interval.
-                            self.nospace_proposed_at.set(None);
-                        }
                         log(format_args!(
                             "alarm {}: {}",
                             if raised { "raised" } else { "disarmed" },
@@ -2049,10 +2044,7 @@ impl Node {
                     }
                 }
                 Decoded::LeaseRevoke { id: lease, by } => match self
-                    .alarms
-                    .borrow()
-                    .refuses_lease_revoke()
-                    .map_or(Ok(()), |refusal| Err(ServerError::from(refusal)))
+                    .refusal_of_lease_revoke()
                     .and_then(|()| {
                         by.as_ref()
                             .map_or(Ok(()), |by| {
@@ -2108,39 +2100,39 @@ impl Node {
         if !events.is_empty() {
             self.feed_watchers(&crate::watch::Feed::Events(events.into()));
         }
-        let size = self.engine.borrow().size();
-        self.engine_size.set(size);
         if grew
             && self
                 .backend_quota
-                .is_some_and(|quota| size.total_bytes >= quota)
+                .is_some_and(|quota| self.db_size().total_bytes >= quota)
         {
             // etcd's apply-time quota check: a write took the store past
             // the quota (writes admitted together at proposal overshoot).
-            self.raise_nospace();
+            self.nospace_wanted.set(true);
         }
         Ok(())
     }
 
     /// etcd's quota check of a request that may add `cost` bytes: refused
-    /// with NOSPACE, and this member's NOSPACE alarm raised, if the store
-    /// would reach the quota. What adds nothing (a txn that only reads or
-    /// deletes) always passes, as in etcd.
-    fn check_quota(&self, cost: u64) -> Result<()> {
+    /// with NOSPACE if the store would reach the quota, after this
+    /// member's NOSPACE alarm went through the log (as etcd, which answers
+    /// once its alarm request returned). What adds nothing (a txn that only
+    /// reads or deletes) always passes, as in etcd; a learner is left to
+    /// refuse the write itself.
+    async fn check_quota(&self, cost: u64) -> Result<()> {
         let Some(quota) = self.backend_quota.filter(|_| cost > 0) else {
             return Ok(());
         };
-        if self.engine_size.get().total_bytes.saturating_add(cost) < quota {
+        if self.learner.get() || self.db_size().total_bytes.saturating_add(cost) < quota {
             return Ok(());
         }
-        self.raise_nospace();
+        self.raise_nospace().await;
         Err(ServerError::NoSpace)
     }
 
-    /// Proposes this member's NOSPACE alarm unless it is active or a
-    /// proposal of it is still in flight (one per second at most). Nobody
-    /// waits for it: the entry applies on every member like any other.
-    fn raise_nospace(&self) {
+    /// Proposes this member's NOSPACE alarm and waits for it, unless it is
+    /// active or another raise is in flight (those callers do not wait:
+    /// a thousand refused clients make one proposal, not a thousand).
+    async fn raise_nospace(&self) {
         use crate::alarm::{AlarmAction, AlarmRequest, AlarmType};
         if self.learner.get() || self.alarms.borrow().is_active(AlarmType::NoSpace, self.id) {
             return;
@@ -2149,7 +2141,7 @@ impl Node {
         if self
             .nospace_proposed_at
             .get()
-            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
+            .is_some_and(|at| now.duration_since(at) < self.request_timeout)
         {
             return;
         }
@@ -2158,17 +2150,22 @@ impl Node {
             "the store reached the backend quota ({} bytes); raising the NOSPACE alarm",
             self.backend_quota.unwrap_or(0)
         ));
-        let mut body = Vec::with_capacity(10);
-        crate::alarm::encode(
-            &AlarmRequest {
+        let raised = self
+            .alarm(AlarmRequest {
                 action: AlarmAction::Activate,
                 member: self.id,
                 alarm: AlarmType::NoSpace,
-            },
-            &mut body,
-        );
-        // Dropping the receiver: the answer goes nowhere.
-        let _ = self.enqueue(TAG_ALARM, &body, None);
+            })
+            .await;
+        if let Err(e) = raised {
+            log(format_args!("raising the NOSPACE alarm: {e}"));
+        }
+        self.nospace_proposed_at.set(None);
+    }
+
+    fn refusal_of_lease_revoke(&self) -> Result<()> {
+        let refusal = self.alarms.borrow().refuses_lease_revoke();
+        refusal.map_or(Ok(()), |r| Err(r.into()))
     }
 
     /// An Alarm call, through the log as etcd 3.4 sends every one (`Get`
@@ -2190,9 +2187,9 @@ impl Node {
         self.alarms.borrow().get(crate::alarm::AlarmType::None)
     }
 
-    /// The engine's size after the last applied batch (etcd's `dbSize`).
+    /// The engine's size now (etcd's `dbSize`); cheap.
     pub fn db_size(&self) -> engine::EngineSize {
-        self.engine_size.get()
+        self.engine.borrow().size()
     }
 
     fn refresh_status(&self, raw: &RawNode<MemStorage>, wal: &Wal) {

@@ -466,10 +466,17 @@ struct Inner {
     /// lock (a commit holds it for its whole write).
     committed_file_bytes: AtomicU64,
     committed_in_use_bytes: AtomicU64,
-    /// Keys and values put since the writer's root was last frozen for a
-    /// commit: the growth the file has not seen yet.
+    /// Keys and values put (plus [`PUT_OVERHEAD`] each) since the writer's
+    /// root was last frozen for a commit: growth the file has not seen yet.
     unpersisted_bytes: AtomicU64,
+    /// The same for the root a running commit writes, until that commit
+    /// has measured the file.
+    committing_bytes: AtomicU64,
 }
+
+/// What a put adds to the file beyond its key and value, in
+/// [`EngineSize`] terms (leaf slot and entry header, node splits).
+const PUT_OVERHEAD: u64 = 32;
 
 impl Inner {
     /// The store's space use, with `store` locked and `file_bytes` the
@@ -493,6 +500,7 @@ impl Inner {
             .store(size.file_bytes, Ordering::Relaxed);
         self.committed_in_use_bytes
             .store(size.in_use_bytes, Ordering::Relaxed);
+        self.committing_bytes.store(0, Ordering::Relaxed);
     }
 
     fn check_poisoned(&self) -> Result<()> {
@@ -574,6 +582,7 @@ impl BtreeEngine {
             committed_file_bytes: AtomicU64::new(0),
             committed_in_use_bytes: AtomicU64::new(0),
             unpersisted_bytes: AtomicU64::new(0),
+            committing_bytes: AtomicU64::new(0),
         };
         inner.record_size(Inner::measure(&lock(&inner.store), file_bytes));
         Ok(BtreeEngine {
@@ -597,7 +606,8 @@ impl BtreeEngine {
             }
             let epoch = c.epoch;
             c.epoch += 1;
-            inner.unpersisted_bytes.store(0, Ordering::Relaxed);
+            let frozen = inner.unpersisted_bytes.swap(0, Ordering::Relaxed);
+            inner.committing_bytes.fetch_add(frozen, Ordering::Relaxed);
             (
                 epoch,
                 c.root.clone(),
@@ -1397,7 +1407,7 @@ impl Engine for BtreeEngine {
             for op in chunk {
                 match op {
                     BatchOp::Put { key, value } => {
-                        put_bytes += (key.len() + value.len()) as u64;
+                        put_bytes += (key.len() + value.len()) as u64 + PUT_OVERHEAD;
                         let value = if key.len() + value.len() <= INLINE_MAX {
                             Val::Inline(value)
                         } else {
@@ -1447,11 +1457,13 @@ impl Engine for BtreeEngine {
         self.inner.durable_applied_index.load(Ordering::Acquire)
     }
 
-    /// The file as of the last commit plus what was put since (an upper
-    /// bound: overwrites and deletes will free pages at the next commit).
+    /// The file as of the last commit plus what was put since, including
+    /// what a running commit is writing (an upper bound: overwrites and
+    /// deletes free pages at the next commit).
     fn size(&self) -> EngineSize {
         let inner = &*self.inner;
-        let pending = inner.unpersisted_bytes.load(Ordering::Relaxed);
+        let pending = inner.unpersisted_bytes.load(Ordering::Relaxed)
+            + inner.committing_bytes.load(Ordering::Relaxed);
         EngineSize {
             total_bytes: inner.committed_file_bytes.load(Ordering::Relaxed) + pending,
             in_use_bytes: inner.committed_in_use_bytes.load(Ordering::Relaxed) + pending,

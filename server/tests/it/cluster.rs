@@ -1038,16 +1038,33 @@ fn leases_work_through_a_follower() {
 
 /// The NOSPACE alarm is cluster state: raised by a member whose store
 /// reached the quota, applied by every member, so a put through any member
-/// is refused until an operator disarms it through any member.
+/// is refused until an operator disarms it through any member. A member
+/// that was down meanwhile learns it from the leader's snapshot.
 #[test]
-fn the_nospace_alarm_holds_on_every_member() {
+fn the_nospace_alarm_holds_on_every_member_and_travels_in_snapshots() {
     const NOSPACE: &str = "etcdserver: mvcc: database space exceeded";
-    let cluster = Cluster::start_with(3, &["--quota-backend-bytes", "1048576"]);
+    let mut cluster = Cluster::start_with(
+        3,
+        &[
+            "--quota-backend-bytes",
+            "1048576",
+            "--snapshot-count",
+            "200",
+            "--experimental-snapshot-catchup-entries",
+            "50",
+        ],
+    );
     let eps: Vec<String> = cluster
         .members
         .iter()
         .map(|m| m.client_endpoint())
         .collect();
+    let leader = runtime().block_on(leader_and_ids(&cluster.members)).0;
+    // The member that will miss the alarm: neither the leader nor the
+    // member written through.
+    let away = (1..3).find(|i| *i != leader).unwrap();
+    cluster.members[away].kill9();
+
     let value = vec![b'q'; 64 << 10];
     let mut refused = None;
     // 1 MiB holds about 16 revisions of 64 KiB; 40 attempts bound it.
@@ -1063,23 +1080,60 @@ fn the_nospace_alarm_holds_on_every_member() {
         why.contains(NOSPACE) && puts >= 8,
         "after {puts} puts: {why}"
     );
-    let (ok, revision) = ctl(&eps[0], &["get", "fill", "-w", "json"]);
-    assert!(ok, "{revision}");
-    let revision = serde_json::from_str::<serde_json::Value>(&revision).unwrap()["header"]
-        ["revision"]
+    // The refusal came after the member's alarm was applied: any member
+    // asked later lists it.
+    let (writer, _) = ctl_status(&eps[0]).unwrap();
+    let alarm = format!("memberID:{writer} alarm:NOSPACE");
+    let up: Vec<usize> = (0..3).filter(|i| *i != away).collect();
+    for &i in &up {
+        let (ok, list) = ctl(&eps[i], &["alarm", "list"]);
+        assert!(
+            ok && list.lines().any(|l| l.trim() == alarm),
+            "{}: {list}",
+            eps[i]
+        );
+        let (ok, text) = ctl(&eps[i], &["put", "small", "v"]);
+        assert!(!ok && text.contains(NOSPACE), "{}: {text}", eps[i]);
+    }
+
+    // Deletes still go through the log: enough of them that the leader
+    // trims its log past what the member that is away has.
+    runtime().block_on(async {
+        let mut c = connect(&cluster.members[leader]).await;
+        for i in 0..300 {
+            within("delete", c.delete(format!("none/{i}"), None))
+                .await
+                .unwrap();
+        }
+    });
+    cluster.members[away].respawn_unchecked();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (ok, list) = ctl(&eps[away], &["alarm", "list"]);
+        if ok && list.lines().any(|l| l.trim() == alarm) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the member that was away never listed the alarm: {list}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = cluster.members[away].log_text();
+    assert!(log.contains("installed the leader's snapshot"), "{log}");
+    let (ok, text) = ctl(&eps[away], &["put", "small", "v"]);
+    assert!(!ok && text.contains(NOSPACE), "{text}");
+
+    // Compaction goes through the log (the memory engine frees the
+    // revisions at once), the disarm through the member that was away.
+    let (ok, got) = ctl(&eps[0], &["get", "fill", "-w", "json"]);
+    assert!(ok, "{got}");
+    let revision = serde_json::from_str::<serde_json::Value>(&got).unwrap()["header"]["revision"]
         .as_i64()
         .unwrap();
-    for ep in &eps {
-        let (ok, list) = ctl(ep, &["alarm", "list"]);
-        assert!(ok && list.contains("alarm:NOSPACE"), "{ep}: {list}");
-        let (ok, text) = ctl(ep, &["put", "small", "v"]);
-        assert!(!ok && text.contains(NOSPACE), "{ep}: {text}");
-    }
-    // Compaction goes through the log (the memory engine frees the
-    // revisions at once), the disarm through the last member.
     assert!(ctl(&eps[1], &["compaction", &revision.to_string()]).0);
-    let (ok, disarmed) = ctl(&eps[2], &["alarm", "disarm"]);
-    assert!(ok && disarmed.contains("alarm:NOSPACE"), "{disarmed}");
+    let (ok, disarmed) = ctl(&eps[away], &["alarm", "disarm"]);
+    assert!(ok && disarmed.contains(&alarm), "{disarmed}");
     for ep in &eps {
         assert_eq!(ctl(ep, &["alarm", "list"]), (true, String::new()), "{ep}");
         let (ok, text) = ctl(ep, &["put", "small", "v"]);

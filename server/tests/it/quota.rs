@@ -174,3 +174,54 @@ fn a_negative_quota_disables_the_check() {
     }
     assert_eq!(ctl(&ep, &["alarm", "list"]), (true, String::new()));
 }
+
+/// CORRUPT (raised here by hand through the JSON gateway, as an operator
+/// or a corruption check would): every write is refused with etcd's
+/// `etcdserver: corrupt cluster` (DataLoss, HTTP 500), reads go on, and
+/// deactivating it brings writes back.
+#[test]
+fn a_corrupt_alarm_refuses_every_write_until_deactivated() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("m"), &[]);
+    let ep = server.client_endpoint();
+    let (member, ..) = status(&ep);
+    let gateway = |path: &str, body: String| {
+        let mut c = crate::support::HttpConn::connect(&ep).unwrap();
+        let r = c.request("POST", path, body.as_bytes()).unwrap();
+        (r.status, r.text())
+    };
+    assert_eq!(ctl(&ep, &["put", "k", "v"]), (true, "OK\n".into()));
+    let activate = format!(r#"{{"action":"ACTIVATE","memberID":"{member}","alarm":"CORRUPT"}}"#);
+    let (code, body) = gateway("/v3/maintenance/alarm", activate);
+    assert_eq!(
+        (code, body),
+        (
+            200,
+            format!(r#"{{"alarms":[{{"memberID":"{member}","alarm":"CORRUPT"}}]}}"#)
+        )
+    );
+    let refused = r#"{"error":"etcdserver: corrupt cluster","message":"etcdserver: corrupt cluster","code":15}"#;
+    for (path, body) in [
+        ("/v3/kv/put", r#"{"key":"aw==","value":"dw=="}"#),
+        ("/v3/kv/deleterange", r#"{"key":"aw=="}"#),
+        ("/v3/kv/compaction", r#"{"revision":"1"}"#),
+        ("/v3/lease/grant", r#"{"TTL":"30"}"#),
+    ] {
+        assert_eq!(
+            gateway(path, body.to_string()),
+            (500, refused.to_string()),
+            "{path}"
+        );
+    }
+    let (ok, got) = ctl(&ep, &["get", "k", "--print-value-only"]);
+    assert_eq!((ok, got.as_str()), (true, "v\n"), "reads go on");
+    let (ok, text) = ctl(&ep, &["alarm", "list"]);
+    assert_eq!(
+        (ok, text),
+        (true, format!("memberID:{member} alarm:CORRUPT \n"))
+    );
+    let deactivate =
+        format!(r#"{{"action":"DEACTIVATE","memberID":"{member}","alarm":"CORRUPT"}}"#);
+    assert_eq!(gateway("/v3/maintenance/alarm", deactivate).0, 200);
+    assert_eq!(ctl(&ep, &["del", "k"]), (true, "1\n".into()));
+}
