@@ -324,16 +324,22 @@ impl EngineDir {
     }
 
     /// Rewrites the engine's files compactly (the Maintenance Defragment
-    /// RPC): the btree file shrinks to its live pages. The memory engine
-    /// has nothing to rewrite, and the lsm engine's compaction already
-    /// rewrites its tables in the background. Returns (bytes before, after).
+    /// RPC): the btree file shrinks to its live pages, the lsm engine
+    /// flushes and merges every level into its deepest (dropping deleted
+    /// and overwritten data no snapshot sees). The memory engine has
+    /// nothing to rewrite. Returns (bytes before, after).
     pub async fn defragment(&self, engine: &AnyEngine) -> Result<(u64, u64)> {
         match engine {
             AnyEngine::Btree(e) => {
                 let report = off_core(e.clone(), |e| e.defragment()).await?;
                 Ok((report.bytes_before, report.bytes_after))
             }
-            AnyEngine::Memory(_) | AnyEngine::Lsm(_) => Ok((0, 0)),
+            AnyEngine::Lsm(e) => {
+                let before = Engine::size(e).total_bytes;
+                off_core(e.clone(), |e| e.compact_all()).await?;
+                Ok((before, Engine::size(e).total_bytes))
+            }
+            AnyEngine::Memory(_) => Ok((0, 0)),
         }
     }
 

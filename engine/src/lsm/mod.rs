@@ -256,6 +256,10 @@ struct Work {
     /// Each thread found nothing to do (for `wait_idle`).
     flush_idle: bool,
     compact_idle: bool,
+    /// Full compactions asked for ([`LsmEngine::compact_all`]) and done:
+    /// a caller waits until `done` reaches its ticket.
+    full_compactions_asked: u64,
+    full_compactions_done: u64,
 }
 
 struct Inner {
@@ -508,6 +512,8 @@ impl LsmEngine {
                 poisoned: None,
                 flush_idle: false,
                 compact_idle: false,
+                full_compactions_asked: 0,
+                full_compactions_done: 0,
             }),
             work_cv: Condvar::new(),
             done_cv: Condvar::new(),
@@ -583,6 +589,36 @@ impl LsmEngine {
                 return Err(Error::Poisoned(format!(
                     "lsm background job failed: {reason}"
                 )));
+            }
+            if work.shutdown {
+                return Err(Error::Invalid("lsm engine is shutting down".to_owned()));
+            }
+            work = inner
+                .done_cv
+                .wait(work)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Flushes the memtables, then has the compaction thread merge every
+    /// level into the deepest, dropping what no snapshot can see (a
+    /// defragmentation: Maintenance Defragment). Blocking; writes go on.
+    pub fn compact_all(&self) -> Result<()> {
+        self.persist()?;
+        let inner = &*self.handle.inner;
+        let mut work = inner.work();
+        work.full_compactions_asked += 1;
+        let ticket = work.full_compactions_asked;
+        work.compact_kicked = true;
+        inner.work_cv.notify_all();
+        loop {
+            if let Some(reason) = &work.poisoned {
+                return Err(Error::Poisoned(format!(
+                    "lsm background job failed: {reason}"
+                )));
+            }
+            if work.full_compactions_done >= ticket {
+                return Ok(());
             }
             if work.shutdown {
                 return Err(Error::Invalid("lsm engine is shutting down".to_owned()));
@@ -832,6 +868,9 @@ struct Compaction {
     out_level: usize,
     inputs: Vec<Arc<Table>>,
     next: Vec<Arc<Table>>,
+    /// Rewrite even tables that could just move down (a full compaction
+    /// wants their shadowed versions and tombstones gone).
+    rewrite: bool,
 }
 
 /// Level 0 goes down into level 1 once it holds at least 1/this of the
@@ -1097,6 +1136,19 @@ impl Compactor {
     fn run(mut self) {
         lower_thread_priority();
         while self.inner.begin_round(Job::Compact) {
+            let asked = self.inner.work().full_compactions_asked;
+            if asked > self.inner.work().full_compactions_done {
+                if let Err(e) = guarded(|| self.compact_fully(), "full compaction") {
+                    self.inner.poison(&e);
+                }
+                let mut work = self.inner.work();
+                work.full_compactions_done = asked;
+                // More may have been asked meanwhile: another round.
+                work.compact_kicked = true;
+                drop(work);
+                self.inner.done_cv.notify_all();
+                continue;
+            }
             match self.pick_compaction() {
                 Some(c) => {
                     if let Err(e) = guarded(|| self.compact(c), "compaction") {
@@ -1109,6 +1161,34 @@ impl Compactor {
                 None => self.inner.idle_until_kicked(Job::Compact),
             }
         }
+    }
+
+    /// Merges every level into the deepest one that holds tables (level 1
+    /// at least), rewriting all of it: what no snapshot can see any more,
+    /// shadowed versions and tombstones with nothing below, is dropped.
+    fn compact_fully(&mut self) -> Result<()> {
+        let levels = self.inner.version().levels.clone();
+        let Some(deepest) = (0..levels.levels.len())
+            .rev()
+            .find(|l| !levels.levels[*l].is_empty())
+        else {
+            return Ok(());
+        };
+        let target = deepest.max(1);
+        for level in 0..target {
+            let levels = self.inner.version().levels.clone();
+            if levels.levels[level].is_empty() {
+                continue;
+            }
+            self.compact(Compaction {
+                level,
+                out_level: level + 1,
+                inputs: levels.levels[level].clone(),
+                next: levels.levels[level + 1].clone(),
+                rewrite: true,
+            })?;
+        }
+        Ok(())
     }
 
     fn pick_compaction(&self) -> Option<Compaction> {
@@ -1140,6 +1220,7 @@ impl Compactor {
             out_level: level + 1,
             inputs,
             next,
+            rewrite: false,
         })
     }
 
@@ -1165,6 +1246,7 @@ impl Compactor {
                 out_level: 0,
                 inputs: l0[run].to_vec(),
                 next: Vec::new(),
+                rewrite: false,
             });
         }
         Some(Compaction {
@@ -1172,13 +1254,15 @@ impl Compactor {
             out_level: 1,
             inputs: l0.clone(),
             next,
+            rewrite: false,
         })
     }
 
     fn compact(&mut self, c: Compaction) -> Result<()> {
         let inner = self.inner.clone();
         // Nothing to merge with: move the tables down without rewriting.
-        let moved = c.out_level != c.level && c.next.is_empty() && disjoint(&c.inputs);
+        let moved =
+            !c.rewrite && c.out_level != c.level && c.next.is_empty() && disjoint(&c.inputs);
         let outputs = if moved {
             c.inputs.clone()
         } else {

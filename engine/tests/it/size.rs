@@ -91,3 +91,39 @@ fn lsm_size_counts_memtables_and_tables() {
     let in_table = Engine::size(&e).total_bytes;
     assert!(in_table >= 100_000, "a flushed table holds it: {in_table}");
 }
+
+#[test]
+fn lsm_compact_all_drops_what_was_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = LsmEngine::open(dir.path(), LsmOptions::default()).unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i:02}")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        e.write(batch(i as u64 + 1, &[(k, Some(20_000))])).unwrap();
+        if i % 10 == 9 {
+            // Several tables, some moved down by background compaction.
+            e.persist().unwrap();
+        }
+    }
+    e.wait_idle();
+    let full = Engine::size(&e).total_bytes;
+    assert!(full >= 40 * 20_000, "{full}");
+    let deletes: Vec<(&str, Option<usize>)> =
+        keys[1..].iter().map(|k| (k.as_str(), None)).collect();
+    e.write(batch(41, &deletes)).unwrap();
+    e.compact_all().unwrap();
+    let after = Engine::size(&e).total_bytes;
+    assert!(
+        after < 3 * 20_000,
+        "one 20 KB value left, yet {after} bytes"
+    );
+    // What is left reads back, what was deleted stays deleted.
+    assert_eq!(e.get(b"k00").unwrap().map(|v| v.len()), Some(20_000));
+    assert_eq!(e.get(b"k01").unwrap(), None);
+    let counts = e.table_counts();
+    assert_eq!(counts[0], 0, "level 0 merged down: {counts:?}");
+    // A reopened engine sees the same.
+    drop(e);
+    let e = LsmEngine::open(dir.path(), LsmOptions::default()).unwrap();
+    assert_eq!(e.get(b"k00").unwrap().map(|v| v.len()), Some(20_000));
+    assert_eq!(e.get(b"k39").unwrap(), None);
+}

@@ -161,6 +161,11 @@ fn the_nospace_alarm_with_the_btree_engine() {
     nospace_alarm_lifecycle("btree");
 }
 
+#[test]
+fn the_nospace_alarm_with_the_lsm_engine() {
+    nospace_alarm_lifecycle("lsm");
+}
+
 /// A negative quota disables it, as etcd's: the same fill goes through.
 #[test]
 fn a_negative_quota_disables_the_check() {
