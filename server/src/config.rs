@@ -114,6 +114,14 @@ pub struct Config {
     /// lagging follower catches up from the log instead of a snapshot
     /// (etcd's `--experimental-snapshot-catchup-entries`).
     pub experimental_snapshot_catchup_entries: u64,
+    /// etcd's `--experimental-initial-corrupt-check`: before serving, ask
+    /// the peers for their KV hash at this member's revision and refuse to
+    /// start if one differs.
+    pub experimental_initial_corrupt_check: bool,
+    /// etcd's `--experimental-corrupt-check-time`: how often the leader
+    /// compares the members' KV hashes and raises CORRUPT for a member
+    /// that differs (a duration; `0s`, the default, turns it off).
+    pub experimental_corrupt_check_time: String,
 }
 
 impl Default for Config {
@@ -158,6 +166,8 @@ impl Default for Config {
             trusted_ca_file: None,
             client_cert_auth: false,
             experimental_snapshot_catchup_entries: 5000,
+            experimental_initial_corrupt_check: false,
+            experimental_corrupt_check_time: "0s".into(),
         }
     }
 }
@@ -255,6 +265,11 @@ pub struct Flags {
     pub client_cert_auth: Option<bool>,
     #[arg(long)]
     pub experimental_snapshot_catchup_entries: Option<u64>,
+    /// `--experimental-initial-corrupt-check` alone means true, as in etcd.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub experimental_initial_corrupt_check: Option<bool>,
+    #[arg(long)]
+    pub experimental_corrupt_check_time: Option<String>,
 }
 
 /// A flag's value refused, and why.
@@ -349,6 +364,9 @@ impl Config {
         if let Some(on) = flags.client_cert_auth.take() {
             cfg.client_cert_auth = on;
         }
+        if let Some(on) = flags.experimental_initial_corrupt_check.take() {
+            cfg.experimental_initial_corrupt_check = on;
+        }
         if let Some(path) = flags.experimental_peer_fault_file.take() {
             cfg.experimental_peer_fault_file = Some(path);
         }
@@ -385,6 +403,7 @@ impl Config {
             quota_backend_bytes,
             experimental_watch_progress_notify_interval,
             experimental_snapshot_catchup_entries,
+            experimental_corrupt_check_time,
         );
         cfg.validate()?;
         Ok(cfg)
@@ -519,6 +538,20 @@ impl Config {
         Ok((!d.is_zero()).then_some(d))
     }
 
+    /// `None` when the periodic corruption check is off.
+    pub fn corrupt_check_interval(&self) -> Result<Option<Duration>, ConfigError> {
+        let v = self.experimental_corrupt_check_time.trim();
+        let d = (v == "0")
+            .then_some(Duration::ZERO)
+            .or_else(|| parse_retention_duration(v).filter(|_| v.parse::<u64>().is_err()))
+            .ok_or_else(|| ConfigError::Invalid {
+                flag: "experimental-corrupt-check-time",
+                value: v.to_string(),
+                reason: "expected a duration such as 5m, 30s or 500ms".into(),
+            })?;
+        Ok((!d.is_zero()).then_some(d))
+    }
+
     pub fn auto_compaction(&self) -> Result<AutoCompaction, ConfigError> {
         let retention = self.auto_compaction_retention.trim();
         let invalid = |reason: &str| ConfigError::Invalid {
@@ -619,6 +652,7 @@ impl Config {
         }
         self.auto_compaction()?;
         self.watch_progress_notify_interval()?;
+        self.corrupt_check_interval()?;
         if self.max_txn_ops == 0 {
             return Err(invalid_flag("max-txn-ops", "0", "must be at least 1"));
         }
@@ -886,6 +920,32 @@ mod tests {
         let mut all = vec!["metcd", "--name", "n1"];
         all.extend_from_slice(args);
         Config::from_flags(Flags::parse_from(all)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn quota_and_corruption_check_flags_read_as_etcds() {
+        let quota = |args: &[&str]| load(args).unwrap().backend_quota();
+        assert_eq!(quota(&[]), Some(DEFAULT_QUOTA_BACKEND_BYTES));
+        assert_eq!(quota(&["--quota-backend-bytes", "0"]), Some(2 << 30));
+        assert_eq!(quota(&["--quota-backend-bytes", "-1"]), None);
+        assert_eq!(quota(&["--quota-backend-bytes=16777216"]), Some(16 << 20));
+        let every = |args: &[&str]| load(args).map(|c| c.corrupt_check_interval().unwrap());
+        assert_eq!(every(&[]), Ok(None));
+        assert_eq!(
+            every(&["--experimental-corrupt-check-time", "5m"]),
+            Ok(Some(Duration::from_secs(300)))
+        );
+        assert_eq!(
+            every(&["--experimental-corrupt-check-time", "0s"]),
+            Ok(None)
+        );
+        let err = load(&["--experimental-corrupt-check-time", "5"]).unwrap_err();
+        assert!(err.contains("experimental-corrupt-check-time"), "{err}");
+        assert!(
+            load(&["--experimental-initial-corrupt-check"])
+                .unwrap()
+                .experimental_initial_corrupt_check
+        );
     }
 
     #[test]

@@ -858,12 +858,12 @@ impl Node {
             }
         });
         let weak = Rc::downgrade(&node);
-        let lease: peer::LeaseHandler = Rc::new(move |q: peer::LeaseQuery| {
+        let query: peer::QueryHandler = Rc::new(move |q: peer::PeerQuery| {
             let node = weak.upgrade();
             Box::pin(async move {
                 match node {
-                    Some(node) => node.answer_lease(q).await,
-                    None => peer::LeaseAnswer::NotLeader,
+                    Some(node) => node.answer_peer(q).await,
+                    None => peer::PeerAnswer::NotLeader,
                 }
             })
         });
@@ -879,7 +879,7 @@ impl Node {
             faults: faults.clone(),
             snapshot_dir: node.dirs.snap.clone(),
             deliver_snapshot,
-            lease,
+            query,
         });
         for addr in peer_addrs {
             peer::listen(addr, id, cluster_id, inbound.clone(), tls.clone()).map_err(|e| {
@@ -901,7 +901,148 @@ impl Node {
         glommio::spawn_local(expire_leases(node.clone())).detach();
         glommio::spawn_local(publish_attributes(node.clone())).detach();
         node.wait_applied(catch_up_to).await?;
+        if cfg.experimental_initial_corrupt_check {
+            node.check_initial_hash().await?;
+        }
+        let corrupt_check = cfg
+            .corrupt_check_interval()
+            .map_err(|e| ServerError::Startup(e.to_string()))?;
+        if let Some(every) = corrupt_check {
+            glommio::spawn_local(check_corruption_periodically(node.clone(), every)).detach();
+        }
         Ok(node)
+    }
+
+    /// The other members' IDs.
+    fn peer_ids(&self) -> Vec<u64> {
+        let registry = self.registry.borrow();
+        registry
+            .all()
+            .iter()
+            .map(|m| m.id)
+            .filter(|id| *id != self.id)
+            .collect()
+    }
+
+    /// `peer`'s KV hash at `revision`: (hash, its current revision, its
+    /// compact revision); None (logged) if it cannot say, as etcd skips
+    /// such peers (down, lagging behind the revision, or compacted past it).
+    async fn peer_hash_kv(&self, peer: u64, revision: i64) -> Option<(u32, i64, i64)> {
+        let asked = Box::pin(self.within_request_timeout(async {
+            self.transport
+                .ask(peer, &peer::PeerQuery::HashKv(revision))
+                .await
+                .map_err(|e| ServerError::BadRequest(e.to_string()))
+        }))
+        .await;
+        match asked {
+            Ok(peer::PeerAnswer::HashKv(Ok(hash))) => Some(hash),
+            Ok(peer::PeerAnswer::HashKv(Err(why))) => {
+                log(format_args!(
+                    "cannot check the hash of peer {peer:x} at revision {revision}: {why}"
+                ));
+                None
+            }
+            Ok(_) => None,
+            Err(e) => {
+                log(format_args!("cannot fetch the hash of peer {peer:x}: {e}"));
+                None
+            }
+        }
+    }
+
+    /// etcd's `--experimental-initial-corrupt-check`: a peer that hashes
+    /// this member's revision differently, with the same compact revision,
+    /// means this member's data diverged: refuse to serve.
+    async fn check_initial_hash(&self) -> Result<()> {
+        let own = self.hash_kv(0)?;
+        let mut mismatches = 0;
+        for peer in self.peer_ids() {
+            let Some((hash, revision, compact_revision)) =
+                self.peer_hash_kv(peer, own.revision).await
+            else {
+                continue;
+            };
+            if hash == own.hash {
+                continue;
+            }
+            if compact_revision == own.compact_revision {
+                log(format_args!(
+                    "{:x}'s hash {} != {peer:x}'s hash {hash} (revision {}, peer revision \
+                     {revision}, compact revision {compact_revision})",
+                    self.id, own.hash, own.revision
+                ));
+                mismatches += 1;
+            } else {
+                log(format_args!(
+                    "cannot check the hash of peer {peer:x}: it has a different compact \
+                     revision {compact_revision} (revision {revision})"
+                ));
+            }
+        }
+        if mismatches > 0 {
+            return Err(ServerError::Startup(format!(
+                "{:x} found data inconsistency with peers (this member's data differs from \
+                 theirs: remove it from the cluster, wipe its data dir and add it back, see \
+                 docs/operations.md)",
+                self.id
+            )));
+        }
+        Ok(())
+    }
+
+    /// etcd's periodic corruption check, run by the leader: its own hash
+    /// at its current revision against every peer's at that revision, its
+    /// own again (a change at the same revision is local corruption). A
+    /// peer ahead of the leader's revision or compaction, or hashing the
+    /// same compacted history differently, gets the CORRUPT alarm (one
+    /// member per check, as etcd), which stops every write cluster-wide.
+    async fn check_peer_hashes(&self) -> Result<()> {
+        let first = self.hash_kv(0)?;
+        let mut answers = Vec::new();
+        for peer in self.peer_ids() {
+            if let Some(answer) = self.peer_hash_kv(peer, first.revision).await {
+                answers.push((peer, answer));
+            }
+        }
+        let again = self.hash_kv(0)?;
+        let mut suspect = None;
+        if again.hash != first.hash
+            && again.revision == first.revision
+            && again.compact_revision == first.compact_revision
+        {
+            suspect = Some(self.id);
+        }
+        for (peer, (hash, revision, compact_revision)) in answers {
+            if suspect.is_some() {
+                break;
+            }
+            if revision > again.revision
+                || compact_revision > again.compact_revision
+                || (compact_revision == first.compact_revision && hash != first.hash)
+            {
+                log(format_args!(
+                    "member {peer:x}'s hash {hash} (revision {revision}, compact revision \
+                     {compact_revision}) differs from the leader's {} (revision {}, compact \
+                     revision {})",
+                    first.hash, first.revision, first.compact_revision
+                ));
+                suspect = Some(peer);
+            }
+        }
+        let Some(member) = suspect else {
+            return Ok(());
+        };
+        log(format_args!(
+            "raising the CORRUPT alarm for member {member:x}"
+        ));
+        self.alarm(crate::alarm::AlarmRequest {
+            action: crate::alarm::AlarmAction::Activate,
+            member,
+            alarm: crate::alarm::AlarmType::Corrupt,
+        })
+        .await?;
+        Ok(())
     }
 
     /// Stops accepting work after an unrecoverable error (e.g. a failed
@@ -1054,15 +1195,20 @@ impl Node {
     }
 
     /// A follower's forwarded lease question, answered by the leader.
-    async fn answer_lease(&self, q: peer::LeaseQuery) -> peer::LeaseAnswer {
+    async fn answer_peer(&self, q: peer::PeerQuery) -> peer::PeerAnswer {
+        if let peer::PeerQuery::HashKv(revision) = q {
+            return peer::PeerAnswer::HashKv(
+                self.hash_kv(revision)
+                    .map(|h| (h.hash, h.revision, h.compact_revision))
+                    .map_err(|e| e.to_string()),
+            );
+        }
         if !self.leads_leases() {
-            return peer::LeaseAnswer::NotLeader;
+            return peer::PeerAnswer::NotLeader;
         }
         match q {
-            peer::LeaseQuery::KeepAlive(id) => {
-                peer::LeaseAnswer::KeepAlive(self.lease_keepalive(id))
-            }
-            peer::LeaseQuery::TimeToLive(id) => peer::LeaseAnswer::TimeToLive(
+            peer::PeerQuery::KeepAlive(id) => peer::PeerAnswer::KeepAlive(self.lease_keepalive(id)),
+            peer::PeerQuery::TimeToLive(id) => peer::PeerAnswer::TimeToLive(
                 self.lease_time_to_live(id)
                     .map(|(remaining, granted, keys)| {
                         (
@@ -1072,14 +1218,15 @@ impl Node {
                         )
                     }),
             ),
-            peer::LeaseQuery::Promote(id) => peer::LeaseAnswer::Promoted(
-                self.member_promote(id).await.map_err(|e| e.to_string()),
-            ),
+            peer::PeerQuery::Promote(id) => {
+                peer::PeerAnswer::Promoted(self.member_promote(id).await.map_err(|e| e.to_string()))
+            }
+            peer::PeerQuery::HashKv(_) => peer::PeerAnswer::NotLeader,
         }
     }
 
     /// Asks the leader a lease question (from a follower).
-    pub async fn forward_lease(&self, q: peer::LeaseQuery) -> Result<peer::LeaseAnswer> {
+    pub async fn forward_lease(&self, q: peer::PeerQuery) -> Result<peer::PeerAnswer> {
         let leader = self.status.get().leader;
         if leader == 0 {
             return Err(ServerError::NoLeader);
@@ -1088,7 +1235,7 @@ impl Node {
         // size every owner command's future (puts included) to match.
         Box::pin(self.within_request_timeout(async {
             self.transport
-                .lease_call(leader, &q)
+                .ask(leader, &q)
                 .await
                 .map_err(|_| ServerError::NotLeader)
         }))
@@ -2893,6 +3040,28 @@ async fn auto_compact(node: Rc<Node>, mut compactor: Compactor) {
 /// Publishes this member's name and client URLs through the log once a
 /// leader exists, so every member's `MemberList` shows them (etcd's
 /// publish). Retries until it lands; skipped when already up to date.
+/// Every `every`, on the leader, while no CORRUPT alarm is on: see
+/// [`Node::check_peer_hashes`].
+async fn check_corruption_periodically(node: Rc<Node>, every: Duration) {
+    loop {
+        glommio::timer::sleep(every).await;
+        if node.fatal.borrow().is_some() || node.removed.get() {
+            return;
+        }
+        let corrupt = !node
+            .alarms
+            .borrow()
+            .get(crate::alarm::AlarmType::Corrupt)
+            .is_empty();
+        if !node.is_leader() || corrupt {
+            continue;
+        }
+        if let Err(e) = node.check_peer_hashes().await {
+            log(format_args!("corruption check: {e}"));
+        }
+    }
+}
+
 async fn publish_attributes(node: Rc<Node>) {
     loop {
         if node.fatal.borrow().is_some() {

@@ -36,24 +36,28 @@ const MAGIC: &[u8; 8] = b"metcdpr1";
 /// `len u64 | file bytes | crc32c u32`, answered with one byte (0 = kept).
 const SNAPSHOT_MAGIC: &[u8; 8] = b"metcdsn1";
 const SNAPSHOT_CHUNK: usize = 1 << 20;
-/// A connection carrying lease questions a follower forwards to the leader:
-/// `len u32 | JSON LeaseQuery` answered with `len u32 | JSON LeaseAnswer`.
-const LEASE_MAGIC: &[u8; 8] = b"metcdls1";
-const MAX_LEASE_MESSAGE: usize = 64 << 20;
+/// A connection carrying questions for one peer (lease questions a
+/// follower forwards to the leader, the leader's KV hash checks):
+/// `len u32 | JSON PeerQuery` answered with `len u32 | JSON PeerAnswer`.
+const QUERY_MAGIC: &[u8; 8] = b"metcdls1";
+const MAX_QUERY_MESSAGE: usize = 64 << 20;
 
-/// A question only the leader can answer (its lessor's clock is the
-/// cluster's; only it knows a learner's progress): what etcd forwards from
-/// followers over HTTP.
+/// A question for one peer: mostly ones only the leader can answer (its
+/// lessor's clock is the cluster's; only it knows a learner's progress),
+/// which etcd forwards from followers over HTTP; and the KV hash any
+/// member answers for the corruption check (etcd's `/members/hashkv`).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub enum LeaseQuery {
+pub enum PeerQuery {
     KeepAlive(i64),
     TimeToLive(i64),
     /// MemberPromote of this member ID.
     Promote(u64),
+    /// The KV hash at this revision (0: the current one).
+    HashKv(i64),
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub enum LeaseAnswer {
+pub enum PeerAnswer {
     /// The TTL after the refresh; `None` for an unknown lease.
     KeepAlive(Option<i64>),
     /// (remaining, granted, keys); `None` for an unknown lease.
@@ -62,11 +66,14 @@ pub enum LeaseAnswer {
     Promoted(Result<Vec<MemberRecord>, String>),
     /// The member asked is not the leader (any more).
     NotLeader,
+    /// (hash, the member's current revision, its compact revision), or
+    /// why it could not hash that revision.
+    HashKv(Result<(u32, i64, i64), String>),
 }
 
 /// What answers a forwarded question (it may wait for the log).
-pub type LeaseHandler =
-    Rc<dyn Fn(LeaseQuery) -> std::pin::Pin<Box<dyn std::future::Future<Output = LeaseAnswer>>>>;
+pub type QueryHandler =
+    Rc<dyn Fn(PeerQuery) -> std::pin::Pin<Box<dyn std::future::Future<Output = PeerAnswer>>>>;
 const HELLO_BYTES: usize = 32;
 const ACCEPTED: u8 = 0;
 const WRONG_CLUSTER: u8 = 1;
@@ -146,8 +153,8 @@ pub struct Inbound {
     pub snapshot_dir: std::path::PathBuf,
     /// A complete, checksummed snapshot: its MsgSnapshot and data file.
     pub deliver_snapshot: Rc<dyn Fn(Message, std::path::PathBuf)>,
-    /// Answers a follower's forwarded lease question.
-    pub lease: LeaseHandler,
+    /// Answers a peer's question.
+    pub query: QueryHandler,
     /// Whether a member ID was removed from the cluster.
     pub is_removed: Rc<dyn Fn(u64) -> bool>,
 }
@@ -362,20 +369,17 @@ impl Transport {
         Err(last)
     }
 
-    /// Asks `leader` a lease question (one connection per question: keep-
-    /// alives come once per TTL/3 per lease, far from a hot path).
-    pub async fn lease_call(
-        &self,
-        leader: u64,
-        query: &LeaseQuery,
-    ) -> std::io::Result<LeaseAnswer> {
+    /// Asks `peer` a question (one connection per question: keep-alives
+    /// come once per TTL/3 per lease, hash checks once per check interval,
+    /// far from a hot path).
+    pub async fn ask(&self, peer: u64, query: &PeerQuery) -> std::io::Result<PeerAnswer> {
         let addrs = self
             .links
             .borrow()
-            .get(&leader)
+            .get(&peer)
             .map(|l| l.addrs.clone())
-            .ok_or_else(|| std::io::Error::other(format!("no address for {leader:x}")))?;
-        let mut stream = self.connect(LEASE_MAGIC, leader, &addrs).await?;
+            .ok_or_else(|| std::io::Error::other(format!("no address for {peer:x}")))?;
+        let mut stream = self.connect(QUERY_MAGIC, peer, &addrs).await?;
         let body = serde_json::to_vec(query).map_err(std::io::Error::other)?;
         let mut out = Vec::with_capacity(4 + body.len());
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -588,8 +592,8 @@ async fn receive(
         u64::from_le_bytes(b)
     };
     let snapshot_stream = &hello[..8] == SNAPSHOT_MAGIC;
-    let lease_stream = &hello[..8] == LEASE_MAGIC;
-    if &hello[..8] != MAGIC && !snapshot_stream && !lease_stream {
+    let query_stream = &hello[..8] == QUERY_MAGIC;
+    if &hello[..8] != MAGIC && !snapshot_stream && !query_stream {
         return Err(std::io::Error::other("not a metcd peer (bad hello)"));
     }
     let (their_cluster, from, to) = (field(8), field(16), field(24));
@@ -633,17 +637,16 @@ async fn receive(
     if snapshot_stream {
         return receive_snapshot(stream, from, self_id, inbound).await;
     }
-    if lease_stream {
+    if query_stream {
         loop {
             let query = match read_json_message(&mut stream).await {
                 Ok(q) => q,
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
                 Err(e) => return Err(e),
             };
-            let query: LeaseQuery =
-                serde_json::from_slice(&query).map_err(std::io::Error::other)?;
+            let query: PeerQuery = serde_json::from_slice(&query).map_err(std::io::Error::other)?;
             let answer =
-                serde_json::to_vec(&(inbound.lease)(query).await).map_err(std::io::Error::other)?;
+                serde_json::to_vec(&(inbound.query)(query).await).map_err(std::io::Error::other)?;
             let mut out = Vec::with_capacity(4 + answer.len());
             out.extend_from_slice(&(answer.len() as u32).to_le_bytes());
             out.extend_from_slice(&answer);
@@ -666,15 +669,15 @@ async fn receive(
     }
 }
 
-/// One `len u32 | bytes` message of a lease stream.
+/// One `len u32 | bytes` message of a query stream.
 async fn read_json_message<S: futures_lite::AsyncRead + Unpin>(
     stream: &mut S,
 ) -> std::io::Result<Vec<u8>> {
     let mut len = [0u8; 4];
     stream.read_exact(&mut len).await?;
     let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_LEASE_MESSAGE {
-        return Err(std::io::Error::other("lease message too large"));
+    if len > MAX_QUERY_MESSAGE {
+        return Err(std::io::Error::other("peer query message too large"));
     }
     let mut body = vec![0u8; len];
     stream.read_exact(&mut body).await?;

@@ -319,10 +319,10 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         // follower forwards these to it, as etcd does.
         Command::LeaseKeepAlive(id) if !node.leads_leases() => {
             match node
-                .forward_lease(crate::peer::LeaseQuery::KeepAlive(id))
+                .forward_lease(crate::peer::PeerQuery::KeepAlive(id))
                 .await
             {
-                Ok(crate::peer::LeaseAnswer::KeepAlive(ttl)) => {
+                Ok(crate::peer::PeerAnswer::KeepAlive(ttl)) => {
                     lease_reply(node, LeaseInfo::KeepAlive(ttl))
                 }
                 Ok(_) => Reply::Failed(ServerError::NotLeader),
@@ -331,10 +331,10 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         }
         Command::LeaseTimeToLive(id) if !node.leads_leases() => {
             match node
-                .forward_lease(crate::peer::LeaseQuery::TimeToLive(id))
+                .forward_lease(crate::peer::PeerQuery::TimeToLive(id))
                 .await
             {
-                Ok(crate::peer::LeaseAnswer::TimeToLive(found)) => {
+                Ok(crate::peer::PeerAnswer::TimeToLive(found)) => {
                     let found = found.map(|(remaining, granted, keys)| {
                         (
                             remaining,
@@ -405,13 +405,13 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         // as etcd does.
         Command::MemberPromote(id) if !node.is_leader() => {
             match node
-                .forward_lease(crate::peer::LeaseQuery::Promote(id))
+                .forward_lease(crate::peer::PeerQuery::Promote(id))
                 .await
             {
-                Ok(crate::peer::LeaseAnswer::Promoted(Ok(members))) => {
+                Ok(crate::peer::PeerAnswer::Promoted(Ok(members))) => {
                     member_change(node, Ok(members))
                 }
-                Ok(crate::peer::LeaseAnswer::Promoted(Err(message))) => {
+                Ok(crate::peer::PeerAnswer::Promoted(Err(message))) => {
                     Reply::Failed(ServerError::from_forwarded(&message))
                 }
                 Ok(_) => Reply::Failed(ServerError::NotLeader),
