@@ -488,6 +488,9 @@ pub struct Node {
     /// This member is a learner (no writes, no linearizable reads).
     learner: Cell<bool>,
     was_leader: Cell<bool>,
+    /// This member leads and has committed an entry of its own term, so
+    /// it knows every committed entry (what a hash comparison needs).
+    leads_settled: Cell<bool>,
     request_timeout: Duration,
     mvcc: RefCell<MvccStore<AnyEngine>>,
     /// Replaced wholesale when a leader's snapshot is installed.
@@ -793,6 +796,7 @@ impl Node {
             solo: Cell::new(single_voter),
             learner: Cell::new(conf.learners.contains(&id)),
             was_leader: Cell::new(false),
+            leads_settled: Cell::new(false),
             request_timeout: REQUEST_TIMEOUT_BASE + Duration::from_millis(2 * cfg.election_timeout),
             mvcc: RefCell::new(mvcc),
             engine: RefCell::new(engine),
@@ -928,6 +932,7 @@ impl Node {
     /// compact revision); None (logged) if it cannot say, as etcd skips
     /// such peers (down, lagging behind the revision, or compacted past it).
     async fn peer_hash_kv(&self, peer: u64, revision: i64) -> Option<(u32, i64, i64)> {
+        debug_assert!(revision > 0, "a hash check names its revision");
         let asked = Box::pin(self.within_request_timeout(async {
             self.transport
                 .ask(peer, &peer::PeerQuery::HashKv(revision))
@@ -936,7 +941,10 @@ impl Node {
         }))
         .await;
         match asked {
-            Ok(peer::PeerAnswer::HashKv(Ok(hash))) => Some(hash),
+            Ok(peer::PeerAnswer::HashKv(Ok((hash, hashed, current, compacted)))) => {
+                // A hash of another revision compares with nothing.
+                (hashed == revision).then_some((hash, current, compacted))
+            }
             Ok(peer::PeerAnswer::HashKv(Err(why))) => {
                 log(format_args!(
                     "cannot check the hash of peer {peer:x} at revision {revision}: {why}"
@@ -998,12 +1006,23 @@ impl Node {
     /// same compacted history differently, gets the CORRUPT alarm (one
     /// member per check, as etcd), which stops every write cluster-wide.
     async fn check_peer_hashes(&self) -> Result<()> {
+        // Only a leader that knows every committed entry compares: a new
+        // one may not have applied what a follower already has.
+        if !self.leads_settled.get() {
+            return Ok(());
+        }
+        let term = self.status.get().term;
         let first = self.hash_kv(0)?;
         let mut answers = Vec::new();
         for peer in self.peer_ids() {
             if let Some(answer) = self.peer_hash_kv(peer, first.revision).await {
                 answers.push((peer, answer));
             }
+        }
+        // Leadership lost meanwhile: followers moved on under another
+        // leader, and their revisions say nothing about this member.
+        if !self.leads_settled.get() || self.status.get().term != term {
+            return Ok(());
         }
         let again = self.hash_kv(0)?;
         let mut suspect = None;
@@ -1199,7 +1218,7 @@ impl Node {
         if let peer::PeerQuery::HashKv(revision) = q {
             return peer::PeerAnswer::HashKv(
                 self.hash_kv(revision)
-                    .map(|h| (h.hash, h.revision, h.compact_revision))
+                    .map(|h| (h.hash, h.hash_revision, h.revision, h.compact_revision))
                     .map_err(|e| e.to_string()),
             );
         }
@@ -2353,6 +2372,11 @@ impl Node {
             wal_syncs: wal.frames_written(),
             is_learner: self.learner.get(),
         });
+        self.leads_settled.set(
+            raft.state == raft::StateRole::Leader
+                && raft.raft_log.term(raft.raft_log.committed).ok() == Some(raft.term)
+                && raft.raft_log.applied == raft.raft_log.committed,
+        );
         let mut progress = self.progress.borrow_mut();
         progress.clear();
         if raft.state == raft::StateRole::Leader {
@@ -3037,11 +3061,9 @@ async fn auto_compact(node: Rc<Node>, mut compactor: Compactor) {
     }
 }
 
-/// Publishes this member's name and client URLs through the log once a
-/// leader exists, so every member's `MemberList` shows them (etcd's
-/// publish). Retries until it lands; skipped when already up to date.
 /// Every `every`, on the leader, while no CORRUPT alarm is on: see
-/// [`Node::check_peer_hashes`].
+/// [`Node::check_peer_hashes`]. Each check hashes the store on this core
+/// (as the HashKV RPC does): keep the interval in minutes on large stores.
 async fn check_corruption_periodically(node: Rc<Node>, every: Duration) {
     loop {
         glommio::timer::sleep(every).await;
@@ -3062,6 +3084,9 @@ async fn check_corruption_periodically(node: Rc<Node>, every: Duration) {
     }
 }
 
+/// Publishes this member's name and client URLs through the log once a
+/// leader exists, so every member's `MemberList` shows them (etcd's
+/// publish). Retries until it lands; skipped when already up to date.
 async fn publish_attributes(node: Rc<Node>) {
     loop {
         if node.fatal.borrow().is_some() {

@@ -66,9 +66,9 @@ pub enum PeerAnswer {
     Promoted(Result<Vec<MemberRecord>, String>),
     /// The member asked is not the leader (any more).
     NotLeader,
-    /// (hash, the member's current revision, its compact revision), or
-    /// why it could not hash that revision.
-    HashKv(Result<(u32, i64, i64), String>),
+    /// (hash, the revision hashed, the member's current revision, its
+    /// compact revision), or why it could not hash that revision.
+    HashKv(Result<(u32, i64, i64, i64), String>),
 }
 
 /// What answers a forwarded question (it may wait for the log).

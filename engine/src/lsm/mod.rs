@@ -1175,6 +1175,7 @@ impl Compactor {
             return Ok(());
         };
         let target = deepest.max(1);
+        let mut merged = false;
         for level in 0..target {
             let levels = self.inner.version().levels.clone();
             if levels.levels[level].is_empty() {
@@ -1185,6 +1186,22 @@ impl Compactor {
                 out_level: level + 1,
                 inputs: levels.levels[level].clone(),
                 next: levels.levels[level + 1].clone(),
+                rewrite: true,
+            })?;
+            merged = true;
+            // A flush waiting for level 0 to shrink need not wait for the
+            // deeper steps.
+            self.inner.done_cv.notify_all();
+        }
+        if !merged {
+            // Everything already sits in the deepest level: rewrite it in
+            // place, which drops its garbage all the same.
+            let tables = self.inner.version().levels.levels[target].clone();
+            self.compact(Compaction {
+                level: target,
+                out_level: target,
+                inputs: tables,
+                next: Vec::new(),
                 rewrite: true,
             })?;
         }
