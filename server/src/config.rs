@@ -526,30 +526,18 @@ impl Config {
 
     /// `None` when progress notifications are off.
     pub fn watch_progress_notify_interval(&self) -> Result<Option<Duration>, ConfigError> {
-        let v = self.experimental_watch_progress_notify_interval.trim();
-        let d = (v.parse::<u64>().is_err())
-            .then(|| parse_retention_duration(v))
-            .flatten()
-            .ok_or_else(|| ConfigError::Invalid {
-                flag: "experimental-watch-progress-notify-interval",
-                value: v.to_string(),
-                reason: "expected a duration such as 10m, 5s or 500ms".into(),
-            })?;
-        Ok((!d.is_zero()).then_some(d))
+        optional_interval(
+            "experimental-watch-progress-notify-interval",
+            &self.experimental_watch_progress_notify_interval,
+        )
     }
 
     /// `None` when the periodic corruption check is off.
     pub fn corrupt_check_interval(&self) -> Result<Option<Duration>, ConfigError> {
-        let v = self.experimental_corrupt_check_time.trim();
-        let d = (v == "0")
-            .then_some(Duration::ZERO)
-            .or_else(|| parse_retention_duration(v).filter(|_| v.parse::<u64>().is_err()))
-            .ok_or_else(|| ConfigError::Invalid {
-                flag: "experimental-corrupt-check-time",
-                value: v.to_string(),
-                reason: "expected a duration such as 5m, 30s or 500ms".into(),
-            })?;
-        Ok((!d.is_zero()).then_some(d))
+        optional_interval(
+            "experimental-corrupt-check-time",
+            &self.experimental_corrupt_check_time,
+        )
     }
 
     pub fn auto_compaction(&self) -> Result<AutoCompaction, ConfigError> {
@@ -728,6 +716,25 @@ fn parse_urls_with(
 
 /// etcd's periodic retention: a bare number is hours; else a Go-style
 /// duration with one unit (`ms`, `s`, `m`, `h`).
+/// A Go-style duration flag (`10m`, `5s`, `500ms`; `0` alone too) where
+/// zero turns the feature off (`None`).
+fn optional_interval(flag: &'static str, value: &str) -> Result<Option<Duration>, ConfigError> {
+    let v = value.trim();
+    let d = if v == "0" {
+        Some(Duration::ZERO)
+    } else {
+        // A bare number is hours for retention, but no unit is an error
+        // for a Go duration.
+        parse_retention_duration(v).filter(|_| v.parse::<u64>().is_err())
+    };
+    let d = d.ok_or_else(|| ConfigError::Invalid {
+        flag,
+        value: v.to_string(),
+        reason: "expected a duration such as 10m, 5s or 500ms".into(),
+    })?;
+    Ok((!d.is_zero()).then_some(d))
+}
+
 fn parse_retention_duration(s: &str) -> Option<Duration> {
     if let Ok(hours) = s.parse::<u64>() {
         return Some(Duration::from_secs(hours.checked_mul(3600)?));

@@ -580,24 +580,8 @@ impl LsmEngine {
         let Some((mem_id, applied_index)) = target else {
             return Ok(inner.durable_applied_index.load(Ordering::Acquire));
         };
-        let mut work = inner.work();
-        loop {
-            if work.flushed_mem >= mem_id {
-                return Ok(applied_index);
-            }
-            if let Some(reason) = &work.poisoned {
-                return Err(Error::Poisoned(format!(
-                    "lsm background job failed: {reason}"
-                )));
-            }
-            if work.shutdown {
-                return Err(Error::Invalid("lsm engine is shutting down".to_owned()));
-            }
-            work = inner
-                .done_cv
-                .wait(work)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
+        inner.wait_for(inner.work(), |work| work.flushed_mem >= mem_id)?;
+        Ok(applied_index)
     }
 
     /// Flushes the memtables, then has the compaction thread merge every
@@ -611,23 +595,7 @@ impl LsmEngine {
         let ticket = work.full_compactions_asked;
         work.compact_kicked = true;
         inner.work_cv.notify_all();
-        loop {
-            if let Some(reason) = &work.poisoned {
-                return Err(Error::Poisoned(format!(
-                    "lsm background job failed: {reason}"
-                )));
-            }
-            if work.full_compactions_done >= ticket {
-                return Ok(());
-            }
-            if work.shutdown {
-                return Err(Error::Invalid("lsm engine is shutting down".to_owned()));
-            }
-            work = inner
-                .done_cv
-                .wait(work)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
+        inner.wait_for(work, |work| work.full_compactions_done >= ticket)
     }
 
     /// Table count per level, for tests and metrics.
@@ -944,6 +912,28 @@ impl Inner {
         }
     }
 
+    /// Waits on the background threads until `done` holds; an error if
+    /// one of them failed first or the engine shuts down.
+    fn wait_for(&self, mut work: MutexGuard<'_, Work>, done: impl Fn(&Work) -> bool) -> Result<()> {
+        loop {
+            if done(&work) {
+                return Ok(());
+            }
+            if let Some(reason) = &work.poisoned {
+                return Err(Error::Poisoned(format!(
+                    "lsm background job failed: {reason}"
+                )));
+            }
+            if work.shutdown {
+                return Err(Error::Invalid("lsm engine is shutting down".to_owned()));
+            }
+            work = self
+                .done_cv
+                .wait(work)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
     fn take_file_no(&self) -> u64 {
         self.next_file.fetch_add(1, Ordering::AcqRel)
     }
@@ -1139,7 +1129,9 @@ impl Compactor {
             let asked = self.inner.work().full_compactions_asked;
             if asked > self.inner.work().full_compactions_done {
                 if let Err(e) = guarded(|| self.compact_fully(), "full compaction") {
+                    // Its waiters see the poison, never a done ticket.
                     self.inner.poison(&e);
+                    continue;
                 }
                 let mut work = self.inner.work();
                 work.full_compactions_done = asked;
