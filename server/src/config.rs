@@ -122,6 +122,12 @@ pub struct Config {
     /// compares the members' KV hashes and raises CORRUPT for a member
     /// that differs (a duration; `0s`, the default, turns it off).
     pub experimental_corrupt_check_time: String,
+    /// etcd's `--experimental-enable-lease-checkpoint`: the leader puts
+    /// each long lease's remaining TTL through the log, so a new leader or
+    /// a restarted member continues from it instead of a full TTL.
+    pub experimental_enable_lease_checkpoint: bool,
+    /// How often the leader checkpoints (etcd's default: 5m).
+    pub experimental_lease_checkpoint_interval: String,
 }
 
 impl Default for Config {
@@ -168,6 +174,8 @@ impl Default for Config {
             experimental_snapshot_catchup_entries: 5000,
             experimental_initial_corrupt_check: false,
             experimental_corrupt_check_time: "0s".into(),
+            experimental_enable_lease_checkpoint: false,
+            experimental_lease_checkpoint_interval: "5m".into(),
         }
     }
 }
@@ -270,6 +278,11 @@ pub struct Flags {
     pub experimental_initial_corrupt_check: Option<bool>,
     #[arg(long)]
     pub experimental_corrupt_check_time: Option<String>,
+    /// `--experimental-enable-lease-checkpoint` alone means true, as in etcd.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub experimental_enable_lease_checkpoint: Option<bool>,
+    #[arg(long)]
+    pub experimental_lease_checkpoint_interval: Option<String>,
 }
 
 /// A flag's value refused, and why.
@@ -367,6 +380,9 @@ impl Config {
         if let Some(on) = flags.experimental_initial_corrupt_check.take() {
             cfg.experimental_initial_corrupt_check = on;
         }
+        if let Some(on) = flags.experimental_enable_lease_checkpoint.take() {
+            cfg.experimental_enable_lease_checkpoint = on;
+        }
         if let Some(path) = flags.experimental_peer_fault_file.take() {
             cfg.experimental_peer_fault_file = Some(path);
         }
@@ -404,6 +420,7 @@ impl Config {
             experimental_watch_progress_notify_interval,
             experimental_snapshot_catchup_entries,
             experimental_corrupt_check_time,
+            experimental_lease_checkpoint_interval,
         );
         cfg.validate()?;
         Ok(cfg)
@@ -540,6 +557,17 @@ impl Config {
         )
     }
 
+    /// How often the leader checkpoints lease TTLs; `None` when off.
+    pub fn lease_checkpoint_interval(&self) -> Result<Option<Duration>, ConfigError> {
+        if !self.experimental_enable_lease_checkpoint {
+            return Ok(None);
+        }
+        optional_interval(
+            "experimental-lease-checkpoint-interval",
+            &self.experimental_lease_checkpoint_interval,
+        )
+    }
+
     pub fn auto_compaction(&self) -> Result<AutoCompaction, ConfigError> {
         let retention = self.auto_compaction_retention.trim();
         let invalid = |reason: &str| ConfigError::Invalid {
@@ -641,6 +669,7 @@ impl Config {
         self.auto_compaction()?;
         self.watch_progress_notify_interval()?;
         self.corrupt_check_interval()?;
+        self.lease_checkpoint_interval()?;
         if self.max_txn_ops == 0 {
             return Err(invalid_flag("max-txn-ops", "0", "must be at least 1"));
         }
@@ -952,6 +981,20 @@ mod tests {
             load(&["--experimental-initial-corrupt-check"])
                 .unwrap()
                 .experimental_initial_corrupt_check
+        );
+        let checkpoints = |args: &[&str]| load(args).unwrap().lease_checkpoint_interval().unwrap();
+        assert_eq!(checkpoints(&[]), None);
+        assert_eq!(
+            checkpoints(&["--experimental-enable-lease-checkpoint"]),
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(
+            checkpoints(&[
+                "--experimental-enable-lease-checkpoint=true",
+                "--experimental-lease-checkpoint-interval",
+                "1s"
+            ]),
+            Some(Duration::from_secs(1))
         );
     }
 

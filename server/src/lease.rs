@@ -6,7 +6,8 @@
 //! same leases. Expiry times are not replicated: the leader keeps them, and
 //! revokes an expired lease by proposing a revoke through the log, as etcd
 //! does. After a restart or a leader change every lease gets its full TTL
-//! again (etcd's `Promote`).
+//! again (etcd's `Promote`), or, with lease checkpoints on, the remaining
+//! TTL the leader last checkpointed through the log.
 //!
 //! Must never: decide anything in apply from a clock.
 
@@ -35,6 +36,9 @@ pub enum LeaseError {
 pub struct LeaseState {
     /// The TTL granted (the request's, raised to the minimum).
     pub ttl: i64,
+    /// The remaining TTL of the last checkpoint (etcd's `remainingTTL`),
+    /// until a keep-alive resets it: what a new leader starts from.
+    pub checkpointed: Option<i64>,
     pub keys: BTreeSet<Bytes>,
 }
 
@@ -89,20 +93,50 @@ impl Lessor {
             return Err(LeaseError::Exists);
         }
         let ttl = ttl.max(self.min_ttl);
-        self.restore(id, ttl, now);
+        self.restore(id, ttl, None, now);
         Ok(ttl)
     }
 
     /// Restores a lease read from storage (attachments come from MVCC).
-    pub fn restore(&mut self, id: i64, ttl: i64, now: Instant) {
+    pub fn restore(&mut self, id: i64, ttl: i64, checkpointed: Option<i64>, now: Instant) {
         self.leases.insert(
             id,
             LeaseState {
                 ttl,
+                checkpointed,
                 keys: BTreeSet::new(),
             },
         );
-        self.refresh(id, now);
+        self.start_clock(id, now);
+    }
+
+    /// Applies a checkpoint: the lease's remaining TTL as the leader saw
+    /// it (0 clears it: a keep-alive gave a full TTL). Returns the lease's
+    /// record after it, `None` for an unknown lease.
+    pub fn checkpoint(&mut self, id: i64, remaining: i64) -> Option<&LeaseState> {
+        let state = self.leases.get_mut(&id)?;
+        state.checkpointed = (remaining > 0).then_some(remaining.min(state.ttl));
+        Some(state)
+    }
+
+    /// The leader's checkpoints due now: (lease, remaining TTL) of every
+    /// lease that will outlive `interval` (etcd checkpoints only those),
+    /// in ID order.
+    pub fn checkpoints_due(&self, now: Instant, interval: Duration) -> Vec<(i64, i64)> {
+        self.leases
+            .keys()
+            .filter_map(|id| Some((*id, self.remaining(*id, now)?)))
+            .filter(|(_, left)| *left > interval.as_secs() as i64)
+            .collect()
+    }
+
+    /// Starts a lease's expiry clock from its checkpointed remaining TTL,
+    /// or its full TTL.
+    fn start_clock(&mut self, id: i64, now: Instant) {
+        if let Some(state) = self.leases.get(&id) {
+            let secs = state.checkpointed.unwrap_or(state.ttl).max(0) as u64;
+            self.expiry.insert(id, now + Duration::from_secs(secs));
+        }
     }
 
     /// Applies a revoke: removes the lease and returns its keys (which the
@@ -148,12 +182,12 @@ impl Lessor {
 
     /// A new leader takes over the expiry clock: every lease gets a full
     /// TTL from now (etcd's Promote), since the old leader's refreshes
-    /// were never replicated.
+    /// were never replicated, or its last checkpointed remaining TTL.
     pub fn promote(&mut self, now: Instant) {
         self.revoking.clear();
         let ids: Vec<i64> = self.leases.keys().copied().collect();
         for id in ids {
-            self.refresh(id, now);
+            self.start_clock(id, now);
         }
     }
 
@@ -201,6 +235,35 @@ mod tests {
             prev_kv: None,
             prev_kv_unread: false,
         }
+    }
+
+    #[test]
+    fn a_checkpointed_lease_keeps_its_remaining_ttl_across_a_promotion() {
+        let t0 = Instant::now();
+        let mut l = Lessor::new(2);
+        l.grant(7, 60, t0).unwrap();
+        l.grant(8, 3, t0).unwrap();
+        let later = t0 + Duration::from_secs(20);
+        // Only leases that outlive the interval are checkpointed.
+        assert_eq!(
+            l.checkpoints_due(later, Duration::from_secs(5)),
+            vec![(7, 40)]
+        );
+        assert_eq!(l.checkpoint(7, 40).unwrap().checkpointed, Some(40));
+        assert!(l.checkpoint(9, 40).is_none());
+        // A new leader starts from the checkpoint, not a full TTL.
+        let promoted = later + Duration::from_secs(1);
+        l.promote(promoted);
+        assert_eq!(l.remaining(7, promoted), Some(40));
+        assert_eq!(l.remaining(8, promoted), Some(3));
+        // A keep-alive's reset checkpoint gives the full TTL back.
+        l.checkpoint(7, 0);
+        l.promote(promoted);
+        assert_eq!(l.remaining(7, promoted), Some(60));
+        // Restored from a record with a checkpoint: that one counts.
+        let mut r = Lessor::new(2);
+        r.restore(7, 60, Some(12), t0);
+        assert_eq!(r.remaining(7, t0), Some(12));
     }
 
     #[test]

@@ -87,6 +87,10 @@ const TAG_KV_AUTHED: u8 = 8;
 const TAG_LEASE_REVOKE_AUTHED: u8 = 9;
 /// An Alarm call (`alarm::encode`).
 const TAG_ALARM: u8 = 10;
+/// Lease checkpoints: `[(id i64, remaining TTL i64) LE]*`.
+const TAG_LEASE_CHECKPOINT: u8 = 11;
+/// etcd's `maxLeaseCheckpointBatchSize`.
+const LEASE_CHECKPOINT_BATCH: usize = 1000;
 
 /// Who asks for a write or a lease revoke.
 #[derive(Debug, Clone, Copy)]
@@ -149,6 +153,7 @@ pub(crate) enum Decoded {
     MemberPeers(MemberRecord),
     Auth(crate::auth::AuthRequest),
     Alarm(crate::alarm::AlarmRequest),
+    LeaseCheckpoint(Vec<(i64, i64)>),
 }
 
 pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decoded)> {
@@ -187,9 +192,24 @@ pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decod
         TAG_MEMBER_PEERS => Decoded::MemberPeers(members::decode(&data)?),
         TAG_AUTH => Decoded::Auth(crate::auth::decode(&data)?),
         TAG_ALARM => Decoded::Alarm(crate::alarm::decode(&data)?),
+        TAG_LEASE_CHECKPOINT if data.len().is_multiple_of(16) => Decoded::LeaseCheckpoint(
+            data.chunks_exact(16)
+                .map(|mut c| (c.get_i64_le(), c.get_i64_le()))
+                .collect(),
+        ),
         _ => return None,
     };
     Some((origin, id, body))
+}
+
+/// A lease's record: its TTL, then its checkpointed remaining TTL if any
+/// (both i64 BE).
+fn lease_record(state: &crate::lease::LeaseState) -> bytes::Bytes {
+    let mut v = state.ttl.to_be_bytes().to_vec();
+    if let Some(left) = state.checkpointed {
+        v.extend_from_slice(&left.to_be_bytes());
+    }
+    bytes::Bytes::from(v)
 }
 
 fn lease_record_name(id: i64) -> Vec<u8> {
@@ -541,6 +561,9 @@ pub struct Node {
     /// An applied write took the store past the quota: the loop raises
     /// this member's NOSPACE alarm after the turn.
     nospace_wanted: Cell<bool>,
+    /// Leases a keep-alive refreshed while a checkpoint of theirs stands:
+    /// the loop proposes their reset after the turn.
+    checkpoint_resets: RefCell<Vec<i64>>,
     max_batch: usize,
     batch_window: Duration,
     snapshot_count: u64,
@@ -831,6 +854,7 @@ impl Node {
             alarms: RefCell::new(alarms),
             nospace_proposed_at: Cell::new(None),
             nospace_wanted: Cell::new(false),
+            checkpoint_resets: RefCell::new(Vec::new()),
             max_batch: cfg.wal_max_batch,
             batch_window: Duration::from_micros(cfg.wal_batch_window_us),
             snapshot_count: cfg.snapshot_count,
@@ -913,6 +937,12 @@ impl Node {
             .map_err(|e| ServerError::Startup(e.to_string()))?;
         if let Some(every) = corrupt_check {
             glommio::spawn_local(check_corruption_periodically(node.clone(), every)).detach();
+        }
+        let lease_checkpoints = cfg
+            .lease_checkpoint_interval()
+            .map_err(|e| ServerError::Startup(e.to_string()))?;
+        if let Some(every) = lease_checkpoints {
+            glommio::spawn_local(checkpoint_leases(node.clone(), every)).detach();
         }
         Ok(node)
     }
@@ -1202,7 +1232,29 @@ impl Node {
 
     /// Keep-alive (leader-local, as in etcd): the TTL, or `None` if unknown.
     pub fn lease_keepalive(&self, id: i64) -> Option<i64> {
-        self.lessor.borrow_mut().refresh(id, Instant::now())
+        let mut lessor = self.lessor.borrow_mut();
+        let ttl = lessor.refresh(id, Instant::now())?;
+        if lessor.get(id).is_some_and(|l| l.checkpointed.is_some()) {
+            // The full TTL from now is what a new leader must start from
+            // (etcd resets the checkpoint on a keep-alive too).
+            self.checkpoint_resets.borrow_mut().push(id);
+        }
+        Some(ttl)
+    }
+
+    /// Proposes lease checkpoints in etcd's batches; nobody waits for them.
+    async fn propose_checkpoints(&self, checkpoints: Vec<(i64, i64)>) {
+        for batch in checkpoints.chunks(LEASE_CHECKPOINT_BATCH) {
+            let mut body = Vec::with_capacity(batch.len() * 16);
+            for (id, remaining) in batch {
+                body.put_i64_le(*id);
+                body.put_i64_le(*remaining);
+            }
+            if let Err(e) = self.propose(TAG_LEASE_CHECKPOINT, &body).await {
+                log(format_args!("lease checkpoint: {e}"));
+                return;
+            }
+        }
     }
 
     /// (remaining TTL, granted TTL, keys) of a lease, `None` if unknown.
@@ -1625,6 +1677,13 @@ impl Node {
             if self.nospace_wanted.take() {
                 let node = self.clone();
                 glommio::spawn_local(async move { node.raise_nospace().await }).detach();
+            }
+            let resets = std::mem::take(&mut *self.checkpoint_resets.borrow_mut());
+            if !resets.is_empty() {
+                let node = self.clone();
+                let resets = resets.into_iter().map(|id| (id, 0)).collect();
+                glommio::spawn_local(async move { node.propose_checkpoints(resets).await })
+                    .detach();
             }
             self.on_role_change(&raw);
             self.maybe_snapshot();
@@ -2122,6 +2181,16 @@ impl Node {
                             Err(e)
                         }
                     }
+                }
+                Decoded::LeaseCheckpoint(checkpoints) => {
+                    let mut records = Vec::with_capacity(checkpoints.len());
+                    for (id, remaining) in checkpoints {
+                        if let Some(state) = lessor.checkpoint(id, remaining) {
+                            records.push((lease_record_name(id), Some(lease_record(state))));
+                        }
+                    }
+                    mvcc.write_meta(entry.index, records)?;
+                    Ok(Applied::Published)
                 }
                 Decoded::Alarm(req) => {
                     let (alarms, change) = self.alarms.borrow_mut().apply(&req);
@@ -2980,15 +3049,27 @@ fn restore_leases(mvcc: &MvccStore<AnyEngine>, min_ttl: i64) -> Result<crate::le
     let mut lessor = crate::lease::Lessor::new(min_ttl);
     let now = Instant::now();
     for (name, value) in mvcc.meta_with_prefix(b"lease/")? {
-        let (Ok(id), Ok(ttl)) = (
+        let field = |at: usize| {
+            value
+                .get(at..at + 8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        };
+        let (Ok(id), Some(ttl), 8 | 16) = (
             <[u8; 8]>::try_from(&name[b"lease/".len()..]),
-            <[u8; 8]>::try_from(&value[..]),
+            field(0),
+            value.len(),
         ) else {
             return Err(ServerError::Mvcc(mvcc::MvccError::Corrupt(format!(
                 "bad lease record {name:02x?}"
             ))));
         };
-        lessor.restore(i64::from_be_bytes(id), i64::from_be_bytes(ttl), now);
+        let checkpointed = field(8).map(i64::from_be_bytes);
+        lessor.restore(
+            i64::from_be_bytes(id),
+            i64::from_be_bytes(ttl),
+            checkpointed,
+            now,
+        );
     }
     let all = mvcc.range(&mvcc::RangeRequest {
         key: bytes::Bytes::from_static(b"\0"),
@@ -3025,6 +3106,25 @@ async fn expire_leases(node: Rc<Node>) {
                 }
             })
             .detach();
+        }
+    }
+}
+
+/// etcd's lease checkpoints: every `every`, the leader puts the remaining
+/// TTL of each lease that outlives the interval through the log, so a new
+/// leader or a restarted member starts it from there, not from a full TTL.
+async fn checkpoint_leases(node: Rc<Node>, every: Duration) {
+    loop {
+        glommio::timer::sleep(every).await;
+        if node.fatal.borrow().is_some() || node.removed.get() {
+            return;
+        }
+        if !node.leads_leases() {
+            continue;
+        }
+        let due = node.lessor.borrow().checkpoints_due(Instant::now(), every);
+        if !due.is_empty() {
+            node.propose_checkpoints(due).await;
         }
     }
 }

@@ -1262,6 +1262,57 @@ fn a_member_whose_data_diverged_is_found_by_the_corruption_checks() {
     assert_eq!((ok, got.as_str()), (true, "v\n"), "reads go on");
 }
 
+/// With `--experimental-enable-lease-checkpoint` a new leader continues a
+/// lease's countdown from the last checkpoint instead of granting it a full
+/// TTL again (etcd's reason for the feature: long leases that never expire
+/// under repeated leader changes).
+#[test]
+fn checkpointed_leases_keep_their_remaining_ttl_across_a_leader_change() {
+    let mut cluster = Cluster::start_with(
+        3,
+        &[
+            "--experimental-enable-lease-checkpoint",
+            "--experimental-lease-checkpoint-interval",
+            "1s",
+        ],
+    );
+    let leader = runtime().block_on(leader_and_ids(&cluster.members)).0;
+    let id = runtime().block_on(async {
+        let mut c = connect(&cluster.members[leader]).await;
+        within("grant", c.lease_grant(60, None)).await.unwrap().id()
+    });
+    std::thread::sleep(Duration::from_millis(4500));
+    cluster.members[leader].kill9();
+    let other = (0..3).find(|i| *i != leader).unwrap();
+    let left = runtime().block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(mut c) = Client::connect(
+                [format!(
+                    "http://{}",
+                    cluster.members[other].client_endpoint()
+                )],
+                None,
+            )
+            .await
+            {
+                let asked =
+                    tokio::time::timeout(Duration::from_secs(3), c.lease_time_to_live(id, None))
+                        .await;
+                if let Ok(Ok(ttl)) = asked {
+                    break ttl.ttl();
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader answered");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    assert!(
+        (40..=57).contains(&left),
+        "remaining {left}s after the leader change"
+    );
+}
+
 /// metcd's admin endpoint replaces a voter in one joint-consensus step
 /// (ConfChangeV2 `{n1,n2,n3} ∪ {n1,n2,n4}`, left automatically): the old
 /// member stops, the new one joins with `--initial-cluster-state existing`,

@@ -57,6 +57,70 @@ fn leases_survive_kill9_and_still_expire() {
     assert_eq!(ok(&e, &["get", "kept", "--print-value-only"]), "v\n");
 }
 
+/// "lease 694d77aa9e3c7a05 granted with TTL(60s), remaining(57s)" -> 57.
+fn remaining_secs(timetolive: &str) -> i64 {
+    let at = timetolive.find("remaining(").expect(timetolive) + "remaining(".len();
+    let rest = &timetolive[at..];
+    rest[..rest.find('s').unwrap()].parse().unwrap()
+}
+
+/// etcd's `--experimental-enable-lease-checkpoint`: the remaining TTL goes
+/// through the log, so a restarted member continues the countdown instead
+/// of granting a full TTL again, and a keep-alive resets it to the full TTL.
+#[test]
+fn checkpointed_leases_keep_counting_down_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = [
+        "--experimental-enable-lease-checkpoint",
+        "--experimental-lease-checkpoint-interval",
+        "1s",
+    ];
+    let mut s = Server::start(&dir.path().join("m"), &flags);
+    let e = s.client_endpoint();
+    let granted = ok(&e, &["lease", "grant", "60"]);
+    let id = granted.split_whitespace().nth(1).unwrap().to_string();
+    // Several checkpoints (one a second) while it counts down.
+    std::thread::sleep(Duration::from_millis(4500));
+    s.kill9();
+    s.restart();
+    let e = s.client_endpoint();
+    let left = remaining_secs(&ok(&e, &["lease", "timetolive", &id]));
+    assert!(
+        (50..=57).contains(&left),
+        "remaining {left}s after the restart"
+    );
+
+    // A keep-alive gives the full TTL back, and that is what the next
+    // restart starts from (the reset went through the log too).
+    let kept = ok(&e, &["lease", "keep-alive", "--once", &id]);
+    assert!(kept.contains("keepalived with TTL(60)"), "{kept}");
+    std::thread::sleep(Duration::from_millis(300));
+    s.kill9();
+    s.restart();
+    let e = s.client_endpoint();
+    let left = remaining_secs(&ok(&e, &["lease", "timetolive", &id]));
+    assert!(
+        left >= 58,
+        "remaining {left}s after a keep-alive and a restart"
+    );
+}
+
+/// Without checkpoints a restarted member grants a full TTL (etcd's
+/// Promote): the contrast the test above relies on.
+#[test]
+fn unchecked_leases_get_a_full_ttl_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(&dir.path().join("m"), &[]);
+    let e = s.client_endpoint();
+    let granted = ok(&e, &["lease", "grant", "60"]);
+    let id = granted.split_whitespace().nth(1).unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(3000));
+    s.kill9();
+    s.restart();
+    let left = remaining_secs(&ok(&s.client_endpoint(), &["lease", "timetolive", &id]));
+    assert!(left >= 59, "remaining {left}s");
+}
+
 /// etcdctl's `lock` and `elect` (clientv3/concurrency: leases, create-
 /// revision txns, watches) work against metcd: two holders of one lock never
 /// overlap, and an election has one leader that observers see.
