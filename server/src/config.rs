@@ -562,10 +562,12 @@ impl Config {
         if !self.experimental_enable_lease_checkpoint {
             return Ok(None);
         }
-        optional_interval(
+        // Zero means etcd's default here, not off (the flag above is).
+        let every = optional_interval(
             "experimental-lease-checkpoint-interval",
             &self.experimental_lease_checkpoint_interval,
-        )
+        )?;
+        Ok(Some(every.unwrap_or(Duration::from_secs(300))))
     }
 
     pub fn auto_compaction(&self) -> Result<AutoCompaction, ConfigError> {

@@ -563,7 +563,11 @@ pub struct Node {
     nospace_wanted: Cell<bool>,
     /// Leases a keep-alive refreshed while a checkpoint of theirs stands:
     /// the loop proposes their reset after the turn.
-    checkpoint_resets: RefCell<Vec<i64>>,
+    checkpoint_resets: RefCell<std::collections::BTreeSet<i64>>,
+    /// Leases whose periodic checkpoint is proposed and not answered yet:
+    /// a keep-alive meanwhile resets them too, or the older value would
+    /// land after it.
+    checkpoints_in_flight: RefCell<std::collections::HashSet<i64>>,
     max_batch: usize,
     batch_window: Duration,
     snapshot_count: u64,
@@ -854,7 +858,8 @@ impl Node {
             alarms: RefCell::new(alarms),
             nospace_proposed_at: Cell::new(None),
             nospace_wanted: Cell::new(false),
-            checkpoint_resets: RefCell::new(Vec::new()),
+            checkpoint_resets: RefCell::new(Default::default()),
+            checkpoints_in_flight: RefCell::new(Default::default()),
             max_batch: cfg.wal_max_batch,
             batch_window: Duration::from_micros(cfg.wal_batch_window_us),
             snapshot_count: cfg.snapshot_count,
@@ -1234,25 +1239,65 @@ impl Node {
     pub fn lease_keepalive(&self, id: i64) -> Option<i64> {
         let mut lessor = self.lessor.borrow_mut();
         let ttl = lessor.refresh(id, Instant::now())?;
-        if lessor.get(id).is_some_and(|l| l.checkpointed.is_some()) {
+        let checkpointed = lessor.get(id).is_some_and(|l| l.checkpointed.is_some());
+        if checkpointed || self.checkpoints_in_flight.borrow().contains(&id) {
             // The full TTL from now is what a new leader must start from
             // (etcd resets the checkpoint on a keep-alive too).
-            self.checkpoint_resets.borrow_mut().push(id);
+            self.checkpoint_resets.borrow_mut().insert(id);
         }
         Some(ttl)
     }
 
-    /// Proposes lease checkpoints in etcd's batches; nobody waits for them.
-    async fn propose_checkpoints(&self, checkpoints: Vec<(i64, i64)>) {
-        for batch in checkpoints.chunks(LEASE_CHECKPOINT_BATCH) {
-            let mut body = Vec::with_capacity(batch.len() * 16);
-            for (id, remaining) in batch {
-                body.put_i64_le(*id);
-                body.put_i64_le(*remaining);
+    /// Proposes one batch of lease checkpoints and waits for it.
+    async fn propose_checkpoints(&self, batch: &[(i64, i64)]) -> Result<()> {
+        let mut body = Vec::with_capacity(batch.len() * 16);
+        for (id, remaining) in batch {
+            body.put_i64_le(*id);
+            body.put_i64_le(*remaining);
+        }
+        self.propose(TAG_LEASE_CHECKPOINT, &body).await.map(|_| ())
+    }
+
+    /// The leader's periodic checkpoints of the leases in `due`, in
+    /// etcd's batches of 1000, each batch's remaining TTLs read when it is
+    /// proposed (a keep-alive between batches is not overwritten).
+    async fn checkpoint_due(&self, due: Vec<i64>, interval: Duration) {
+        for ids in due.chunks(LEASE_CHECKPOINT_BATCH) {
+            let now = Instant::now();
+            let batch: Vec<(i64, i64)> = {
+                let lessor = self.lessor.borrow();
+                ids.iter()
+                    .filter_map(|id| Some((*id, lessor.remaining(*id, now)?)))
+                    .filter(|(_, left)| *left > interval.as_secs() as i64)
+                    .collect()
+            };
+            self.checkpoints_in_flight
+                .borrow_mut()
+                .extend(batch.iter().map(|(id, _)| *id));
+            let proposed = self.propose_checkpoints(&batch).await;
+            let mut in_flight = self.checkpoints_in_flight.borrow_mut();
+            for (id, _) in &batch {
+                in_flight.remove(id);
             }
-            if let Err(e) = self.propose(TAG_LEASE_CHECKPOINT, &body).await {
+            if let Err(e) = proposed {
                 log(format_args!("lease checkpoint: {e}"));
                 return;
+            }
+        }
+    }
+
+    /// Proposes the resets keep-alives asked for; a failed one is asked
+    /// again while this member still leads (the next loop turn retries).
+    async fn reset_checkpoints(&self, ids: Vec<i64>) {
+        for ids in ids.chunks(LEASE_CHECKPOINT_BATCH) {
+            let batch: Vec<(i64, i64)> = ids.iter().map(|id| (*id, 0)).collect();
+            if let Err(e) = self.propose_checkpoints(&batch).await {
+                log(format_args!("lease checkpoint reset: {e}"));
+                if self.leads_leases() {
+                    self.checkpoint_resets
+                        .borrow_mut()
+                        .extend(ids.iter().copied());
+                }
             }
         }
     }
@@ -1681,9 +1726,8 @@ impl Node {
             let resets = std::mem::take(&mut *self.checkpoint_resets.borrow_mut());
             if !resets.is_empty() {
                 let node = self.clone();
-                let resets = resets.into_iter().map(|id| (id, 0)).collect();
-                glommio::spawn_local(async move { node.propose_checkpoints(resets).await })
-                    .detach();
+                let resets = resets.into_iter().collect();
+                glommio::spawn_local(async move { node.reset_checkpoints(resets).await }).detach();
             }
             self.on_role_change(&raw);
             self.maybe_snapshot();
@@ -3124,7 +3168,8 @@ async fn checkpoint_leases(node: Rc<Node>, every: Duration) {
         }
         let due = node.lessor.borrow().checkpoints_due(Instant::now(), every);
         if !due.is_empty() {
-            node.propose_checkpoints(due).await;
+            node.checkpoint_due(due.into_iter().map(|(id, _)| id).collect(), every)
+                .await;
         }
     }
 }
