@@ -176,7 +176,13 @@ impl Alarms {
         self.active.contains(&(alarm, member))
     }
 
-    fn any(&self, alarm: AlarmType) -> bool {
+    /// Whether no alarm at all is on (etcd's `/health`).
+    pub fn is_empty(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    /// Whether some member's alarm of this type is on.
+    pub fn any(&self, alarm: AlarmType) -> bool {
         self.active
             .range((alarm, 0)..=(alarm, u64::MAX))
             .next()

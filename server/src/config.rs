@@ -745,8 +745,6 @@ fn parse_urls_with(
     Ok(out)
 }
 
-/// etcd's periodic retention: a bare number is hours; else a Go-style
-/// duration with one unit (`ms`, `s`, `m`, `h`).
 /// A Go-style duration flag (`10m`, `5s`, `500ms`; `0` alone too) where
 /// zero turns the feature off (`None`).
 fn optional_interval(flag: &'static str, value: &str) -> Result<Option<Duration>, ConfigError> {
@@ -766,6 +764,8 @@ fn optional_interval(flag: &'static str, value: &str) -> Result<Option<Duration>
     Ok((!d.is_zero()).then_some(d))
 }
 
+/// etcd's periodic retention: a bare number is hours; else a Go-style
+/// duration with one unit (`ms`, `s`, `m`, `h`).
 fn parse_retention_duration(s: &str) -> Option<Duration> {
     if let Ok(hours) = s.parse::<u64>() {
         return Some(Duration::from_secs(hours.checked_mul(3600)?));

@@ -125,9 +125,15 @@ impl Lessor {
     pub fn checkpoints_due(&self, now: Instant, interval: Duration) -> Vec<(i64, i64)> {
         self.leases
             .keys()
-            .filter_map(|id| Some((*id, self.remaining(*id, now)?)))
-            .filter(|(_, left)| *left > interval.as_secs() as i64)
+            .filter_map(|id| self.due_checkpoint(*id, now, interval))
             .collect()
+    }
+
+    /// `id`'s checkpoint (lease, remaining TTL) if it is due: the lease
+    /// exists and will outlive `interval`.
+    pub fn due_checkpoint(&self, id: i64, now: Instant, interval: Duration) -> Option<(i64, i64)> {
+        let left = self.remaining(id, now)?;
+        (left > interval.as_secs() as i64).then_some((id, left))
     }
 
     /// Starts a lease's expiry clock from its checkpointed remaining TTL,

@@ -203,10 +203,10 @@ pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decod
 }
 
 /// A lease's record: its TTL, then its checkpointed remaining TTL if any
-/// (both i64 BE).
-fn lease_record(state: &crate::lease::LeaseState) -> bytes::Bytes {
-    let mut v = state.ttl.to_be_bytes().to_vec();
-    if let Some(left) = state.checkpointed {
+/// (both i64 BE; read back by `restore_leases`).
+fn lease_record(ttl: i64, checkpointed: Option<i64>) -> bytes::Bytes {
+    let mut v = ttl.to_be_bytes().to_vec();
+    if let Some(left) = checkpointed {
         v.extend_from_slice(&left.to_be_bytes());
     }
     bytes::Bytes::from(v)
@@ -1169,11 +1169,7 @@ impl Node {
     pub fn is_healthy(&self) -> bool {
         self.fatal.borrow().is_none()
             && self.status.get().leader != 0
-            && self
-                .alarms
-                .borrow()
-                .get(crate::alarm::AlarmType::None)
-                .is_empty()
+            && self.alarms.borrow().is_empty()
     }
 
     /// Proposes a write and waits until it is durable and applied; a
@@ -1267,8 +1263,7 @@ impl Node {
             let batch: Vec<(i64, i64)> = {
                 let lessor = self.lessor.borrow();
                 ids.iter()
-                    .filter_map(|id| Some((*id, lessor.remaining(*id, now)?)))
-                    .filter(|(_, left)| *left > interval.as_secs() as i64)
+                    .filter_map(|id| lessor.due_checkpoint(*id, now, interval))
                     .collect()
             };
             self.checkpoints_in_flight
@@ -1397,37 +1392,6 @@ impl Node {
         body: &[u8],
         conf: Option<ConfChangeV2>,
     ) -> Result<Applied> {
-        let (id, rx) = self.enqueue(tag, body, conf)?;
-        if self.solo.get() {
-            // A single member answers every proposal it accepted.
-            return rx.await.map_err(|_| ServerError::Stopped)?;
-        }
-        // With peers a forwarded proposal can be lost with a leader change.
-        let answer = self
-            .within_request_timeout(async { rx.await.map_err(|_| ServerError::Stopped)? })
-            .await;
-        if let Err(e) = &answer {
-            self.pending.borrow_mut().remove(&id);
-            if matches!(
-                e,
-                ServerError::Timeout
-                    | ServerError::LeaderChanged
-                    | ServerError::NoLeader
-                    | ServerError::Stopped
-            ) {
-                self.metrics.note_failed_proposal();
-            }
-        }
-        answer
-    }
-
-    /// Queues a proposal for the loop: its id and where its answer arrives.
-    fn enqueue(
-        &self,
-        tag: u8,
-        body: &[u8],
-        conf: Option<ConfChangeV2>,
-    ) -> Result<(u64, oneshot::Receiver<Result<Applied>>)> {
         if self.fatal.borrow().is_some() {
             return Err(ServerError::Stopped);
         }
@@ -1456,7 +1420,27 @@ impl Node {
             reply: tx,
         });
         self.queue_ready.notify();
-        Ok((id, rx))
+        if self.solo.get() {
+            // A single member answers every proposal it accepted.
+            return rx.await.map_err(|_| ServerError::Stopped)?;
+        }
+        // With peers a forwarded proposal can be lost with a leader change.
+        let answer = self
+            .within_request_timeout(async { rx.await.map_err(|_| ServerError::Stopped)? })
+            .await;
+        if let Err(e) = &answer {
+            self.pending.borrow_mut().remove(&id);
+            if matches!(
+                e,
+                ServerError::Timeout
+                    | ServerError::LeaderChanged
+                    | ServerError::NoLeader
+                    | ServerError::Stopped
+            ) {
+                self.metrics.note_failed_proposal();
+            }
+        }
+        answer
     }
 
     /// Shares whether auth is on with the API edges of every shard.
@@ -2212,7 +2196,7 @@ impl Node {
                             mvcc.put_meta(
                                 entry.index,
                                 &lease_record_name(lease),
-                                bytes::Bytes::copy_from_slice(&ttl.to_be_bytes()),
+                                lease_record(ttl, None),
                             )?;
                             Ok(Applied::LeaseGranted {
                                 id: lease,
@@ -2230,7 +2214,8 @@ impl Node {
                     let mut records = Vec::with_capacity(checkpoints.len());
                     for (id, remaining) in checkpoints {
                         if let Some(state) = lessor.checkpoint(id, remaining) {
-                            records.push((lease_record_name(id), Some(lease_record(state))));
+                            let record = lease_record(state.ttl, state.checkpointed);
+                            records.push((lease_record_name(id), Some(record)));
                         }
                     }
                     mvcc.write_meta(entry.index, records)?;
@@ -3215,11 +3200,7 @@ async fn check_corruption_periodically(node: Rc<Node>, every: Duration) {
         if node.fatal.borrow().is_some() || node.removed.get() {
             return;
         }
-        let corrupt = !node
-            .alarms
-            .borrow()
-            .get(crate::alarm::AlarmType::Corrupt)
-            .is_empty();
+        let corrupt = node.alarms.borrow().any(crate::alarm::AlarmType::Corrupt);
         if !node.is_leader() || corrupt {
             continue;
         }

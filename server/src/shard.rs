@@ -72,7 +72,8 @@ pub enum Command {
     /// Maintenance Alarm (through the log).
     Alarm(crate::alarm::AlarmRequest),
     /// The leader this member knows (0: none), from the status of the
-    /// last loop turn; cheaper than `Status` (no disk usage).
+    /// last loop turn; cheaper than `Status` (no alarm list, no engine
+    /// size).
     Leader,
     /// The Prometheus `/metrics` page.
     Metrics,
