@@ -1,5 +1,5 @@
 //! Generates etcd's v3 wire API (packages `etcdserverpb`, `mvccpb`,
-//! `authpb`) from `proto/` into `OUT_DIR`: prost message types plus tonic
+//! `authpb`, `v3lockpb`, `v3electionpb`) from `proto/` into `OUT_DIR`: prost message types plus tonic
 //! server and client stubs. `src/api/grpc/pb.rs` includes the result.
 //!
 //! `protoc` comes from the `protoc-bin-vendored` crate, so no system
@@ -15,6 +15,8 @@ const PROTOS: &[&str] = &[
     "proto/etcd/api/mvccpb/kv.proto",
     "proto/etcd/api/authpb/auth.proto",
     "proto/etcd/api/etcdserverpb/rpc.proto",
+    "proto/etcd/api/v3lockpb/v3lock.proto",
+    "proto/etcd/api/v3electionpb/v3election.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -44,6 +46,12 @@ fn main() -> Result<(), Box<dyn Error>> {
         .preserve_proto_field_names()
         // etcd's gateway ignores fields it does not know.
         .ignore_unknown_fields()
-        .build(&[".mvccpb", ".authpb", ".etcdserverpb"])?;
+        .build(&[
+            ".mvccpb",
+            ".authpb",
+            ".etcdserverpb",
+            ".v3lockpb",
+            ".v3electionpb",
+        ])?;
     Ok(())
 }

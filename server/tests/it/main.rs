@@ -14,6 +14,7 @@ mod lease_restart;
 mod mvcc_model;
 mod python_clients;
 mod quota;
+mod recipes;
 mod recovery;
 mod snapshot_save;
 mod support;

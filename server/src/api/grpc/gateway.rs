@@ -9,10 +9,10 @@
 //! code and grpc-gateway's HTTP status for it.
 //!
 //! Owns only the translation. Must never hold state of its own or answer
-//! differently from the gRPC services. Of the streaming RPCs, Watch and
-//! LeaseKeepAlive are served (`POST /v3/watch`, `/v3/lease/keepalive`: the
-//! body's requests, answered with one `{"result":..}` line per response; a
-//! watch for as long as the client stays); Snapshot is not.
+//! differently from the gRPC services. The streaming RPCs answer one
+//! `{"result":..}` line per response: Watch and LeaseKeepAlive (`POST
+//! /v3/watch`, `/v3/lease/keepalive`: the body's requests; a watch for as
+//! long as the client stays), Snapshot and Election Observe (one request).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -36,6 +36,9 @@ use super::pb::etcdserverpb::{
     auth_server::Auth, cluster_server::Cluster, kv_server::Kv, lease_server::Lease,
     maintenance_server::Maintenance, watch_server::Watch,
 };
+use super::pb::v3electionpb::election_server::Election;
+use super::pb::v3lockpb::lock_server::Lock;
+use super::recipes::{ElectionService, LockService};
 use super::service::{
     AuthService, BoxStream, ClusterService, KvService, LeaseService, MaintenanceService,
     WatchService,
@@ -52,6 +55,8 @@ pub struct Gateway {
     pub(super) cluster: ClusterService,
     pub(super) maintenance: MaintenanceService,
     pub(super) auth: AuthService,
+    pub(super) lock: LockService,
+    pub(super) election: ElectionService,
     /// Largest request body read (`--max-request-bytes` plus gRPC's slack).
     pub(super) max_body_bytes: usize,
 }
@@ -66,11 +71,14 @@ pub fn route(path: &str) -> Option<&str> {
 /// Whether `route` is one of the streaming routes served
 /// ([`Gateway::serve_stream`]).
 pub fn is_stream(route: &str) -> bool {
-    matches!(route, "watch" | "lease/keepalive" | "maintenance/snapshot")
+    matches!(
+        route,
+        "watch" | "lease/keepalive" | "maintenance/snapshot" | "election/observe"
+    )
 }
 
 impl Gateway {
-    /// A streaming route (`watch`, `lease/keepalive`), or `None` when
+    /// A streaming route ([`is_stream`]), or `None` when
     /// `route` is not one.
     pub async fn serve_stream(
         &self,
@@ -79,7 +87,14 @@ impl Gateway {
         authorization: Option<HeaderValue>,
     ) -> Option<Response<StreamOutput>> {
         let (watch, lease, maintenance) = (&self.watch, &self.lease, &self.maintenance);
+        let election = &self.election;
         Some(match route {
+            "election/observe" => {
+                self.server_stream(route, body, authorization, |r| {
+                    Election::observe(election, r)
+                })
+                .await
+            }
             "maintenance/snapshot" => {
                 self.server_stream(route, body, authorization, |r| {
                     Maintenance::snapshot(maintenance, r)
@@ -158,7 +173,7 @@ impl Gateway {
         stream_output(answer)
     }
 
-    /// A server-streaming RPC through the gateway (Maintenance Snapshot):
+    /// A server-streaming RPC through the gateway (Snapshot, Observe):
     /// one request object in the body, a `{"result":..}` line per response.
     async fn server_stream<Req, Resp, F, Fut>(
         &self,
@@ -209,6 +224,7 @@ impl Gateway {
         };
         let (kv, lease, cluster) = (&self.kv, &self.lease, &self.cluster);
         let (maintenance, auth) = (&self.maintenance, &self.auth);
+        let (lock, election) = (&self.lock, &self.election);
         let b = &body;
         Some(match route {
             "kv/range" => unary(b, |r| Kv::range(kv, r)).await,
@@ -250,6 +266,12 @@ impl Gateway {
             "auth/role/delete" => unary(b, |r| Auth::role_delete(auth, r)).await,
             "auth/role/grant" => unary(b, |r| Auth::role_grant_permission(auth, r)).await,
             "auth/role/revoke" => unary(b, |r| Auth::role_revoke_permission(auth, r)).await,
+            "lock/lock" => unary(b, |r| Lock::lock(lock, r)).await,
+            "lock/unlock" => unary(b, |r| Lock::unlock(lock, r)).await,
+            "election/campaign" => unary(b, |r| Election::campaign(election, r)).await,
+            "election/proclaim" => unary(b, |r| Election::proclaim(election, r)).await,
+            "election/leader" => unary(b, |r| Election::leader(election, r)).await,
+            "election/resign" => unary(b, |r| Election::resign(election, r)).await,
             _ => return None,
         })
     }

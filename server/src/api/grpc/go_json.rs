@@ -186,6 +186,19 @@ static WATCH: [Field; 3] = [
     f("progress_request", Message(&[])),
 ];
 
+static LOCK: [Field; 2] = [f("name", Bytes), f("lease", Int64)];
+static NAME_BYTES: [Field; 1] = [f("name", Bytes)];
+static UNLOCK: [Field; 1] = [f("key", Bytes)];
+static CAMPAIGN: [Field; 3] = [f("name", Bytes), f("lease", Int64), f("value", Bytes)];
+static LEADER_KEY: [Field; 4] = [
+    f("name", Bytes),
+    f("key", Bytes),
+    f("rev", Int64),
+    f("lease", Int64),
+];
+static PROCLAIM: [Field; 2] = [f("leader", Message(&LEADER_KEY)), f("value", Bytes)];
+static RESIGN: [Field; 1] = [f("leader", Message(&LEADER_KEY))];
+
 /// The request message of a gateway route (`kv/put`, ...); `None` for a
 /// route this module has no schema for (only syntax is judged then).
 fn schema(route: &str) -> Option<&'static [Field]> {
@@ -212,6 +225,12 @@ fn schema(route: &str) -> Option<&'static [Field]> {
         "auth/role/grant" => &ROLE_GRANT,
         "auth/role/revoke" => &ROLE_REVOKE,
         "watch" => &WATCH,
+        "lock/lock" => &LOCK,
+        "lock/unlock" => &UNLOCK,
+        "election/campaign" => &CAMPAIGN,
+        "election/proclaim" => &PROCLAIM,
+        "election/resign" => &RESIGN,
+        "election/leader" | "election/observe" => &NAME_BYTES,
         // Requests without fields: anything in the object is unknown.
         _ => &[],
     })

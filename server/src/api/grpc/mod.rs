@@ -8,6 +8,7 @@ pub mod convert;
 pub mod gateway;
 pub mod go_json;
 pub mod pb;
+pub mod recipes;
 pub mod require_leader;
 pub mod serve;
 pub mod service;

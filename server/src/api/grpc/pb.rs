@@ -9,8 +9,9 @@
 //!   the trait to implement and the tower service wrapping it) and a client
 //!   module (`kv_client::KvClient`, …, over any `tonic::client::GrpcService`;
 //!   no tonic transport is compiled in).
+//! - [`v3lockpb`], [`v3electionpb`]: the Lock and Election services.
 //!
-//! The three modules must stay siblings: generated code names other packages
+//! The modules must stay siblings: generated code names other packages
 //! as `super::mvccpb::…` / `super::authpb::…`.
 
 /// Package `mvccpb`: stored key-values and watch events.
@@ -32,6 +33,21 @@ pub mod authpb {
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
     include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
+}
+
+/// Package `v3lockpb`: the Lock service (etcd's server-side mutex recipe).
+#[allow(clippy::all, clippy::pedantic, clippy::nursery, rustdoc::all)]
+pub mod v3lockpb {
+    tonic::include_proto!("v3lockpb");
+    include!(concat!(env!("OUT_DIR"), "/v3lockpb.serde.rs"));
+}
+
+/// Package `v3electionpb`: the Election service (etcd's server-side
+/// leader election recipe).
+#[allow(clippy::all, clippy::pedantic, clippy::nursery, rustdoc::all)]
+pub mod v3electionpb {
+    tonic::include_proto!("v3electionpb");
+    include!(concat!(env!("OUT_DIR"), "/v3electionpb.serde.rs"));
 }
 
 #[cfg(test)]

@@ -23,6 +23,9 @@ use super::pb::etcdserverpb::{
     auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
     lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
 };
+use super::pb::v3electionpb::election_server::ElectionServer;
+use super::pb::v3lockpb::lock_server::LockServer;
+use super::recipes::{ElectionService, LockService};
 use super::require_leader::{is_stream, no_leader_status, requires_leader, LeaderGuard};
 use super::service::{
     AuthService, ClusterService, KvService, LeaseService, MaintenanceService, WatchService,
@@ -45,7 +48,7 @@ where
 
 type ResponseBody = UnsyncBoxBody<Bytes, tonic::Status>;
 
-/// The six etcd services of one shard.
+/// The etcd services of one shard.
 #[derive(Clone)]
 pub struct Router {
     kv: KvServer<KvService>,
@@ -54,6 +57,8 @@ pub struct Router {
     cluster: ClusterServer<ClusterService>,
     maintenance: MaintenanceServer<MaintenanceService>,
     auth: AuthServer<AuthService>,
+    lock: LockServer<LockService>,
+    election: ElectionServer<ElectionService>,
     leader: SendWrapper<Rc<LeaderGuard>>,
 }
 
@@ -70,6 +75,8 @@ impl Router {
             cluster: services.cluster.clone(),
             maintenance: services.maintenance.clone(),
             auth: services.auth.clone(),
+            lock: services.lock.clone(),
+            election: services.election.clone(),
             max_body_bytes: max_message_bytes,
         };
         let router = Router {
@@ -85,6 +92,9 @@ impl Router {
                 .max_decoding_message_size(max_message_bytes)
                 .max_encoding_message_size(usize::MAX),
             auth: AuthServer::new(services.auth).max_decoding_message_size(max_message_bytes),
+            lock: LockServer::new(services.lock).max_decoding_message_size(max_message_bytes),
+            election: ElectionServer::new(services.election)
+                .max_decoding_message_size(max_message_bytes),
         };
         (router, gateway)
     }
@@ -136,6 +146,10 @@ impl Router {
             self.maintenance.clone().call(req)
         } else if path.starts_with("/etcdserverpb.Auth/") {
             self.auth.clone().call(req)
+        } else if path.starts_with("/v3lockpb.Lock/") {
+            self.lock.clone().call(req)
+        } else if path.starts_with("/v3electionpb.Election/") {
+            self.election.clone().call(req)
         } else {
             let status = tonic::Status::unimplemented(format!("unknown service {path}"));
             Box::pin(std::future::ready(Ok(

@@ -47,13 +47,13 @@ fn mvcc_status(e: mvcc::MvccError) -> Status {
 }
 
 #[derive(Clone)]
-struct Shared {
+pub(super) struct Shared {
     backend: SendWrapper<Backend>,
     info: std::sync::Arc<MemberInfo>,
 }
 
 impl Shared {
-    fn header(&self, term: u64) -> HeaderInfo {
+    pub(super) fn header(&self, term: u64) -> HeaderInfo {
         HeaderInfo {
             cluster_id: self.info.cluster_id,
             member_id: self.info.member_id,
@@ -63,13 +63,13 @@ impl Shared {
 
     /// Runs one command on the owner (directly or through the shard's
     /// channel) from inside the per-core world.
-    async fn call(&self, cmd: Command) -> Reply {
+    pub(super) async fn call(&self, cmd: Command) -> Reply {
         SendWrapper::new(async move { self.backend.call(cmd).await }).await
     }
 
     /// A range by the caller behind `token` (checked on the owner, after
     /// the read barrier when linearizable).
-    async fn range(
+    pub(super) async fn range(
         &self,
         req: mvcc::RangeRequest,
         token: Option<String>,
@@ -79,7 +79,7 @@ impl Shared {
 
     /// etcd's permission check for the caller behind `token` (nothing to
     /// do, and no trip to the owner, while auth is off).
-    async fn authorize(
+    pub(super) async fn authorize(
         &self,
         token: Option<String>,
         requirement: impl FnOnce() -> Requirement,
@@ -90,7 +90,7 @@ impl Shared {
     }
 
     /// [`Backend::authorize`] from inside the per-core world.
-    async fn check(
+    pub(super) async fn check(
         &self,
         token: Option<String>,
         requirement: impl FnOnce() -> Requirement,
@@ -105,7 +105,7 @@ impl Shared {
 
     /// A write by the caller behind `token` (checked on the owner before it
     /// is proposed, and by every member when it applies).
-    async fn write(
+    pub(super) async fn write(
         &self,
         req: mvcc::Request,
         token: Option<String>,
@@ -120,7 +120,7 @@ impl Shared {
 
 /// The simple token a request carries: gRPC metadata `token` (clientv3),
 /// or `authorization` (etcd's JSON gateway: the `Authorization` header).
-fn token_of<T>(request: &Request<T>) -> Option<String> {
+pub(super) fn token_of<T>(request: &Request<T>) -> Option<String> {
     let meta = request.metadata();
     meta.get("token")
         .or_else(|| meta.get("authorization"))
@@ -135,6 +135,8 @@ fn range_needs(r: &mvcc::RangeRequest) -> Requirement {
 /// The services of one shard, ready for [`super::serve::Router`].
 pub struct Services {
     pub kv: KvService,
+    pub lock: super::recipes::LockService,
+    pub election: super::recipes::ElectionService,
     pub watch: WatchService,
     pub lease: LeaseService,
     pub cluster: ClusterService,
@@ -150,6 +152,8 @@ impl Services {
         };
         Services {
             kv: KvService(shared.clone()),
+            lock: super::recipes::LockService::new(shared.clone(), hub.clone()),
+            election: super::recipes::ElectionService::new(shared.clone(), hub.clone()),
             watch: WatchService {
                 shared: shared.clone(),
                 hub: SendWrapper::new(hub),
@@ -473,29 +477,18 @@ impl WatchStream {
             progress_notify: c.progress_notify,
             fragment: c.fragment,
         };
-        // Register first (holding live events back), then read history up
-        // to the owner's current revision: nothing falls in between.
         let start = c.start_revision.max(0);
-        self.hub.add(
-            self.stream,
-            watch_id,
-            spec.clone(),
+        let registered = register_watch(
+            &self.shared,
+            &self.hub,
+            (self.stream, watch_id),
+            spec,
             start,
-            true,
             self.out.clone(),
-        );
-        let history = self
-            .shared
-            .call(Command::WatchHistory {
-                key: spec.key.clone(),
-                range_end: spec.range_end.clone(),
-                from_rev: start,
-            })
-            .await;
-        match history {
-            Reply::WatchHistory(Ok((events, upto)), term) => {
-                self.hub.note_term(term);
-                self.hub.note_revision(upto);
+        )
+        .await;
+        match registered {
+            Ok((events, upto)) => {
                 self.send(pb::WatchResponse {
                     header: self.hub.header(upto),
                     watch_id,
@@ -504,8 +497,7 @@ impl WatchStream {
                 });
                 self.hub.finish_sync(self.stream, watch_id, &events, upto);
             }
-            Reply::WatchHistory(Err(e), _) => {
-                self.hub.remove(self.stream, watch_id);
+            Err(e) => {
                 let (rev, _) = self.current().await;
                 let compact_revision = match self.shared.call(Command::CompactRevision).await {
                     Reply::CompactRevision(rev) => rev,
@@ -533,11 +525,44 @@ impl WatchStream {
                     ..Default::default()
                 });
             }
-            _ => {
-                self.hub.remove(self.stream, watch_id);
-            }
         }
     }
+}
+
+/// Registers watcher `id` (stream, watch id) of `hub` for events from
+/// `start` on, holding live ones back, then reads its history up to the
+/// owner's current revision: nothing falls in between. Answers the history
+/// and the revision it reaches; the caller hands them to
+/// [`WatchHub::finish_sync`] once it told its client the watch exists. On
+/// an error the watcher is gone again.
+pub(super) async fn register_watch(
+    shared: &Shared,
+    hub: &WatchHub,
+    id: (u64, i64),
+    spec: WatchSpec,
+    start: i64,
+    out: futures_channel::mpsc::UnboundedSender<pb::WatchResponse>,
+) -> crate::error::Result<(Vec<mvcc::Event>, i64)> {
+    let (key, range_end) = (spec.key.clone(), spec.range_end.clone());
+    hub.add(id.0, id.1, spec, start, true, out);
+    let history = shared
+        .call(Command::WatchHistory {
+            key,
+            range_end,
+            from_rev: start,
+        })
+        .await;
+    let outcome = match history {
+        Reply::WatchHistory(Ok((events, upto)), term) => {
+            hub.note_term(term);
+            hub.note_revision(upto);
+            return Ok((events, upto));
+        }
+        Reply::WatchHistory(Err(e), _) => Err(e),
+        _ => Err(ServerError::Stopped),
+    };
+    hub.remove(id.0, id.1);
+    outcome
 }
 
 #[derive(Clone)]
