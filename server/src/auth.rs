@@ -29,6 +29,24 @@ pub const ROOT: &str = "root";
 /// its last use.
 pub const TOKEN_TTL: Duration = Duration::from_secs(300);
 
+/// How this member issues and checks tokens (`--auth-token`,
+/// `--auth-token-ttl`): member configuration, never replicated state.
+#[derive(Debug, Clone)]
+pub struct TokenSettings {
+    pub kind: crate::jwt::TokenKind,
+    /// How long a simple token lives after its last use.
+    pub simple_ttl: Duration,
+}
+
+impl Default for TokenSettings {
+    fn default() -> Self {
+        TokenSettings {
+            kind: crate::jwt::TokenKind::Simple,
+            simple_ttl: TOKEN_TTL,
+        }
+    }
+}
+
 /// etcd's errors, with etcd's messages (clients match on them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
@@ -71,6 +89,9 @@ pub enum AuthError {
     /// `Snapshot` and `Defragment` for a caller who is not root.
     #[error("auth: {}", .0.raw_message())]
     Maintenance(MaintenanceAuth),
+    /// A JWT this member cannot issue (etcd's text, gRPC Unknown).
+    #[error("{0}")]
+    TokenSigning(crate::jwt::SignError),
 }
 
 /// The untranslated auth errors etcd's Maintenance service answers with.
@@ -353,7 +374,9 @@ pub struct AuthStore {
     revision: u64,
     users: BTreeMap<String, User>,
     roles: BTreeMap<String, Role>,
+    /// Simple tokens; always empty with JWTs.
     tokens: HashMap<String, Token>,
+    token_settings: TokenSettings,
 }
 
 #[derive(Debug)]
@@ -369,6 +392,12 @@ impl AuthStore {
 
     pub fn revision(&self) -> u64 {
         self.revision
+    }
+
+    /// This member's token configuration (set once at start; a snapshot
+    /// install keeps it, see [`AuthStore::adopt_tokens`]).
+    pub fn set_token_settings(&mut self, settings: TokenSettings) {
+        self.token_settings = settings;
     }
 
     /// Rebuilds the state from its metadata records (names without the
@@ -410,9 +439,20 @@ impl AuthStore {
         let Some(token) = token else {
             return Ok(None);
         };
+        if let crate::jwt::TokenKind::Jwt(jwt) = &self.token_settings.kind {
+            // etcd: a JWT names the auth revision it was issued at; after
+            // any auth change the client must log in again (clientv3 does
+            // so by itself on this error).
+            let (user, revision) = jwt.verify(token).ok_or(AuthError::InvalidAuthToken)?;
+            if revision < self.revision {
+                return Err(AuthError::AuthOldRevision);
+            }
+            return Ok(Some(user));
+        }
+        let ttl = self.token_settings.simple_ttl;
         match self.tokens.get_mut(token) {
             Some(t) if t.expires > now => {
-                t.expires = now + TOKEN_TTL;
+                t.expires = now + ttl;
                 Ok(Some(t.user.clone()))
             }
             Some(_) => {
@@ -556,6 +596,13 @@ impl AuthStore {
                 if !self.users.contains_key(name) {
                     return Err(AuthError::AuthFailed);
                 }
+                if let crate::jwt::TokenKind::Jwt(jwt) = &self.token_settings.kind {
+                    // Signed for the auth revision this login applies at.
+                    return jwt
+                        .sign(name, self.revision)
+                        .map(AuthApplied::Token)
+                        .map_err(AuthError::TokenSigning);
+                }
                 // Tokens idle past their TTL go here, not only when shown
                 // again: a client that logs in and leaves costs nothing.
                 self.tokens.retain(|_, t| t.expires > now);
@@ -564,7 +611,7 @@ impl AuthStore {
                     token.clone(),
                     Token {
                         user: name.clone(),
-                        expires: now + TOKEN_TTL,
+                        expires: now + self.token_settings.simple_ttl,
                     },
                 );
                 return Ok(AuthApplied::Token(token));
@@ -740,12 +787,13 @@ impl AuthStore {
         self.roles.insert(name.to_string(), role);
     }
 
-    /// Keeps the tokens of `previous` (the state a snapshot install
-    /// replaces) whose users still exist here with the same password, as
+    /// Keeps this member's token settings and the simple tokens of
+    /// `previous` (the state a snapshot install replaces) whose users still exist here with the same password, as
     /// etcd keeps its tokens across a snapshot: a client's login survives
     /// its member catching up, unless what the snapshot skipped would have
     /// ended it (the user deleted, the password changed, auth turned off).
     pub fn adopt_tokens(&mut self, previous: AuthStore) {
+        self.token_settings = previous.token_settings.clone();
         if !self.enabled || !previous.enabled {
             return;
         }

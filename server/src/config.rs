@@ -128,6 +128,14 @@ pub struct Config {
     pub experimental_enable_lease_checkpoint: bool,
     /// How often the leader checkpoints (etcd's default: 5m).
     pub experimental_lease_checkpoint_interval: String,
+    /// etcd's `--auth-token`: `simple`, or `jwt,pub-key=<file>,
+    /// priv-key=<file>,sign-method=<RS256|...>,ttl=<5m>`.
+    pub auth_token: String,
+    /// etcd's `--auth-token-ttl`: seconds a simple token lives after its
+    /// last use.
+    pub auth_token_ttl: u64,
+    /// etcd's `--bcrypt-cost` (4 to 31) for passwords hashed here.
+    pub bcrypt_cost: u32,
 }
 
 impl Default for Config {
@@ -176,6 +184,9 @@ impl Default for Config {
             experimental_corrupt_check_time: "0s".into(),
             experimental_enable_lease_checkpoint: false,
             experimental_lease_checkpoint_interval: "5m".into(),
+            auth_token: "simple".into(),
+            auth_token_ttl: 300,
+            bcrypt_cost: 10,
         }
     }
 }
@@ -283,6 +294,13 @@ pub struct Flags {
     pub experimental_enable_lease_checkpoint: Option<bool>,
     #[arg(long)]
     pub experimental_lease_checkpoint_interval: Option<String>,
+    #[arg(long)]
+    pub auth_token: Option<String>,
+    /// Seconds.
+    #[arg(long)]
+    pub auth_token_ttl: Option<u64>,
+    #[arg(long)]
+    pub bcrypt_cost: Option<u32>,
 }
 
 /// A flag's value refused, and why.
@@ -421,6 +439,9 @@ impl Config {
             experimental_snapshot_catchup_entries,
             experimental_corrupt_check_time,
             experimental_lease_checkpoint_interval,
+            auth_token,
+            auth_token_ttl,
+            bcrypt_cost,
         );
         cfg.validate()?;
         Ok(cfg)
@@ -557,6 +578,20 @@ impl Config {
         )
     }
 
+    /// How tokens are issued and checked (`--auth-token`, whose key files
+    /// are read here, and `--auth-token-ttl`).
+    pub fn token_settings(&self) -> Result<crate::auth::TokenSettings, ConfigError> {
+        let kind = crate::jwt::TokenKind::from_option(&self.auth_token)
+            .map_err(|reason| invalid_flag("auth-token", self.auth_token.clone(), reason))?;
+        if self.auth_token_ttl == 0 {
+            return Err(invalid_flag("auth-token-ttl", "0", "must be at least 1"));
+        }
+        Ok(crate::auth::TokenSettings {
+            kind,
+            simple_ttl: Duration::from_secs(self.auth_token_ttl),
+        })
+    }
+
     /// How often the leader checkpoints lease TTLs; `None` when off.
     pub fn lease_checkpoint_interval(&self) -> Result<Option<Duration>, ConfigError> {
         if !self.experimental_enable_lease_checkpoint {
@@ -623,6 +658,14 @@ impl Config {
         }
         self.validate_peer_tls()?;
         self.validate_client_tls()?;
+        if !(4..=31).contains(&self.bcrypt_cost) {
+            return Err(invalid_flag(
+                "bcrypt-cost",
+                self.bcrypt_cost.to_string(),
+                "must be between 4 and 31",
+            ));
+        }
+        self.token_settings()?;
         if self.max_request_bytes == 0 || self.max_request_bytes > 64 << 20 {
             return Err(invalid_flag(
                 "max-request-bytes",

@@ -14,6 +14,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ids;
+pub mod jwt;
 pub mod lease;
 pub mod members;
 pub mod metrics;

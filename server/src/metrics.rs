@@ -131,14 +131,7 @@ fn go_float(v: u64) -> String {
     if v < 1_000_000 {
         return v.to_string();
     }
-    let s = format!("{:e}", v as f64);
-    match s.split_once('e') {
-        Some((mantissa, exp)) => {
-            let exp: i32 = exp.parse().unwrap_or(0);
-            format!("{mantissa}e+{exp:02}")
-        }
-        None => s,
-    }
+    go_float64(v as f64)
 }
 
 /// The whole page, in etcd's metric order (alphabetical).
@@ -259,7 +252,173 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         &format!("{{server_version=\"{}\"}}", crate::ETCD_API_VERSION),
         1,
     );
+    render_process(&mut out, &ProcessFigures::read());
     out
+}
+
+/// The Prometheus client's process metrics, as Go's collector reads them
+/// from `/proc/self` (what `etcdctl check datascale` reads before and
+/// after its load, and what dashboards chart). A figure that cannot be
+/// read is left out, as Go's collector leaves out what fails.
+#[derive(Debug, Default, PartialEq)]
+struct ProcessFigures {
+    cpu_seconds: Option<f64>,
+    max_fds: Option<f64>,
+    open_fds: Option<f64>,
+    resident_bytes: Option<f64>,
+    start_time_seconds: Option<f64>,
+    virtual_bytes: Option<f64>,
+    virtual_max_bytes: Option<f64>,
+}
+
+impl ProcessFigures {
+    fn read() -> ProcessFigures {
+        let read = |path: &str| std::fs::read_to_string(path).ok();
+        // SAFETY: sysconf only reads a system constant.
+        let (ticks, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_CLK_TCK),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        let boot_time = read("/proc/stat").and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("btime "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        });
+        let open_fds = std::fs::read_dir("/proc/self/fd")
+            .ok()
+            .map(|dir| dir.count() as f64);
+        let mut figures = ProcessFigures::parse(
+            read("/proc/self/stat").as_deref().unwrap_or(""),
+            read("/proc/self/limits").as_deref().unwrap_or(""),
+            ticks as f64,
+            page as f64,
+            boot_time,
+        );
+        figures.open_fds = open_fds;
+        figures
+    }
+
+    /// The figures in `/proc/self/stat` and `/proc/self/limits` (`ticks`
+    /// per second, `page` bytes, the boot time from `/proc/stat`).
+    fn parse(stat: &str, limits: &str, ticks: f64, page: f64, boot: Option<f64>) -> ProcessFigures {
+        // Fields counted from 1 as in proc(5); the command name (field 2)
+        // may hold spaces, so count from its closing parenthesis.
+        let after_name: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let field = |n: usize| -> Option<f64> { after_name.get(n.checked_sub(3)?)?.parse().ok() };
+        let per_tick = |v: f64| (ticks > 0.0).then(|| v / ticks);
+        let limit = |name: &str| -> Option<f64> {
+            let rest = limits.lines().find_map(|l| l.strip_prefix(name))?;
+            match rest.split_whitespace().next()? {
+                // Go reads "unlimited" as the largest uint64.
+                "unlimited" => Some(u64::MAX as f64),
+                soft => soft.parse().ok(),
+            }
+        };
+        ProcessFigures {
+            cpu_seconds: field(14)
+                .zip(field(15))
+                .and_then(|(user, system)| per_tick(user + system)),
+            max_fds: limit("Max open files"),
+            open_fds: None,
+            resident_bytes: field(24).map(|pages| pages * page),
+            start_time_seconds: field(22)
+                .and_then(per_tick)
+                .zip(boot)
+                .map(|(since_boot, boot)| boot + since_boot),
+            virtual_bytes: field(23),
+            virtual_max_bytes: limit("Max address space"),
+        }
+    }
+}
+
+fn render_process(out: &mut String, p: &ProcessFigures) {
+    let families = [
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+            p.cpu_seconds,
+        ),
+        (
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            p.max_fds,
+        ),
+        (
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            p.open_fds,
+        ),
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            p.resident_bytes,
+        ),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since unix epoch in seconds.",
+            p.start_time_seconds,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+            p.virtual_bytes,
+        ),
+        (
+            "process_virtual_memory_max_bytes",
+            "gauge",
+            "Maximum amount of virtual memory available in bytes.",
+            p.virtual_max_bytes,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        if let Some(value) = value {
+            let value = go_float64(value);
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        }
+    }
+}
+
+/// A float as Go's `strconv.FormatFloat(v, 'g', -1, 64)` writes it (the
+/// Prometheus text format): the shortest digits that read back the same,
+/// in exponent form below 1e-4 and from 1e6 on (`2.5935872e+07`,
+/// `1.79577519494e+09`, `1.5e-05`), plain otherwise (`0.02`, `20000`).
+fn go_float64(v: f64) -> String {
+    if !v.is_finite() {
+        return if v.is_nan() {
+            "NaN".into()
+        } else if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        };
+    }
+    let magnitude = v.abs();
+    if v == 0.0 || (1e-4..1e6).contains(&magnitude) {
+        return format!("{v}");
+    }
+    let s = format!("{v:e}");
+    match s.split_once('e') {
+        Some((mantissa, exp)) => {
+            let exp: i32 = exp.parse().unwrap_or(0);
+            let sign = if exp < 0 { '-' } else { '+' };
+            format!("{mantissa}e{sign}{:02}", exp.unsigned_abs())
+        }
+        None => s,
+    }
 }
 
 /// "3.5.0" -> "3.5", as etcd labels its cluster version.
@@ -298,6 +457,14 @@ mod tests {
         assert_eq!(format_seconds(2000), "2");
         assert_eq!(go_float(2 << 30), "2.147483648e+09");
         assert_eq!(go_float(20480), "20480");
+        assert_eq!(go_float64(0.02), "0.02");
+        assert_eq!(go_float64(20000.0), "20000");
+        assert_eq!(go_float64(25_935_872.0), "2.5935872e+07");
+        assert_eq!(go_float64(1_795_775_194.94), "1.79577519494e+09");
+        assert_eq!(go_float64(u64::MAX as f64), "1.8446744073709552e+19");
+        assert_eq!(go_float64(0.000015), "1.5e-05");
+        assert_eq!(go_float64(0.0), "0");
+        assert_eq!(go_float64(-1.0), "-1");
         assert_eq!(major_minor("3.5.0"), "3.5");
         let m = NodeMetrics::default();
         m.note_leader(0);
@@ -320,5 +487,41 @@ mod tests {
         assert!(page.contains("etcd_server_has_leader 1\n"));
         assert!(page.contains("etcd_server_leader_changes_seen_total 3\n"));
         assert!(page.contains("etcd_cluster_version{cluster_version=\"3.5\"} 1\n"));
+    }
+
+    #[test]
+    fn process_figures_from_proc_as_gos_collector_reads_them() {
+        // A command name with a space and a parenthesis, as proc(5) allows.
+        let stat = "4242 (metcd (x) y) S 1 4242 4242 0 -1 4194560 1000 0 0 0 \
+                    150 50 0 0 20 0 3 0 12300 987654321 2560 18446744073709551615";
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max open files            20000                1048576              files     \n\
+                      Max address space         unlimited            unlimited            bytes     \n";
+        let p = ProcessFigures::parse(stat, limits, 100.0, 4096.0, Some(1_700_000_000.0));
+        assert_eq!(p.cpu_seconds, Some(2.0), "(150 + 50) ticks at 100/s");
+        assert_eq!(p.resident_bytes, Some(2560.0 * 4096.0));
+        assert_eq!(p.virtual_bytes, Some(987_654_321.0));
+        assert_eq!(p.start_time_seconds, Some(1_700_000_123.0));
+        assert_eq!(p.max_fds, Some(20000.0));
+        assert_eq!(p.virtual_max_bytes, Some(u64::MAX as f64));
+        let mut page = String::new();
+        render_process(&mut page, &p);
+        assert!(page.contains(
+            "# HELP process_resident_memory_bytes Resident memory size in bytes.\n\
+             # TYPE process_resident_memory_bytes gauge\n\
+             process_resident_memory_bytes 1.048576e+07\n"
+        ));
+        assert!(page.contains("process_max_fds 20000\n"));
+        assert!(!page.contains("process_open_fds"), "unread: left out");
+
+        // Garbage in, figures left out (never a panic).
+        assert_eq!(
+            ProcessFigures::parse("", "", 100.0, 4096.0, None),
+            ProcessFigures::default()
+        );
+        assert_eq!(
+            ProcessFigures::parse("1 (x) S", "", 0.0, 4096.0, None),
+            ProcessFigures::default()
+        );
     }
 }

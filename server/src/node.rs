@@ -704,7 +704,11 @@ impl Node {
             restored.storage.initial_state()?.hard_state.commit
         };
         let lessor = restore_leases(&mvcc, crate::lease::min_ttl_secs(cfg.election_timeout))?;
-        let auth = restore_auth(&mvcc)?;
+        let mut auth = restore_auth(&mvcc)?;
+        auth.set_token_settings(
+            cfg.token_settings()
+                .map_err(|e| ServerError::Startup(e.to_string()))?,
+        );
         let alarms = restore_alarms(&mvcc)?;
         let wal = Wal::open(
             &dirs.wal,

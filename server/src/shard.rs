@@ -754,6 +754,7 @@ fn member_info(cfg: &Config, cluster_id: u64, member_id: u64) -> MemberInfo {
                 .unwrap_or(&cfg.listen_client_urls),
         ),
         max_txn_ops: cfg.max_txn_ops,
+        bcrypt_cost: cfg.bcrypt_cost,
         auth_enabled: Default::default(),
     }
 }

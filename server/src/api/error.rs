@@ -56,7 +56,7 @@ pub fn to_wire(e: &ServerError) -> WireError {
                 | A::AuthOldRevision => (InvalidArgument, 400),
                 A::PermissionDenied => (PermissionDenied, 403),
                 A::InvalidAuthToken => (Unauthenticated, 401),
-                A::Maintenance(_) => (Unknown, 500),
+                A::Maintenance(_) | A::TokenSigning(_) => (Unknown, 500),
                 _ => (FailedPrecondition, 412),
             };
             (code, http, e.to_string())

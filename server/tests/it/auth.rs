@@ -327,3 +327,116 @@ fn leases_and_returned_values_need_permission_on_their_keys() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(r#""deleted":"1""#), "{body}");
 }
+
+/// `--auth-token jwt,...` with the test keys in `tests/fixtures/jwt`.
+pub fn jwt_flag(method: &str) -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/jwt");
+    let (public, private) = match method {
+        "ES256" => ("ec.pub", "ec.key"),
+        _ => ("rsa.pub", "rsa.key"),
+    };
+    format!("jwt,pub-key={dir}/{public},priv-key={dir}/{private},sign-method={method},ttl=5m")
+}
+
+/// The header of a JWT, decoded.
+fn jwt_header(token: &str) -> serde_json::Value {
+    use base64::Engine as _;
+    let b64 = token.split('.').next().unwrap();
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(b64)
+        .unwrap();
+    serde_json::from_slice(&raw).unwrap()
+}
+
+/// JWT tokens (etcd's `--auth-token jwt`): signed, so they outlive a
+/// kill -9 and restart (simple tokens do not) and need no server state;
+/// any auth change makes older ones stale (`revision of auth store is
+/// old`, clients log in again); a forged or foreign token is invalid.
+#[test]
+fn jwt_tokens_survive_a_restart_and_go_stale_on_auth_changes() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let flag = jwt_flag("ES256");
+    let mut server = Server::start(dir.path(), &["--auth-token", &flag]);
+    let ep = server.client_endpoint();
+    ok(&ep, &["user", "add", "root:rootpw"]);
+    ok(&ep, &["auth", "enable"]);
+    let put = |ep: &str, token: Option<&str>, value: &str| {
+        curl(
+            "POST",
+            &format!("http://{ep}/v3/kv/put"),
+            token,
+            Some(&format!(r#"{{"key":"Zm9v","value":"{value}"}}"#)),
+        )
+    };
+    let t1 = token(&ep, "root", "rootpw");
+    assert_eq!(jwt_header(&t1)["alg"], "ES256", "{t1}");
+    assert_eq!(put(&ep, Some(&t1), "MQ==").0, 200);
+
+    server.restart();
+    server.wait_healthy();
+    let ep = server.client_endpoint();
+    let (status, body) = put(&ep, Some(&t1), "Mg==");
+    assert_eq!(status, 200, "the token outlived the restart: {body}");
+    // etcdctl logs in for every command; it works against the new process.
+    assert_eq!(
+        ok(
+            &ep,
+            &["--user", "root:rootpw", "get", "foo", "--print-value-only"]
+        ),
+        "2\n"
+    );
+
+    // An auth change (here by etcdctl's own login) makes t1 stale.
+    ok(&ep, &["--user", "root:rootpw", "role", "add", "r1"]);
+    let (status, body) = put(&ep, Some(&t1), "Mw==");
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("etcdserver: revision of auth store is old"),
+        "{body}"
+    );
+    let t2 = token(&ep, "root", "rootpw");
+    assert_eq!(put(&ep, Some(&t2), "Mw==").0, 200);
+
+    // Changed bytes, or a token signed with another key: invalid.
+    let mut forged = t2.clone();
+    forged.insert(forged.find('.').unwrap() + 1, 'x');
+    for bad in [forged.as_str(), "abc.def.ghi", "simple.12"] {
+        let (status, body) = put(&ep, Some(bad), "NA==");
+        assert_eq!(status, 401, "{bad}: {body}");
+        assert!(body.contains("etcdserver: invalid auth token"), "{body}");
+    }
+    // The value is the last accepted put's.
+    assert_eq!(
+        ok(
+            &ep,
+            &["--user", "root:rootpw", "get", "foo", "--print-value-only"]
+        ),
+        "3\n"
+    );
+}
+
+/// A member given only the public key checks tokens but cannot issue
+/// them: a login answers etcd's error instead of a token.
+#[test]
+fn a_verify_only_member_refuses_to_issue_tokens() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/jwt");
+    let flag = format!("jwt,pub-key={keys}/rsa.pub,sign-method=RS256");
+    let server = Server::start(dir.path(), &["--auth-token", &flag]);
+    let ep = server.client_endpoint();
+    ok(&ep, &["user", "add", "root:rootpw"]);
+    ok(&ep, &["auth", "enable"]);
+    let (status, body) = curl(
+        "POST",
+        &format!("http://{ep}/v3/auth/authenticate"),
+        None,
+        Some(r#"{"name":"root","password":"rootpw"}"#),
+    );
+    assert_eq!(status, 500, "{body}");
+    assert!(
+        body.contains("auth: token signing attempted with verify-only key"),
+        "{body}"
+    );
+}

@@ -426,16 +426,18 @@ fn curl_watch(endpoint: &str, path: &str, body: &str, secs: u32) -> std::process
         .unwrap()
 }
 
-/// What a `curl -i` printed, without its `Date` header (and
-/// `Content-Length`: the ids have different lengths) and with the ids
-/// masked, then how it ended (`exit Some(28)`: still streaming at its `-m`).
+/// What a `curl -i` printed, without its `Date` header and with the ids
+/// (and so `Content-Length`) masked, then how it ended (`exit Some(28)`: still streaming at its `-m`).
 fn curl_output(curl: std::process::Child) -> String {
     let out = curl.wait_with_output().unwrap();
     let text = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
-        .filter(|l| !l.starts_with("Date:") && !l.starts_with("Content-Length:"))
-        .map(mask_ids)
+        .filter(|l| !l.starts_with("Date:"))
+        .map(|l| match l.strip_prefix("Content-Length: ") {
+            Some(_) => "Content-Length: <n>".to_string(),
+            None => mask_ids(l),
+        })
         .collect::<Vec<_>>()
         .join("\n");
     format!("{text}\nexit {:?}", out.status.code())
@@ -588,10 +590,12 @@ fn gateway_lock_and_election_match_etcd() {
     ];
     same_answers(&etcd.endpoint, &ep, steps);
 
+    // Each step waits for the last one's effect, so both servers see the
+    // same order of writes (and revisions).
     let mut seen = Vec::new();
     for endpoint in [&etcd.endpoint, &ep] {
         let observer = curl_watch(endpoint, "/v3/election/observe", r#"{"name":"ZQ=="}"#, 5);
-        std::thread::sleep(Duration::from_millis(500));
+        until_sample(endpoint, "etcd_debugging_mvcc_watcher_total", 1.0);
         let campaign = r#"{"name":"ZQ==","lease":"4660","value":"YQ=="}"#;
         assert!(post(endpoint, "/v3/election/campaign", campaign)
             .0
@@ -602,7 +606,7 @@ fn gateway_lock_and_election_match_etcd() {
             r#"{"name":"ZQ==","lease":"4661","value":"Yg=="}"#,
             4,
         );
-        std::thread::sleep(Duration::from_millis(300));
+        until_count(endpoint, ("ZS8=", "ZTA="), 2);
         // Holds "l", then a waiter that gives up after 1 s.
         assert!(post(
             endpoint,
@@ -617,7 +621,9 @@ fn gateway_lock_and_election_match_etcd() {
             r#"{"name":"bA==","lease":"4660"}"#,
             1,
         );
-        std::thread::sleep(Duration::from_millis(1500));
+        until_count(endpoint, ("bC8=", "bDA="), 2);
+        let gave_up = curl_output(gives_up);
+        until_count(endpoint, ("bC8=", "bDA="), 1);
         let resign = r#"{"leader":{"name":"ZQ==","key":"ZS8xMjM0","rev":"10","lease":"4660"}}"#;
         let resigned = post(endpoint, "/v3/election/resign", resign);
         let keys = post(
@@ -628,7 +634,7 @@ fn gateway_lock_and_election_match_etcd() {
         seen.push([
             curl_output(observer),
             curl_output(waiting),
-            curl_output(gives_up),
+            gave_up,
             format!("{} {}", resigned.0, mask_ids(&resigned.1)),
             format!("{} {}", keys.0, mask_ids(&keys.1)),
         ]);
@@ -656,4 +662,37 @@ fn gateway_lock_and_election_match_etcd() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Waits (bounded) until the keys from `range.0` to `range.1` (base64)
+/// number `n`.
+fn until_count(endpoint: &str, range: (&str, &str), n: u64) {
+    let body = format!(
+        r#"{{"key":"{}","range_end":"{}","count_only":true}}"#,
+        range.0, range.1
+    );
+    let mut count = 0;
+    for _ in 0..400 {
+        let (_, json) = post(endpoint, "/v3/kv/range", &body);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        // proto3 JSON leaves a zero count out.
+        count = v["count"].as_str().map_or(0, |c| c.parse().unwrap());
+        if count == n {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("{endpoint}: {count} keys in {range:?}, waited for {n}");
+}
+
+/// Waits (bounded) until the unlabelled sample `name` on `/metrics` is
+/// `value`.
+fn until_sample(endpoint: &str, name: &str, value: f64) {
+    for _ in 0..400 {
+        if sample(&get(endpoint, "/metrics").1, name) == value {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("{endpoint}: {name} never {value}");
 }

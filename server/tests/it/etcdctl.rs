@@ -1244,3 +1244,54 @@ fn normalizer_masks_only_volatile_fields() {
         r#"a"ts":"<masked>"b"#
     );
 }
+
+/// `etcdctl check datascale`: reads `process_resident_memory_bytes` from
+/// the client URL's `/metrics` before and after 10,000 puts of 1 KiB from
+/// 50 clients, then deletes them, compacts and defragments; it passes, and
+/// the store is left as it was found.
+#[test]
+fn check_datascale_passes() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("m"), &[]);
+    let ep = s.client_endpoint();
+    let out = etcdctl_with(
+        &ep,
+        &[],
+        &[
+            "check",
+            "datascale",
+            "--load",
+            "s",
+            "--auto-compact",
+            "--auto-defrag",
+        ],
+        None,
+    );
+    let text = as_text(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", as_text(&out.stderr));
+    assert!(
+        text.contains("PASS: Approximate system memory used"),
+        "{text}"
+    );
+    let left = etcdctl_with(
+        &ep,
+        &[],
+        &["get", "--prefix", "/", "--keys-only", "-w", "json"],
+        None,
+    );
+    let json: Value = serde_json::from_slice(&left.stdout).unwrap();
+    assert_eq!(json.get("count"), None, "no key left: {json}");
+    assert!(
+        json["header"]["revision"].as_i64().unwrap() > 10_000,
+        "the load went through the store: {json}"
+    );
+}
+
+/// The whole auth scenario again with JWT tokens on both servers
+/// (`--auth-token jwt,...,sign-method=RS256`, the test keys).
+#[test]
+fn auth_with_jwt_tokens_matches_etcd() {
+    let flag = crate::auth::jwt_flag("RS256");
+    etcd_vs_metcd_with("auth_jwt", scenario_auth(), &["--auth-token", &flag]);
+}

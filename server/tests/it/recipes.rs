@@ -97,9 +97,10 @@ fn locks_exclude_each_other_and_pass_in_queue_order() {
         let unlocked = c.unlock(held.key()).await.unwrap();
         let got = within("lock 2", second).await.unwrap().unwrap();
         assert_eq!(got.key(), format!("job/{l2:x}").as_bytes());
-        assert!(
-            got.header().unwrap().revision() >= unlocked.header().unwrap().revision(),
-            "the second holds it from the unlock on"
+        assert_eq!(
+            got.header().unwrap().revision(),
+            unlocked.header().unwrap().revision(),
+            "answered with the read that found no older holder: the unlock's revision"
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!third.is_finished(), "held by 2");
@@ -119,6 +120,7 @@ fn a_waiter_that_gives_up_leaves_the_queue_and_expiry_releases() {
     runtime().block_on(async {
         let mut c = connect(&s).await;
         // A short lease: the lock goes when it expires, nobody unlocks.
+        let granted = std::time::Instant::now();
         let short = lease(&mut c, 3).await;
         let quitter = lease(&mut c, 60).await;
         let waiter = lease(&mut c, 60).await;
@@ -149,15 +151,14 @@ fn a_waiter_that_gives_up_leaves_the_queue_and_expiry_releases() {
         until_keys(&mut c, "q/", 1).await;
         assert_eq!(keys_under(&mut c, "q/").await, [format!("q/{short:x}")]);
 
-        let started = std::time::Instant::now();
         let got = within("lock after expiry", c.lock("q", lock_with(waiter)))
             .await
             .unwrap();
         assert_eq!(got.key(), format!("q/{waiter:x}").as_bytes());
         assert!(
-            started.elapsed() >= Duration::from_millis(1500),
-            "acquired only once the 3 s lease expired ({:?})",
-            started.elapsed()
+            granted.elapsed() >= Duration::from_millis(2900),
+            "acquired only once the 3 s lease expired ({:?} after its grant)",
+            granted.elapsed()
         );
         let gone = c.get(held.key(), None).await.unwrap();
         assert_eq!(gone.count(), 0, "the expired holder's key is gone");
@@ -288,5 +289,56 @@ fn an_election_from_campaign_to_hand_over() {
             c.leader("svc").await.unwrap().kv().unwrap().value(),
             b"node-2"
         );
+
+        // A leadership without a key is refused, never a write of "".
+        let keyless = LeaderKey::new().with_name("svc").with_lease(l1);
+        assert_eq!(
+            grpc_error(
+                c.proclaim("x", Some(ProclaimOptions::new().with_leader(keyless)))
+                    .await
+            ),
+            (UNKNOWN, "etcdserver: key is not provided".to_string())
+        );
+
+        // A campaigner that gives up while node-2 leads resigns: its key
+        // goes. Without a lease it campaigns on a 60 s one of its own.
+        let mut quitter = connect(&s).await;
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(500), quitter.campaign("svc", "q", 0)).await;
+        assert!(gave_up.is_err(), "node-2 leads: the campaign waits");
+        let mut left = Vec::new();
+        for _ in 0..200 {
+            left = keys_under(&mut c, "svc/").await;
+            if left.len() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert_eq!(left, [format!("svc/{l2:x}")]);
+
+        // The observer hangs up: its watches go with it.
+        drop(observe);
+        drop(watcher);
+        let mut watchers = f64::NAN;
+        for _ in 0..200 {
+            watchers = watcher_total(&s);
+            if watchers == 0.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert_eq!(watchers, 0.0, "watchers left after the observer went");
     });
+}
+
+/// `etcd_debugging_mvcc_watcher_total` from the member's `/metrics`.
+fn watcher_total(s: &Server) -> f64 {
+    let page = s.conn().request("GET", "/metrics", b"").unwrap().text();
+    page.lines()
+        .find_map(|l| {
+            l.strip_prefix("etcd_debugging_mvcc_watcher_total ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no watcher total in {page}"))
 }

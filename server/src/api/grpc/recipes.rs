@@ -14,9 +14,11 @@
 //! etcd's text: its in-process client turns status errors into plain ones
 //! (`etcdserver: requested lease not found` arrives as code 2, not 5).
 //!
-//! Must never: hold a waiter's key after its caller went away. A Lock or
-//! Campaign abandoned while it waits deletes (resigns) its key, as etcd's
-//! does when the request's context ends.
+//! Must never: keep a waiter's key once its caller stopped waiting. A
+//! Lock or Campaign abandoned while it waits for older holders deletes
+//! (resigns) its key, as etcd's does when the request's context ends, and
+//! so does one whose answer found nobody to take it. (As with etcd, a
+//! caller gone during the first txn may leave its key; its lease ends it.)
 
 use std::future::Future;
 use std::rc::Rc;
@@ -212,6 +214,10 @@ impl Client {
             success,
             failure,
         };
+        // etcd checks its own client's requests too: a leadership without
+        // a key is "key is not provided", never a write of the empty key.
+        mvcc::validate_txn(&txn, self.shared.max_txn_ops())
+            .map_err(|e| recipe_error(status_of(&ServerError::Mvcc(e))))?;
         match self
             .shared
             .write(mvcc::Request::Txn(txn), self.token.clone())

@@ -37,10 +37,11 @@ const REQUIRE_LEADER_VALUE: &[u8] = b"true";
 const LEADERLESS_ROUNDS: u32 = 3;
 
 /// The streaming RPCs etcd's stream interceptor guards.
-const STREAM_PATHS: [&str; 3] = [
+const STREAM_PATHS: [&str; 4] = [
     "/etcdserverpb.Watch/Watch",
     "/etcdserverpb.Lease/LeaseKeepAlive",
     "/etcdserverpb.Maintenance/Snapshot",
+    "/v3electionpb.Election/Observe",
 ];
 
 /// Whether the request carries `hasleader: true`.

@@ -32,6 +32,8 @@ pub struct MemberInfo {
     pub peer_urls: Vec<String>,
     pub client_urls: Vec<String>,
     pub max_txn_ops: usize,
+    /// `--bcrypt-cost` for passwords hashed here.
+    pub bcrypt_cost: u32,
     /// Whether auth is on (kept by the owner's apply): while off, requests
     /// skip the permission check's round trip to the owner.
     pub auth_enabled: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -53,6 +55,11 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// `--max-txn-ops`.
+    pub(super) fn max_txn_ops(&self) -> usize {
+        self.info.max_txn_ops
+    }
+
     pub(super) fn header(&self, term: u64) -> HeaderInfo {
         HeaderInfo {
             cluster_id: self.info.cluster_id,
@@ -1123,9 +1130,6 @@ async fn stream_backup(
 #[derive(Clone)]
 pub struct AuthService(Shared);
 
-/// etcd's default `--bcrypt-cost`.
-const BCRYPT_COST: u32 = 10;
-
 impl AuthService {
     /// What a UserAdd or UserChangePassword stores: the hash the client
     /// sent (etcd 3.5's `hashedPassword`), else the bcrypt of its password.
@@ -1141,7 +1145,7 @@ impl AuthService {
             .authorize(token.clone(), || Requirement::Admin)
             .await?;
         if hashed.is_empty() {
-            hash_password(password).await
+            hash_password(password, self.0.info.bcrypt_cost).await
         } else {
             Ok(bytes::Bytes::from(hashed))
         }
@@ -1256,8 +1260,8 @@ async fn off_core<T: Send + 'static>(
 }
 
 /// A bcrypt hash in Go's `$2a$` form, as etcd stores it.
-async fn hash_password(password: String) -> Result<bytes::Bytes, Status> {
-    off_core(move || bcrypt::hash_with_result(password, BCRYPT_COST))
+async fn hash_password(password: String, cost: u32) -> Result<bytes::Bytes, Status> {
+    off_core(move || bcrypt::hash_with_result(password, cost))
         .await?
         .map(|h| bytes::Bytes::from(h.format_for_version(bcrypt::Version::TwoA)))
         .map_err(|e| Status::internal(format!("etcdserver: password hashing: {e}")))
