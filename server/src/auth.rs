@@ -428,10 +428,14 @@ impl AuthStore {
 
     /// The user behind a request's token (`None`: no token sent). With
     /// auth disabled nobody is anybody and every token is ignored.
+    /// `for_keys`: the request needs key permissions, the one check where
+    /// etcd refuses a JWT issued before the last auth change (admin
+    /// requests and those needing nothing take it).
     pub fn user_of(
         &mut self,
         token: Option<&str>,
         now: Instant,
+        for_keys: bool,
     ) -> Result<Option<String>, AuthError> {
         if !self.enabled {
             return Ok(None);
@@ -444,7 +448,7 @@ impl AuthStore {
             // any auth change the client must log in again (clientv3 does
             // so by itself on this error).
             let (user, revision) = jwt.verify(token).ok_or(AuthError::InvalidAuthToken)?;
-            if revision < self.revision {
+            if for_keys && revision < self.revision {
                 return Err(AuthError::AuthOldRevision);
             }
             return Ok(Some(user));
@@ -1288,6 +1292,58 @@ mod tests {
     }
 
     #[test]
+    fn jwt_logins_are_signed_for_the_auth_revision_and_go_stale_for_key_checks() {
+        let keys = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/jwt");
+        let option = format!("jwt,pub-key={keys}/ec.pub,priv-key={keys}/ec.key,sign-method=ES256");
+        let mut s = store_with(&[]);
+        s.set_token_settings(TokenSettings {
+            kind: crate::jwt::TokenKind::from_option(&option).unwrap(),
+            simple_ttl: TOKEN_TTL,
+        });
+        let now = Instant::now();
+        let token = login(&mut s, "alice", "unused", 10, now);
+        assert_eq!(token.split('.').count(), 3, "a JWS: {token}");
+        assert!(s.tokens.is_empty(), "nothing kept per token");
+        assert_eq!(s.user_of(Some(&token), now, true), Ok(Some("alice".into())));
+        // Any auth change: key checks refuse the older token, as etcd's
+        // isOpPermitted; admin and permission-free requests take it.
+        applied(&mut s, AuthRequest::RoleAdd { name: "r2".into() }).unwrap();
+        assert_eq!(
+            s.user_of(Some(&token), now, true),
+            Err(AuthError::AuthOldRevision)
+        );
+        assert_eq!(
+            s.user_of(Some(&token), now, false),
+            Ok(Some("alice".into()))
+        );
+        let fresh = login(&mut s, "alice", "unused", 11, now);
+        assert_eq!(s.user_of(Some(&fresh), now, true), Ok(Some("alice".into())));
+        assert_eq!(
+            s.user_of(Some("a.b.c"), now, false),
+            Err(AuthError::InvalidAuthToken)
+        );
+        // A snapshot install keeps the member's token settings.
+        let mut after = store_with(&[]);
+        after.adopt_tokens(s);
+        let token = login(&mut after, "alice", "unused", 12, now);
+        assert_eq!(token.split('.').count(), 3);
+        // A member without the private key issues none.
+        let verify_only = format!("jwt,pub-key={keys}/ec.pub,sign-method=ES256");
+        after.set_token_settings(TokenSettings {
+            kind: crate::jwt::TokenKind::from_option(&verify_only).unwrap(),
+            simple_ttl: TOKEN_TTL,
+        });
+        let req = AuthRequest::Authenticate {
+            name: "alice".into(),
+            token_prefix: "x".into(),
+        };
+        assert_eq!(
+            after.apply(&req, 13, now).err(),
+            Some(AuthError::TokenSigning(crate::jwt::SignError::VerifyOnly))
+        );
+    }
+
+    #[test]
     fn idle_tokens_are_swept_by_the_next_login() {
         let mut s = store_with(&[]);
         let start = Instant::now();
@@ -1301,10 +1357,10 @@ mod tests {
             "the idle token is gone without being shown"
         );
         assert_eq!(
-            s.user_of(Some(&old), later),
+            s.user_of(Some(&old), later, true),
             Err(AuthError::InvalidAuthToken)
         );
-        assert_eq!(s.user_of(Some(&new), later), Ok(Some("alice".into())));
+        assert_eq!(s.user_of(Some(&new), later, true), Ok(Some("alice".into())));
     }
 
     #[test]
@@ -1323,9 +1379,12 @@ mod tests {
         )
         .unwrap();
         after.adopt_tokens(before);
-        assert_eq!(after.user_of(Some(&root), now), Ok(Some("root".into())));
         assert_eq!(
-            after.user_of(Some(&alice), now),
+            after.user_of(Some(&root), now, true),
+            Ok(Some("root".into()))
+        );
+        assert_eq!(
+            after.user_of(Some(&alice), now, true),
             Err(AuthError::InvalidAuthToken)
         );
 
@@ -1343,7 +1402,7 @@ mod tests {
         .unwrap();
         after.adopt_tokens(before);
         assert_eq!(
-            after.user_of(Some(&root), now),
+            after.user_of(Some(&root), now, true),
             Err(AuthError::InvalidAuthToken)
         );
     }
@@ -1366,13 +1425,13 @@ mod tests {
             panic!("no token")
         };
         assert_eq!(token, "abc.42");
-        assert_eq!(s.user_of(Some(&token), now), Ok(Some("alice".into())));
+        assert_eq!(s.user_of(Some(&token), now, true), Ok(Some("alice".into())));
         assert_eq!(
-            s.user_of(Some("nope.1"), now),
+            s.user_of(Some("nope.1"), now, true),
             Err(AuthError::InvalidAuthToken)
         );
         assert_eq!(
-            s.user_of(Some(&token), now + TOKEN_TTL + TOKEN_TTL),
+            s.user_of(Some(&token), now + TOKEN_TTL + TOKEN_TTL, true),
             Err(AuthError::InvalidAuthToken)
         );
         for req in [
@@ -1405,7 +1464,10 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(s.user_of(Some(&t2), now), Err(AuthError::InvalidAuthToken));
+        assert_eq!(
+            s.user_of(Some(&t2), now, true),
+            Err(AuthError::InvalidAuthToken)
+        );
     }
 
     #[test]

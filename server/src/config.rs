@@ -13,6 +13,8 @@ use serde::Deserialize;
 
 /// Default `--max-request-bytes`, as etcd's (1.5 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// The longest `--auth-token-ttl` taken: 10 years.
+const MAX_AUTH_TOKEN_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
 /// etcd's backend quota when `--quota-backend-bytes` is 0 or unset (2 GiB).
 pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 << 30;
 
@@ -583,8 +585,13 @@ impl Config {
     pub fn token_settings(&self) -> Result<crate::auth::TokenSettings, ConfigError> {
         let kind = crate::jwt::TokenKind::from_option(&self.auth_token)
             .map_err(|reason| invalid_flag("auth-token", self.auth_token.clone(), reason))?;
-        if self.auth_token_ttl == 0 {
-            return Err(invalid_flag("auth-token-ttl", "0", "must be at least 1"));
+        // Bounded so a token's expiry instant always exists.
+        if !(1..=MAX_AUTH_TOKEN_TTL_SECS).contains(&self.auth_token_ttl) {
+            return Err(invalid_flag(
+                "auth-token-ttl",
+                self.auth_token_ttl.to_string(),
+                format!("must be between 1 and {MAX_AUTH_TOKEN_TTL_SECS} seconds (10 years)"),
+            ));
         }
         Ok(crate::auth::TokenSettings {
             kind,

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine as _;
 use ring::rand::SystemRandom;
-use ring::signature::{self, EcdsaKeyPair, RsaKeyPair, UnparsedPublicKey};
+use ring::signature::{self, EcdsaKeyPair, KeyPair as _, RsaKeyPair, UnparsedPublicKey};
 
 /// etcd's default JWT lifetime (`ttl` option).
 const DEFAULT_TTL: Duration = Duration::from_secs(300);
@@ -213,18 +213,26 @@ impl JwtTokens {
         let rng = SystemRandom::new();
         let (signer, verifier) = match method {
             Method::Hs(_) => {
-                let secret = private.ok_or("an HMAC sign-method needs priv-key (the secret)")?;
+                // etcd refuses a missing or empty secret: anyone could sign.
+                let secret = private
+                    .filter(|secret| !secret.is_empty())
+                    .ok_or("an HMAC sign-method needs a non-empty priv-key (the secret)")?;
                 let key = ring::hmac::Key::new(method.hmac(), &secret);
                 (Some(Signer::Hmac(key.clone())), Verifier::Hmac(key))
             }
             _ => {
-                let public = public.ok_or("pub-key is required")?;
-                let verifier = Verifier::Public(public_key(&public)?);
                 let signer = match private {
                     None => None,
                     Some(pem) => Some(private_key(method, &pem, &rng)?),
                 };
-                (signer, verifier)
+                // As etcd: without pub-key, the private key's own half.
+                let public = match (public, &signer) {
+                    (Some(pem), _) => public_key(method, &pem)?,
+                    (None, Some(Signer::Rsa(key))) => key.public_key().as_ref().to_vec(),
+                    (None, Some(Signer::Ecdsa(key))) => key.public_key().as_ref().to_vec(),
+                    (None, _) => return Err("pub-key or priv-key is required".into()),
+                };
+                (signer, Verifier::Public(public))
             }
         };
         let tokens = JwtTokens {
@@ -329,6 +337,9 @@ fn segment(s: &str) -> Option<Vec<u8>> {
 /// `300s`, `1.5h`, `500ms`).
 fn parse_go_duration(s: &str) -> Option<Duration> {
     let mut rest = s.trim();
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
     if rest.is_empty() {
         return None;
     }
@@ -354,7 +365,7 @@ fn parse_go_duration(s: &str) -> Option<Duration> {
         rest = &rest[unit_end..];
         secs += n * scale;
     }
-    secs.is_finite().then(|| Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs).ok()
 }
 
 /// The DER blocks of a PEM file, with their labels.
@@ -426,34 +437,65 @@ const OCTET_STRING: u8 = 0x04;
 /// id-ecPublicKey, 1.2.840.10045.2.1, as a DER element.
 const EC_PUBLIC_KEY_OID: [u8; 9] = [0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
 
-/// The key bytes ring verifies with: an RSA public key (PKCS#1) or an EC
-/// point, from `PUBLIC KEY` (SPKI) or `RSA PUBLIC KEY` PEM.
-fn public_key(pem: &[u8]) -> Result<Vec<u8>, String> {
+/// DER of the algorithm OIDs a SubjectPublicKeyInfo names.
+const RSA_ENCRYPTION_OID: [u8; 11] = [
+    0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01,
+];
+const P256_OID: [u8; 10] = [0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+const P384_OID: [u8; 7] = [0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22];
+
+/// The key bytes ring verifies with — an RSA public key (PKCS#1) or an
+/// EC point — from `PUBLIC KEY` (SPKI) or `RSA PUBLIC KEY` PEM; a key of
+/// another kind than `method` signs with is refused, as etcd refuses it.
+fn public_key(method: Method, pem: &[u8]) -> Result<Vec<u8>, String> {
+    let wanted: &[&[u8]] = match method {
+        Method::Rs(_) | Method::Ps(_) => &[&RSA_ENCRYPTION_OID],
+        Method::Es256 => &[&EC_PUBLIC_KEY_OID, &P256_OID],
+        Method::Es384 => &[&EC_PUBLIC_KEY_OID, &P384_OID],
+        Method::Hs(_) => &[],
+    };
     for (label, der) in pem_blocks(pem) {
         match label.as_str() {
-            "RSA PUBLIC KEY" => return Ok(der),
+            "RSA PUBLIC KEY" if matches!(method, Method::Rs(_) | Method::Ps(_)) => return Ok(der),
             "PUBLIC KEY" => {
-                let key = (|| {
-                    let (SEQUENCE, spki, _) = tlv(&der)? else {
-                        return None;
-                    };
-                    let (SEQUENCE, _, rest) = tlv(spki)? else {
-                        return None;
-                    };
-                    let (BIT_STRING, bits, _) = tlv(rest)? else {
-                        return None;
-                    };
-                    let (&0, key) = bits.split_first()? else {
-                        return None;
-                    };
-                    Some(key.to_vec())
-                })();
-                return key.ok_or_else(|| "pub-key: not a DER SubjectPublicKeyInfo".to_string());
+                let (algorithm, key) = spki(&der)
+                    .ok_or_else(|| "pub-key: not a DER SubjectPublicKeyInfo".to_string())?;
+                if !wanted.iter().all(|oid| contains(algorithm, oid)) {
+                    return Err(format!(
+                        "pub-key is not a key for sign-method {}",
+                        method.name()
+                    ));
+                }
+                return Ok(key.to_vec());
             }
             _ => {}
         }
     }
-    Err("pub-key: no PUBLIC KEY or RSA PUBLIC KEY PEM block".into())
+    Err(format!(
+        "pub-key: no public key PEM block for {}",
+        method.name()
+    ))
+}
+
+/// (algorithm identifier contents, key bytes) of a SubjectPublicKeyInfo.
+fn spki(der: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (SEQUENCE, spki, _) = tlv(der)? else {
+        return None;
+    };
+    let (SEQUENCE, algorithm, rest) = tlv(spki)? else {
+        return None;
+    };
+    let (BIT_STRING, bits, _) = tlv(rest)? else {
+        return None;
+    };
+    let (&0, key) = bits.split_first()? else {
+        return None;
+    };
+    Some((algorithm, key))
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 fn private_key(method: Method, pem: &[u8], rng: &SystemRandom) -> Result<Signer, String> {
@@ -609,7 +651,12 @@ mod tests {
         assert_eq!(verify_only.sign("x", 1), Err(SignError::VerifyOnly));
         for (option, why) in [
             ("nope", "unknown token type"),
-            ("jwt,sign-method=RS256", "pub-key is required"),
+            ("jwt,sign-method=RS256", "pub-key or priv-key is required"),
+            ("jwt,sign-method=HS256", "non-empty priv-key"),
+            (
+                "jwt,priv-key=/dev/null,sign-method=HS256",
+                "non-empty priv-key",
+            ),
             (
                 "jwt,pub-key=/nonexistent,sign-method=RS256",
                 "pub-key /nonexistent",
@@ -630,6 +677,22 @@ mod tests {
         assert!(TokenKind::from_option(&mismatched)
             .unwrap_err()
             .contains("not one key pair"));
+        // A public key of another kind than the sign-method's.
+        let wrong_kind = format!("jwt,pub-key={},sign-method=RS256", fixture("ec.pub"));
+        assert!(TokenKind::from_option(&wrong_kind)
+            .unwrap_err()
+            .contains("not a key for sign-method RS256"));
+        // The private key alone is enough: its public half checks.
+        for (key, method) in [("rsa.key", "RS512"), ("ec.key", "ES256")] {
+            let t = tokens(&format!(
+                "jwt,priv-key={},sign-method={method}",
+                fixture(key)
+            ));
+            let token = t.sign_at("bob", 2, 10).unwrap();
+            assert_eq!(t.verify_at(&token, 10), Some(("bob".to_string(), 2)));
+        }
+        assert_eq!(parse_go_duration("99999999999999999999h"), None);
+        assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
         assert_eq!(parse_go_duration("1h30m"), Some(Duration::from_secs(5400)));
         assert_eq!(parse_go_duration("300s"), Some(Duration::from_secs(300)));
         assert_eq!(parse_go_duration("5x"), None);

@@ -1,4 +1,5 @@
-//! `metcd`: starts one member with the given flags / config file.
+//! `metcd`: starts one member with the given flags / config file;
+//! `metcd snapshot restore|status ...` restores or inspects a backup.
 
 use clap::Parser;
 use server::config::{Config, Flags};
@@ -8,6 +9,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     server::alloc::tune();
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == "snapshot") {
+        std::process::exit(server::backup::cli(args.collect()));
+    }
     let flags = Flags::parse();
     let cfg = match Config::from_flags(flags) {
         Ok(cfg) => cfg,

@@ -281,9 +281,9 @@ const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
 /// How long start-up may take to re-apply the recovered log.
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
 /// Where the applied membership (ConfState) is kept in MVCC metadata.
-const CONF_META: &[u8] = b"raft/conf";
+pub(crate) const CONF_META: &[u8] = b"raft/conf";
 /// Prefix of the metadata records of removed members.
-const REMOVED_META: &[u8] = b"removed/";
+pub(crate) const REMOVED_META: &[u8] = b"removed/";
 /// etcd's answers when a membership change would risk the quorum
 /// (`--strict-reconfig-check`, on by default in etcd, always on here).
 const NOT_ENOUGH_STARTED: &str =
@@ -331,7 +331,7 @@ impl DataDirs {
 
 /// Creates `dir` (and parents) and fsyncs each new directory's parent, so
 /// the directory entries themselves survive a crash.
-fn create_dir_durable(dir: &Path) -> Result<()> {
+pub(crate) fn create_dir_durable(dir: &Path) -> Result<()> {
     if dir.is_dir() {
         return Ok(());
     }
@@ -1467,8 +1467,11 @@ impl Node {
         if !auth.enabled() {
             return Ok(());
         }
-        let user = auth.user_of(token, Instant::now())?;
-        Ok(auth.check(user.as_deref(), &requirement())?)
+        let requirement = requirement();
+        let for_keys =
+            matches!(&requirement, crate::auth::Requirement::Keys(needs) if !needs.is_empty());
+        let user = auth.user_of(token, Instant::now(), for_keys)?;
+        Ok(auth.check(user.as_deref(), &requirement)?)
     }
 
     /// The proposer's check of a client's write (while auth is on): the
@@ -1493,10 +1496,10 @@ impl Node {
                 auth_revision,
             });
         }
-        let user = auth.user_of(token, Instant::now())?;
         let mut needs = Vec::new();
         collect(&mut needs);
         lease_needs(&self.lessor.borrow(), leases, &mut needs);
+        let user = auth.user_of(token, Instant::now(), !needs.is_empty())?;
         if !needs.is_empty() {
             auth.check(user.as_deref(), &crate::auth::Requirement::Keys(needs))?;
         }

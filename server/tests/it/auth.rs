@@ -387,7 +387,7 @@ fn jwt_tokens_survive_a_restart_and_go_stale_on_auth_changes() {
         "2\n"
     );
 
-    // An auth change (here by etcdctl's own login) makes t1 stale.
+    // An auth change (the role added) makes t1 stale for key requests.
     ok(&ep, &["--user", "root:rootpw", "role", "add", "r1"]);
     let (status, body) = put(&ep, Some(&t1), "Mw==");
     assert_eq!(status, 400, "{body}");
@@ -398,10 +398,29 @@ fn jwt_tokens_survive_a_restart_and_go_stale_on_auth_changes() {
     let t2 = token(&ep, "root", "rootpw");
     assert_eq!(put(&ep, Some(&t2), "Mw==").0, 200);
 
-    // Changed bytes, or a token signed with another key: invalid.
+    // Changed bytes, a token signed with another key, an unsigned one
+    // (`alg: none`), an HMAC one keyed with the public key: invalid.
     let mut forged = t2.clone();
     forged.insert(forged.find('.').unwrap() + 1, 'x');
-    for bad in [forged.as_str(), "abc.def.ghi", "simple.12"] {
+    let keys = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/jwt");
+    let sign_with = |option: String| match server::jwt::TokenKind::from_option(&option).unwrap() {
+        server::jwt::TokenKind::Jwt(t) => t.sign("root", 1_000_000).unwrap(),
+        server::jwt::TokenKind::Simple => unreachable!(),
+    };
+    let other_key = sign_with(format!(
+        "jwt,priv-key={keys}/ec-other.key,sign-method=ES256"
+    ));
+    let hmac_confused = sign_with(format!("jwt,priv-key={keys}/ec.pub,sign-method=HS256"));
+    let claims = other_key.split('.').nth(1).unwrap();
+    let unsigned = format!("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{claims}.");
+    for bad in [
+        forged.as_str(),
+        other_key.as_str(),
+        hmac_confused.as_str(),
+        unsigned.as_str(),
+        "abc.def.ghi",
+        "simple.12",
+    ] {
         let (status, body) = put(&ep, Some(bad), "NA==");
         assert_eq!(status, 401, "{bad}: {body}");
         assert!(body.contains("etcdserver: invalid auth token"), "{body}");
@@ -439,4 +458,18 @@ fn a_verify_only_member_refuses_to_issue_tokens() {
         body.contains("auth: token signing attempted with verify-only key"),
         "{body}"
     );
+    // It checks tokens the key's owner signed.
+    let signer = format!("jwt,priv-key={keys}/rsa.key,sign-method=RS256");
+    let server::jwt::TokenKind::Jwt(owner) = server::jwt::TokenKind::from_option(&signer).unwrap()
+    else {
+        unreachable!()
+    };
+    let token = owner.sign("root", 1_000_000).unwrap();
+    let (status, body) = curl(
+        "POST",
+        &format!("http://{ep}/v3/kv/put"),
+        Some(&token),
+        Some(r#"{"key":"Zm9v","value":"YmFy"}"#),
+    );
+    assert_eq!(status, 200, "{body}");
 }
