@@ -27,6 +27,9 @@ use crate::mvcc::MvccStore;
 use crate::node::{DataDirs, CONF_META, REMOVED_META};
 use crate::raftlog;
 
+/// The engine key of MVCC's compact revision record (i64 BE).
+const COMPACT_REVISION_RECORD: &[u8] = b"mcompact_rev";
+
 /// Length of etcd's SHA-256 trailer on a saved snapshot.
 const SHA_LEN: u64 = 32;
 
@@ -99,10 +102,27 @@ pub fn restore(backup: &Path, cfg: &Config, skip_hash_check: bool) -> Result<Res
     }
     let members = cfg.initial_members().map_err(failed)?;
     let size = snapshot_len(backup, skip_hash_check)?;
-    let outcome = build(backup, cfg, size, &data_dir);
+    // Built beside the target and renamed into place when complete: a
+    // crash or a failure never leaves a half-built dir under the name a
+    // start would take for a new, empty member.
+    let building = sibling(&data_dir, &format!("restoring-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&building);
+    let outcome = build(backup, cfg, size, &building).and_then(|built| {
+        std::fs::rename(&building, &data_dir).map_err(|e| {
+            failed(format!(
+                "cannot move the restored dir to {}: {e}",
+                data_dir.display()
+            ))
+        })?;
+        if let Some(parent) = data_dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::File::open(parent)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| failed(format!("cannot sync {}: {e}", parent.display())))?;
+        }
+        Ok(built)
+    });
     if outcome.is_err() {
-        // Nothing half-built stays behind under the name a start would use.
-        let _ = std::fs::remove_dir_all(&data_dir);
+        let _ = std::fs::remove_dir_all(&building);
     }
     let (index, revision) = outcome?;
     Ok(Restored {
@@ -111,6 +131,14 @@ pub fn restore(backup: &Path, cfg: &Config, skip_hash_check: bool) -> Result<Res
         revision,
         members: members.len(),
     })
+}
+
+/// `<dir>.<suffix>`, beside `dir`.
+fn sibling(dir: &Path, suffix: &str) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".");
+    name.push(suffix);
+    dir.with_file_name(name)
 }
 
 /// Lays out `data_dir` and fills it; answers (index, revision).
@@ -123,8 +151,12 @@ fn build(backup: &Path, cfg: &Config, size: u64, data_dir: &Path) -> Result<(u64
     // The engine installs a snapshot file: cut it out of the backup.
     let staged = dirs.root.join("member").join("restore.snap");
     stage(backup, size, &staged)?;
+    // Sorted: every member writes the same record whatever the order of
+    // its --initial-cluster.
+    let mut voters: Vec<u64> = members.iter().map(|m| m.id).collect();
+    voters.sort_unstable();
     let conf = ConfState {
-        voters: members.iter().map(|m| m.id).collect(),
+        voters,
         ..Default::default()
     };
     let (cfg2, staged2) = (cfg.clone(), staged.clone());
@@ -209,22 +241,34 @@ pub fn status(backup: &Path) -> Result<BackupStatus> {
     let total_size = std::fs::metadata(backup)
         .map_err(|e| failed(format!("cannot stat {}: {e}", backup.display())))?
         .len();
-    let staged = std::env::temp_dir().join(format!("metcd-status-{}.snap", std::process::id()));
+    let mut nonce = [0u8; 8];
+    getrandom::getrandom(&mut nonce).map_err(|e| failed(format!("no randomness: {e}")))?;
+    let staged = std::env::temp_dir().join(format!(
+        "metcd-status-{}-{:016x}.snap",
+        std::process::id(),
+        u64::from_le_bytes(nonce)
+    ));
     let figures = (|| -> Result<BackupStatus> {
         stage(backup, size, &staged)?;
         let mut total_keys = 0u64;
         let mut newest_revision_key: Option<bytes::Bytes> = None;
-        engine::snapfile::read_with(&staged, |key, _| {
+        let mut compact_revision = 0i64;
+        engine::snapfile::read_with(&staged, |key, value| {
             total_keys += 1;
             // Key revisions sort by revision: the last one is the newest.
             if key.first() == Some(&b'k') {
                 newest_revision_key = Some(key);
+            } else if key[..] == *COMPACT_REVISION_RECORD {
+                compact_revision = <[u8; 8]>::try_from(&value[..]).map_or(0, i64::from_be_bytes);
             }
             Ok(())
         })?;
-        let revision = newest_revision_key
+        // As the store computes it at open: compaction may have removed the
+        // newest revisions (tombstones), and an empty store is at 1.
+        let newest = newest_revision_key
             .and_then(|k| <[u8; 8]>::try_from(k.get(1..9)?).ok())
             .map_or(0, |main| u64::from_be_bytes(main) as i64);
+        let revision = newest.max(compact_revision).max(1);
         let mut crc = [0u8; 4];
         let mut file = std::fs::File::open(&staged)
             .map_err(|e| failed(format!("cannot reopen the staged snapshot: {e}")))?;
@@ -247,7 +291,11 @@ pub fn status(backup: &Path) -> Result<BackupStatus> {
 fn stage(backup: &Path, size: u64, staged: &Path) -> Result<()> {
     let copied = (|| -> std::io::Result<u64> {
         let mut from = std::fs::File::open(backup)?.take(size);
-        let mut to = std::fs::File::create(staged)?;
+        // Never through a planted link, never over an existing file.
+        let mut to = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(staged)?;
         let n = std::io::copy(&mut from, &mut to)?;
         to.flush()?;
         to.sync_all()?;
@@ -387,7 +435,7 @@ pub fn cli(args: Vec<std::ffi::OsString>) -> i32 {
             Ok(parsed) => run_restore(parsed),
             Err(e) => {
                 let _ = e.print();
-                2
+                e.exit_code()
             }
         },
         Some("status") => match StatusArgs::try_parse_from(argv("metcd snapshot status")) {
@@ -405,7 +453,7 @@ pub fn cli(args: Vec<std::ffi::OsString>) -> i32 {
             }
             Err(e) => {
                 let _ = e.print();
-                2
+                e.exit_code()
             }
         },
         other => {

@@ -1665,3 +1665,112 @@ fn peer_tls_with_client_certificates() {
         cluster.members[2].log_text()
     );
 }
+
+/// The seed's restore of a whole cluster: one backup of a single member,
+/// `metcd snapshot restore` into three data dirs with the new cluster's
+/// flags, three starts: they elect a leader, every member holds the
+/// backup's data with the same history (HashKV equal to the original's at
+/// the backup's revision), the member list is the new one, and writes go
+/// on from the backup's revision on every member.
+#[test]
+fn a_three_member_cluster_is_restored_from_one_backup() {
+    let source_dir = tempfile::tempdir().unwrap();
+    let source = Server::start(&source_dir.path().join("single"), &["--engine", "btree"]);
+    let ep = source.client_endpoint();
+    for i in 0..50 {
+        assert!(ctl(&ep, &["put", &format!("k{i:02}"), &format!("v{i}")]).0);
+    }
+    assert!(ctl(&ep, &["put", "k07", "again"]).0);
+    assert!(ctl(&ep, &["del", "k08"]).0);
+    let (_, status) = ctl(&ep, &["endpoint", "status", "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let revision = v[0]["Status"]["header"]["revision"].as_i64().unwrap();
+    let hash_at = |ep: &str| -> u64 {
+        let (ok, out) = ctl(
+            ep,
+            &[
+                "endpoint",
+                "hashkv",
+                "--rev",
+                &revision.to_string(),
+                "-w",
+                "json",
+            ],
+        );
+        assert!(ok, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v[0]["HashKV"]["hash"].as_u64().unwrap()
+    };
+    let original = hash_at(&ep);
+    let backup = source_dir.path().join("backup.db");
+    assert!(ctl(&ep, &["snapshot", "save", backup.to_str().unwrap()]).0);
+    drop(source);
+
+    let _serial = ONE_CLUSTER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let peers: Vec<String> = (0..3)
+        .map(|_| format!("http://127.0.0.1:{}", free_port()))
+        .collect();
+    let initial = peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("n{}={p}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members: Vec<Server> = Vec::new();
+    for (i, peer) in peers.iter().enumerate() {
+        let name = format!("n{}", i + 1);
+        let data_dir = dir.path().join(&name);
+        // Each member may run another engine than the backup's.
+        let engine = ["memory", "btree", "lsm"][i];
+        let mut flags = cluster_flags(&name, peer, &initial, "new");
+        flags.extend(["--engine".to_string(), engine.to_string()]);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_metcd"))
+            .args([
+                "snapshot",
+                "restore",
+                backup.to_str().unwrap(),
+                "--data-dir",
+            ])
+            .arg(&data_dir)
+            .args(&flags)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        members.push(Server::start_unchecked(&data_dir, &flags));
+    }
+    for m in &mut members {
+        m.wait_healthy();
+    }
+    for m in &members {
+        let ep = m.client_endpoint();
+        let (ok, out) = ctl(&ep, &["get", "k07", "--print-value-only"]);
+        assert!(ok && out == "again\n", "{out}");
+        assert_eq!(hash_at(&ep), original, "member {ep}: the backup's history");
+        let (ok, list) = ctl(&ep, &["member", "list"]);
+        assert!(ok, "{list}");
+        assert_eq!(list.lines().count(), 3, "{list}");
+        for peer in &peers {
+            assert!(list.contains(peer.as_str()), "{peer} in {list}");
+        }
+    }
+    let ep = members[1].client_endpoint();
+    let (ok, out) = ctl(&ep, &["put", "after", "restore", "-w", "json"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["header"]["revision"].as_i64(), Some(revision + 1));
+    for m in &members {
+        let (ok, out) = ctl(
+            &m.client_endpoint(),
+            &["get", "after", "--print-value-only"],
+        );
+        assert!(ok && out == "restore\n", "{out}");
+    }
+}
