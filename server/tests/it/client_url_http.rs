@@ -490,18 +490,7 @@ fn gateway_watch_streams_as_etcds() {
         );
     }
     // The clients hung up: their streams and watchers are gone.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let page = get(&ep, "/metrics").1;
-        if sample(&page, "etcd_debugging_mvcc_watcher_total") == 0.0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "watchers left:\n{page}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    until_sample(&ep, "etcd_debugging_mvcc_watcher_total", 0.0);
 }
 
 /// `curl -XPOST .../v3/lease/keepalive -d '{"ID":"1234"}'`: one
@@ -650,18 +639,7 @@ fn gateway_lock_and_election_match_etcd() {
         "the observer saw the hand-over: {}",
         seen[0][0]
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let page = get(&ep, "/metrics").1;
-        if sample(&page, "etcd_debugging_mvcc_watcher_total") == 0.0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "watchers left:\n{page}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    until_sample(&ep, "etcd_debugging_mvcc_watcher_total", 0.0);
 }
 
 /// Waits (bounded) until the keys from `range.0` to `range.1` (base64)

@@ -1685,22 +1685,7 @@ fn a_three_member_cluster_is_restored_from_one_backup() {
     let (_, status) = ctl(&ep, &["endpoint", "status", "-w", "json"]);
     let v: serde_json::Value = serde_json::from_str(&status).unwrap();
     let revision = v[0]["Status"]["header"]["revision"].as_i64().unwrap();
-    let hash_at = |ep: &str| -> u64 {
-        let (ok, out) = ctl(
-            ep,
-            &[
-                "endpoint",
-                "hashkv",
-                "--rev",
-                &revision.to_string(),
-                "-w",
-                "json",
-            ],
-        );
-        assert!(ok, "{out}");
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        v[0]["HashKV"]["hash"].as_u64().unwrap()
-    };
+    let hash_at = |ep: &str| crate::etcd_peer::hashkv_at(ep, revision);
     let original = hash_at(&ep);
     let backup = source_dir.path().join("backup.db");
     assert!(ctl(&ep, &["snapshot", "save", backup.to_str().unwrap()]).0);

@@ -193,6 +193,31 @@ pub fn etcdctl(endpoint: &str, args: &[&str]) -> Output {
     etcdctl_with(endpoint, &[], args, None)
 }
 
+/// [`etcdctl`] that must succeed: its stdout.
+pub fn etcdctl_ok(endpoint: &str, args: &[&str]) -> String {
+    let out = etcdctl(endpoint, args);
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `etcdctl endpoint hashkv --rev <revision>`: the member's KV hash there.
+pub fn hashkv_at(endpoint: &str, revision: i64) -> u64 {
+    let rev = revision.to_string();
+    let out = etcdctl_ok(
+        endpoint,
+        &["endpoint", "hashkv", "--rev", &rev, "-w", "json"],
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    v[0]["HashKV"]["hash"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no hash in {out}"))
+}
+
 /// As [`etcdctl`], with `stdin` fed to the process.
 pub fn etcdctl_stdin(endpoint: &str, args: &[&str], stdin: &[u8]) -> Output {
     etcdctl_with(endpoint, &[], args, Some(stdin))

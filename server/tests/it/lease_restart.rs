@@ -4,18 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::etcd_peer::etcdctl;
+use crate::etcd_peer::etcdctl_ok as ok;
 use crate::support::Server;
-
-fn ok(endpoint: &str, args: &[&str]) -> String {
-    let out = etcdctl(endpoint, args);
-    assert!(
-        out.status.success(),
-        "etcdctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 #[test]
 fn leases_survive_kill9_and_still_expire() {

@@ -4,7 +4,7 @@
 
 use sha2::Digest;
 
-use crate::etcd_peer::etcdctl;
+use crate::etcd_peer::{etcdctl, etcdctl_ok as ctl_ok, hashkv_at};
 use crate::support::Server;
 
 #[test]
@@ -63,16 +63,6 @@ fn etcdctl_snapshot_save_streams_a_verified_snapshot() {
     );
 }
 
-fn ctl_ok(endpoint: &str, args: &[&str]) -> String {
-    let out = etcdctl(endpoint, args);
-    assert!(
-        out.status.success(),
-        "etcdctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
@@ -120,20 +110,7 @@ fn a_backup_restores_into_a_new_member() {
     ctl_ok(&e, &["user", "add", "alice:pw"]);
     let before = json(&ctl_ok(&e, &["get", "foo", "-w", "json"]));
     let revision = before["header"]["revision"].as_i64().unwrap();
-    let hash_of = |ep: &str| {
-        let out = ctl_ok(
-            ep,
-            &[
-                "endpoint",
-                "hashkv",
-                "--rev",
-                &revision.to_string(),
-                "-w",
-                "json",
-            ],
-        );
-        json(&out)[0]["HashKV"]["hash"].as_u64().unwrap()
-    };
+    let hash_of = |ep: &str| hashkv_at(ep, revision);
     let old_hash = hash_of(&e);
     let backup = dir.path().join("backup.db");
     ctl_ok(&e, &["snapshot", "save", backup.to_str().unwrap()]);
