@@ -306,14 +306,7 @@ fn an_election_from_campaign_to_hand_over() {
         let gave_up =
             tokio::time::timeout(Duration::from_millis(500), quitter.campaign("svc", "q", 0)).await;
         assert!(gave_up.is_err(), "node-2 leads: the campaign waits");
-        let mut left = Vec::new();
-        for _ in 0..200 {
-            left = keys_under(&mut c, "svc/").await;
-            if left.len() == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        let left = until_keys(&mut c, "svc/", 1).await;
         assert_eq!(left, [format!("svc/{l2:x}")]);
 
         // The observer hangs up: its watches go with it.
