@@ -205,6 +205,12 @@ impl Engine for AnyEngine {
 }
 
 impl AnyEngine {
+    /// Whether a checkpoint rewrites the whole store (the memory engine
+    /// serialises all of it) rather than only what changed since the last.
+    pub fn checkpoint_rewrites_store(&self) -> bool {
+        matches!(self, AnyEngine::Memory(_))
+    }
+
     pub fn kind(&self) -> EngineKind {
         match self {
             AnyEngine::Memory(_) => EngineKind::Memory,
@@ -318,8 +324,8 @@ impl EngineDir {
     pub async fn checkpoint(&self, engine: &AnyEngine) -> Result<u64> {
         match engine {
             AnyEngine::Memory(e) => e.checkpoint(&self.dir).await,
-            AnyEngine::Btree(e) => off_core(e.clone(), |e| e.persist()).await,
-            AnyEngine::Lsm(e) => off_core(e.clone(), |e| e.persist()).await,
+            AnyEngine::Btree(e) => off_core(e.clone(), Urgency::Background, |e| e.persist()).await,
+            AnyEngine::Lsm(e) => off_core(e.clone(), Urgency::Background, |e| e.persist()).await,
         }
     }
 
@@ -331,12 +337,12 @@ impl EngineDir {
     pub async fn defragment(&self, engine: &AnyEngine) -> Result<(u64, u64)> {
         match engine {
             AnyEngine::Btree(e) => {
-                let report = off_core(e.clone(), |e| e.defragment()).await?;
+                let report = off_core(e.clone(), Urgency::Waited, |e| e.defragment()).await?;
                 Ok((report.bytes_before, report.bytes_after))
             }
             AnyEngine::Lsm(e) => {
                 let before = Engine::size(e).total_bytes;
-                off_core(e.clone(), |e| e.compact_all()).await?;
+                off_core(e.clone(), Urgency::Waited, |e| e.compact_all()).await?;
                 Ok((before, Engine::size(e).total_bytes))
             }
             AnyEngine::Memory(_) => Ok((0, 0)),
@@ -356,14 +362,14 @@ impl EngineDir {
                 let this = self.clone();
                 let file = file.to_path_buf();
                 Ok(AnyEngine::Btree(
-                    off_core((), move |_| this.install_disk(&file)).await?,
+                    off_core((), Urgency::Waited, move |_| this.install_disk(&file)).await?,
                 ))
             }
             EngineKind::Lsm => {
                 let this = self.clone();
                 let file = file.to_path_buf();
                 Ok(AnyEngine::Lsm(
-                    off_core((), move |_| this.install_disk(&file)).await?,
+                    off_core((), Urgency::Waited, move |_| this.install_disk(&file)).await?,
                 ))
             }
         }
@@ -479,14 +485,28 @@ impl EngineDir {
     }
 }
 
+/// How the kernel should weigh an engine worker thread against the
+/// shards' threads when the cores are busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Urgency {
+    /// Someone waits for the result (a defragmentation, a snapshot install,
+    /// a backup): ordinary priority.
+    Waited,
+    /// A periodic checkpoint nobody waits for: the lowest CPU priority
+    /// (nice 19), so on a machine whose cores are all busy serving it takes
+    /// only what the shards leave instead of stalling them. On idle cores
+    /// it runs at full speed.
+    Background,
+}
+
 /// Runs blocking engine work (a btree/lsm persist, a defragmentation, a
 /// memory checkpoint's executor) on a thread of its own, awaited through a
 /// channel. Not on the executor's blocking pool: that pool has one thread,
 /// which also runs glommio's renames, removes and truncates for the core,
 /// and a WAL segment roll would wait for the whole persist. These calls
 /// are rare (once per checkpoint), so a thread each costs nothing that
-/// matters.
-pub(crate) async fn off_core<T, R, F>(value: T, f: F) -> Result<R>
+/// matters. Threads the work starts (an executor) inherit its priority.
+pub(crate) async fn off_core<T, R, F>(value: T, urgency: Urgency, f: F) -> Result<R>
 where
     T: Send + 'static,
     R: Send + 'static,
@@ -496,6 +516,9 @@ where
     std::thread::Builder::new()
         .name("metcd-engine-io".to_owned())
         .spawn(move || {
+            if urgency == Urgency::Background {
+                lower_own_priority();
+            }
             let _ = done.send(f(value));
         })
         .map_err(|source| Error::Io {
@@ -506,6 +529,17 @@ where
     answer.await.map_err(|_| {
         Error::Invalid("the engine's worker thread stopped without an answer".to_owned())
     })?
+}
+
+/// Sets the calling thread's nice value to 19. Best effort: a thread that
+/// keeps its priority only competes harder with the shards.
+fn lower_own_priority() {
+    // SAFETY: gettid and setpriority only read their integer arguments; on
+    // Linux, PRIO_PROCESS with a thread id changes that thread alone.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
+    }
 }
 
 fn list_names(dir: &Path) -> Result<Vec<String>> {
@@ -543,6 +577,49 @@ fn write_durably(dir: &Path, name: &str, data: &[u8]) -> Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// The calling thread's nice value.
+    fn own_nice() -> i32 {
+        // SAFETY: integer-only syscalls; errno is cleared first because -1
+        // is also a valid priority.
+        unsafe {
+            *libc::__errno_location() = 0;
+            let nice = libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t);
+            assert_eq!(*libc::__errno_location(), 0, "getpriority failed");
+            nice
+        }
+    }
+
+    #[test]
+    fn background_work_yields_the_cpu_and_waited_work_does_not() {
+        let caller = own_nice();
+        let (waited, background, started_by_background) =
+            glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .io_memory(1 << 20)
+                .spawn(|| async {
+                    let waited = off_core((), Urgency::Waited, |()| Ok(own_nice()))
+                        .await
+                        .unwrap();
+                    let background = off_core((), Urgency::Background, |()| Ok(own_nice()))
+                        .await
+                        .unwrap();
+                    // A memory checkpoint starts an executor thread from the
+                    // worker: it must inherit the priority.
+                    let started = off_core((), Urgency::Background, |()| {
+                        Ok(std::thread::spawn(own_nice).join().unwrap())
+                    })
+                    .await
+                    .unwrap();
+                    (waited, background, started)
+                })
+                .unwrap()
+                .join()
+                .unwrap();
+        assert_eq!(waited, caller);
+        assert_eq!(background, 19);
+        assert_eq!(started_by_background, 19);
+        assert_eq!(own_nice(), caller, "the caller's own priority is untouched");
+    }
 
     /// A snapshot file in `snapfile`'s layout, written by hand so the test
     /// needs no runtime.

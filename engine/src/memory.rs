@@ -48,6 +48,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use bytes::Bytes;
 use crossbeam_skiplist::{map::Entry, SkipMap};
 
+use crate::any::Urgency;
 use crate::snapfile::{self, SnapshotData};
 use crate::{BatchOp, Engine, EngineSize, EngineSnapshot, Error, Result, Scan, WriteBatch};
 
@@ -577,7 +578,7 @@ impl MemoryEngine {
         // snapfile::write cleans up its own partial file on failure; the
         // versions the snapshot pinned are collected incrementally by later
         // writes once it is dropped there.
-        write_snapshot_file_off_core(snapshot, &tmp_path).await?;
+        write_snapshot_file_off_core(snapshot, &tmp_path, Urgency::Background).await?;
 
         glommio::io::rename(&tmp_path, &final_path)
             .await
@@ -654,10 +655,11 @@ impl MemoryEngine {
 pub async fn write_snapshot_file_off_core<S: EngineSnapshot>(
     snapshot: S,
     path: &Path,
+    urgency: Urgency,
 ) -> Result<u64> {
     let tmp = path.to_path_buf();
     let err_path = path.to_path_buf();
-    crate::any::off_core((), move |()| {
+    crate::any::off_core((), urgency, move |()| {
         let executor_error =
             |e: String| Error::io("snapshot executor", &err_path, std::io::Error::other(e));
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)

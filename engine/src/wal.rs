@@ -491,6 +491,8 @@ pub struct Wal {
     last_snapshot: Option<(u64, Bytes)>,
     poisoned: Option<String>,
     frame_count: u64,
+    /// Frame bytes written since open (padding included).
+    bytes_written: u64,
     /// The next segment's file, being zero-filled in the background.
     spare: Option<glommio::Task<Result<PreparedFile>>>,
 }
@@ -527,6 +529,7 @@ impl Wal {
             last_snapshot: recovered.snapshot.clone(),
             poisoned: None,
             frame_count: 0,
+            bytes_written: 0,
             spare: None,
         };
         wal.start_spare();
@@ -578,6 +581,12 @@ impl Wal {
     /// Frames written since open (each one `fdatasync`).
     pub fn frames_written(&self) -> u64 {
         self.frame_count
+    }
+
+    /// Frame bytes written since open: how fast the log grows, which
+    /// paces checkpoints that rewrite a whole store.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
     }
 
     pub fn segments(&self) -> impl Iterator<Item = &SegmentInfo> {
@@ -669,6 +678,7 @@ impl Wal {
         self.len = new_len;
         self.pending.clear();
         self.frame_count += 1;
+        self.bytes_written += frame_len as u64;
         Ok(())
     }
 

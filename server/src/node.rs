@@ -550,6 +550,17 @@ pub struct Node {
     snapshot_in_flight: Cell<bool>,
     snapshot_retry_at: Cell<Option<Instant>>,
     last_snapshot_index: Cell<u64>,
+    /// When the checkpoint in flight started (for its log line).
+    snapshot_started: Cell<Option<Instant>>,
+    /// WAL bytes written when the last checkpoint started, and the bytes
+    /// that checkpoint rewrote (the whole store for the memory engine, 0
+    /// for engines that persist only what changed): the next one waits
+    /// until the WAL has grown by as much, so a large store is not
+    /// rewritten every `snapshot-count` entries.
+    snapshot_pacing: Cell<(u64, u64)>,
+    /// Terms of the applied log, for checkpoints that finish after the
+    /// in-memory log was trimmed past them.
+    applied_terms: RefCell<raftlog::TermStarts>,
     max_request_bytes: usize,
     max_pending: usize,
     /// `--quota-backend-bytes` in force (None: disabled).
@@ -856,6 +867,9 @@ impl Node {
             warned_snapshot: Cell::new(false),
             snapshot_in_flight: Cell::new(false),
             snapshot_retry_at: Cell::new(None),
+            snapshot_started: Cell::new(None),
+            snapshot_pacing: Cell::new((0, 0)),
+            applied_terms: RefCell::new(raftlog::TermStarts::default()),
             max_request_bytes: cfg.max_request_bytes,
             max_pending: cfg.max_pending_proposals,
             backend_quota: cfg.backend_quota(),
@@ -1601,7 +1615,12 @@ impl Node {
         let n = self.next_id.get().wrapping_add(1);
         self.next_id.set(n);
         let path = self.dirs.snap.join(format!("backup-{n:016x}.stream"));
-        let bytes = engine::memory::write_snapshot_file_off_core(snapshot, &path).await?;
+        let bytes = engine::memory::write_snapshot_file_off_core(
+            snapshot,
+            &path,
+            engine::any::Urgency::Waited,
+        )
+        .await?;
         Ok((path, bytes))
     }
 
@@ -1721,7 +1740,7 @@ impl Node {
                 glommio::spawn_local(async move { node.reset_checkpoints(resets).await }).detach();
             }
             self.on_role_change(&raw);
-            self.maybe_snapshot();
+            self.maybe_snapshot(wal.bytes_written());
             self.trim_memory_log(&raw)?;
             // Let connections run between group commits.
             glommio::yield_if_needed().await;
@@ -2022,6 +2041,10 @@ impl Node {
         raw.store().wl().apply_snapshot(snap)?;
         wal.append_snapshot(index, &raftlog::encode_snapshot_meta(meta.term, &conf));
         self.last_snapshot_index.set(index);
+        let mut terms = self.applied_terms.borrow_mut();
+        terms.note(index, meta.term);
+        terms.forget_before(index);
+        drop(terms);
         let stale: Vec<u64> = self
             .incoming_snapshots
             .borrow()
@@ -2113,7 +2136,8 @@ impl Node {
             meta.term = term;
             meta.set_conf_state(conf);
         }
-        engine::memory::write_snapshot_file_off_core(snapshot, path).await?;
+        engine::memory::write_snapshot_file_off_core(snapshot, path, engine::any::Urgency::Waited)
+            .await?;
         self.transport
             .send_snapshot(&msg, path)
             .await
@@ -2132,7 +2156,9 @@ impl Node {
         // Whether a write that adds data applied (etcd's quota applier
         // checks those after applying them).
         let mut grew = false;
+        let mut terms = self.applied_terms.borrow_mut();
         for entry in entries {
+            terms.note(entry.index, entry.term);
             if entry.entry_type != EntryType::EntryNormal {
                 let (origin, id, result) = self.apply_membership(raw, &mut mvcc, &entry)?;
                 if origin == self.id {
@@ -2490,12 +2516,18 @@ impl Node {
     }
 
     /// Starts a checkpoint of the engine once `snapshot-count` entries were
-    /// applied since the last one. It runs as its own task (it yields while
-    /// writing), so the loop keeps committing.
-    fn maybe_snapshot(self: &Rc<Self>) {
+    /// applied since the last one and, for an engine whose checkpoint
+    /// rewrites the whole store, the WAL has grown by the last checkpoint's
+    /// size since it started (each WAL byte pays for at most one checkpoint
+    /// byte; recovery replays at most about a store's worth of log). It runs
+    /// as its own task, at the lowest CPU priority (the engine's
+    /// `Urgency::Background`), so the loop keeps committing.
+    fn maybe_snapshot(self: &Rc<Self>, wal_bytes: u64) {
         let applied = self.engine.borrow().applied_index();
+        let (wal_bytes_then, rewritten) = self.snapshot_pacing.get();
         if self.snapshot_in_flight.get()
             || applied < self.last_snapshot_index.get() + self.snapshot_count
+            || wal_bytes < wal_bytes_then.saturating_add(rewritten)
             || self
                 .snapshot_retry_at
                 .get()
@@ -2505,8 +2537,15 @@ impl Node {
         }
         self.snapshot_retry_at.set(None);
         self.snapshot_in_flight.set(true);
-        let node = self.clone();
+        self.snapshot_started.set(Some(Instant::now()));
         let engine = self.engine.borrow().clone();
+        let rewrites = if engine.checkpoint_rewrites_store() {
+            engine::Engine::size(&engine).total_bytes
+        } else {
+            0
+        };
+        self.snapshot_pacing.set((wal_bytes, rewrites));
+        let node = self.clone();
         glommio::spawn_local(async move {
             let started = Instant::now();
             let result = node
@@ -2528,12 +2567,10 @@ impl Node {
     /// match (learners included) otherwise. Before, the log kept every
     /// entry since the last checkpoint (up to `snapshot-count`, 100,000 by
     /// default: tens of MB at 1000-client put rates, all of it freshly
-    /// faulted-in memory). Not while a checkpoint is being written: its
-    /// completion looks up the term at its index.
+    /// faulted-in memory). Also while a checkpoint is being written (it may
+    /// take long at background priority): its completion finds the term at
+    /// its index in `applied_terms`.
     fn trim_memory_log(&self, raw: &RawNode<MemStorage>) -> Result<()> {
-        if self.snapshot_in_flight.get() {
-            return Ok(());
-        }
         let applied = raw.raft.raft_log.applied;
         let keep_from = if self.solo.get() {
             applied
@@ -2565,6 +2602,10 @@ impl Node {
             return Ok(());
         };
         self.snapshot_in_flight.set(false);
+        let took = self
+            .snapshot_started
+            .take()
+            .map_or(Duration::ZERO, |t| t.elapsed());
         let index = match result {
             Ok(index) => index,
             Err(e) => {
@@ -2578,9 +2619,24 @@ impl Node {
                 return Ok(());
             }
         };
+        if index <= self.last_snapshot_index.get() {
+            // A leader's snapshot was installed meanwhile, past this one.
+            return Ok(());
+        }
         let started = Instant::now();
         let store = raw.store().clone();
-        let term = store.term(index)?;
+        let known = store.term(index).ok();
+        let Some(term) = known.or_else(|| self.applied_terms.borrow().term_at(index)) else {
+            // Cannot happen for an applied index; if it did, a marker with a
+            // guessed term could mislead recovery. The WAL keeps everything.
+            log(format_args!(
+                "snapshot at applied index {index}: its term is unknown; not marked, \
+                 retrying in {SNAPSHOT_RETRY:?}"
+            ));
+            self.snapshot_retry_at
+                .set(Some(Instant::now() + SNAPSHOT_RETRY));
+            return Ok(());
+        };
         let conf = store.initial_state()?.conf_state;
         wal.append_snapshot(index, &raftlog::encode_snapshot_meta(term, &conf));
         wal.sync().await?;
@@ -2597,9 +2653,11 @@ impl Node {
         let marked = started.elapsed();
         let released = wal.release_through(index).await?;
         self.last_snapshot_index.set(index);
+        self.applied_terms.borrow_mut().forget_before(index);
         log(format_args!(
-            "snapshot at applied index {index} (term {term}); released {released} WAL segment(s) \
-             (marker {:.1} ms, release {:.1} ms)",
+            "snapshot at applied index {index} (term {term}) written in {:.0} ms; released \
+             {released} WAL segment(s) (marker {:.1} ms, release {:.1} ms)",
+            took.as_secs_f64() * 1e3,
             marked.as_secs_f64() * 1e3,
             (started.elapsed() - marked).as_secs_f64() * 1e3,
         ));

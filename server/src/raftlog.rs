@@ -239,6 +239,46 @@ pub fn restore(
     })
 }
 
+/// Where each recent term's entries begin in the applied log, so the term
+/// of an applied index stays known after raft-rs' in-memory log dropped the
+/// entry: a checkpoint that finishes while the log was trimmed behind it
+/// needs that term for its WAL marker. Terms only grow along the log, so
+/// this is a short ordered list (one item per leader change).
+#[derive(Debug, Default)]
+pub struct TermStarts {
+    starts: std::collections::VecDeque<(u64, u64)>,
+}
+
+impl TermStarts {
+    /// Records that the entry at `index` (applied in log order) has `term`.
+    pub fn note(&mut self, index: u64, term: u64) {
+        if self.starts.back().is_none_or(|&(_, last)| last != term) {
+            self.starts.push_back((index, term));
+        }
+    }
+
+    /// The term of the applied entry at `index`, if this list reaches back
+    /// that far.
+    pub fn term_at(&self, index: u64) -> Option<u64> {
+        let (start, _) = *self.starts.front()?;
+        if index < start {
+            return None;
+        }
+        self.starts
+            .iter()
+            .rev()
+            .find(|(start, _)| *start <= index)
+            .map(|&(_, term)| term)
+    }
+
+    /// Drops what no index at or after `index` needs.
+    pub fn forget_before(&mut self, index: u64) {
+        while self.starts.len() >= 2 && self.starts[1].0 <= index {
+            self.starts.pop_front();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -281,5 +321,27 @@ mod tests {
         let b = encode_snapshot_meta(6, &joint);
         assert_eq!(decode_snapshot_meta(11, &b).unwrap(), (6, joint));
         assert!(decode_snapshot_meta(11, &b[..b.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn term_starts_answer_for_every_index_they_cover() {
+        let mut terms = TermStarts::default();
+        assert_eq!(terms.term_at(1), None);
+        for (index, term) in [(5, 2), (6, 2), (7, 2), (8, 3), (9, 5), (10, 5)] {
+            terms.note(index, term);
+        }
+        assert_eq!(terms.term_at(4), None, "before the first noted entry");
+        assert_eq!(terms.term_at(5), Some(2));
+        assert_eq!(terms.term_at(7), Some(2));
+        assert_eq!(terms.term_at(8), Some(3));
+        assert_eq!(terms.term_at(9), Some(5));
+        assert_eq!(terms.term_at(10), Some(5));
+        terms.forget_before(8);
+        assert_eq!(terms.term_at(7), None, "forgotten");
+        assert_eq!(terms.term_at(8), Some(3));
+        assert_eq!(terms.term_at(10), Some(5));
+        terms.forget_before(100);
+        assert_eq!(terms.term_at(100), Some(5), "the last start always stays");
+        assert_eq!(terms.term_at(8), None);
     }
 }

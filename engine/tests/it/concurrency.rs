@@ -202,7 +202,8 @@ fn a_rename_during_a_checkpoint_does_not_wait_for_it() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("big.snap");
     let (renamed_first, len) = rename_beside_checkpoint(dir.path(), move || async move {
-        engine::memory::write_snapshot_file_off_core(snap, &target).await
+        engine::memory::write_snapshot_file_off_core(snap, &target, engine::any::Urgency::Waited)
+            .await
     });
     assert!(renamed_first, "the rename waited for the checkpoint");
     assert!(len.unwrap() > 16 << 20);
