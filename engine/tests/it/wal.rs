@@ -306,7 +306,7 @@ fn released_segments_are_not_needed_after_a_snapshot() {
         let before = w.segments().count();
         w.append_snapshot(1250, b"snap-meta-1250");
         w.sync().await.unwrap();
-        let released = w.release_through(1250).await.unwrap();
+        let released = w.release_through(1250).remove().await.unwrap();
         w.close().await.unwrap();
         (released, before)
     });
