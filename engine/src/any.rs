@@ -324,8 +324,11 @@ impl EngineDir {
     pub async fn checkpoint(&self, engine: &AnyEngine) -> Result<u64> {
         match engine {
             AnyEngine::Memory(e) => e.checkpoint(&self.dir).await,
-            AnyEngine::Btree(e) => off_core(e.clone(), Urgency::Background, |e| e.persist()).await,
-            AnyEngine::Lsm(e) => off_core(e.clone(), Urgency::Background, |e| e.persist()).await,
+            // Not `Background`: a persist takes locks the write path also
+            // takes (the btree evicts under its writer lock), and a starved
+            // holder would stall the shard behind it.
+            AnyEngine::Btree(e) => off_core(e.clone(), Urgency::Waited, |e| e.persist()).await,
+            AnyEngine::Lsm(e) => off_core(e.clone(), Urgency::Waited, |e| e.persist()).await,
         }
     }
 
@@ -492,10 +495,11 @@ pub enum Urgency {
     /// Someone waits for the result (a defragmentation, a snapshot install,
     /// a backup): ordinary priority.
     Waited,
-    /// A periodic checkpoint nobody waits for: the lowest CPU priority
-    /// (nice 19), so on a machine whose cores are all busy serving it takes
-    /// only what the shards leave instead of stalling them. On idle cores
-    /// it runs at full speed.
+    /// A periodic checkpoint nobody waits for and that holds no lock the
+    /// shards need (the memory engine's: it serialises a snapshot): the
+    /// lowest CPU priority (nice 19), so on a machine whose cores are all
+    /// busy serving it takes only what the shards leave instead of stalling
+    /// them. On idle cores it runs at full speed.
     Background,
 }
 

@@ -495,43 +495,34 @@ pub struct Wal {
     bytes_written: u64,
     /// The next segment's file, being zero-filled in the background.
     spare: Option<glommio::Task<Result<PreparedFile>>>,
+    unlinker: std::rc::Rc<std::cell::RefCell<Unlinker>>,
 }
 
-/// Segments taken out of the log by [`Wal::release_through`], still on disk.
-#[must_use = "released segments stay on disk until removed"]
-pub struct Released {
-    dir: PathBuf,
-    paths: Vec<PathBuf>,
+/// Released segments waiting to be unlinked, oldest first. One task
+/// unlinks them at a time, in order, so the segments on disk always stay
+/// a contiguous run (recovery refuses a gap in their numbering); one that
+/// fails to go stays first in line and is retried at the next release.
+#[derive(Default)]
+struct Unlinker {
+    queue: VecDeque<PathBuf>,
+    running: bool,
+    failure: Option<String>,
 }
 
-impl Released {
-    pub fn count(&self) -> usize {
-        self.paths.len()
-    }
-
-    /// Deletes the files and syncs the directory on a thread of its own:
-    /// unlinking a 64 MiB preallocated segment holds the calling thread for
-    /// ~15 ms on ext4, which on a shard would stall every connection and
-    /// the commit loop. The deletions need not be durable for correctness
-    /// (recovery reads past segments a snapshot marker covers); the sync only
-    /// makes the space's return prompt.
-    pub async fn remove(self) -> Result<usize> {
-        if self.paths.is_empty() {
-            return Ok(0);
+/// Unlinks `paths` in order and syncs `dir`, stopping at the first
+/// failure; answers how many went, and the failure.
+fn unlink_in_order(dir: &Path, paths: &[PathBuf]) -> (usize, Option<String>) {
+    for (done, path) in paths.iter().enumerate() {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return (done, Some(format!("remove {}: {e}", path.display()))),
         }
-        crate::any::off_core(self, crate::any::Urgency::Waited, |released| {
-            for path in &released.paths {
-                match std::fs::remove_file(path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(Error::io("remove", path, e)),
-                }
-            }
-            crate::io::sync_dir(&released.dir)?;
-            Ok(released.paths.len())
-        })
-        .await
     }
+    // Not needed for correctness (recovery reads past covered segments):
+    // only makes the space's return prompt.
+    let synced = crate::io::sync_dir(dir).err().map(|e| e.to_string());
+    (paths.len(), synced)
 }
 
 /// A zero-filled file under a temporary name, ready to become a segment.
@@ -568,6 +559,7 @@ impl Wal {
             frame_count: 0,
             bytes_written: 0,
             spare: None,
+            unlinker: Default::default(),
         };
         wal.start_spare();
         wal.begin_segment_frame();
@@ -749,14 +741,16 @@ impl Wal {
         Ok(())
     }
 
-    /// Takes every closed segment whose entries are all at or below `index`
-    /// (covered by a durable snapshot) out of the log. The files stay on
-    /// disk until the caller runs [`Released::remove`], off the critical
-    /// path: a crash before that leaves segments whose entries the durable
-    /// snapshot marker covers, which recovery reads past (as after a crash
-    /// between the marker and the deletion).
-    pub fn release_through(&mut self, index: u64) -> Released {
-        let mut paths = Vec::new();
+    /// Releases every closed segment whose entries are all at or below
+    /// `index` (covered by a durable snapshot marker); answers how many.
+    /// Their files are unlinked by a task on a thread of its own: unlinking
+    /// a 64 MiB preallocated segment holds the calling thread ~15 ms on
+    /// ext4, which on a shard would stall every connection and the commit
+    /// loop. A crash before the unlink leaves covered segments, which
+    /// recovery reads past.
+    pub fn release_through(&mut self, index: u64) -> usize {
+        let mut released = 0;
+        let mut unlinker = self.unlinker.borrow_mut();
         loop {
             let next_first = match self.closed.get(1) {
                 Some(next) => next.first_index,
@@ -769,13 +763,34 @@ impl Wal {
             if next_first > index + 1 {
                 break;
             }
-            paths.push(oldest.path.clone());
+            unlinker.queue.push_back(oldest.path.clone());
             self.closed.pop_front();
+            released += 1;
         }
-        Released {
-            dir: self.dir.clone(),
-            paths,
+        let start = !unlinker.running && !unlinker.queue.is_empty();
+        if start {
+            unlinker.running = true;
         }
+        drop(unlinker);
+        if start {
+            glommio::spawn_local(unlink_released(self.unlinker.clone(), self.dir.clone())).detach();
+        }
+        released
+    }
+
+    /// Why unlinking released segments last failed, once (they are retried
+    /// at the next release).
+    pub fn take_unlink_failure(&mut self) -> Option<String> {
+        self.unlinker.borrow_mut().failure.take()
+    }
+
+    /// Waits until no released segment is being unlinked; answers how many
+    /// wait for a retry.
+    pub async fn settle_unlinks(&self) -> usize {
+        while self.unlinker.borrow().running {
+            glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        self.unlinker.borrow().queue.len()
     }
 
     pub async fn close(mut self) -> Result<()> {
@@ -791,6 +806,41 @@ impl Wal {
             .await
             .map_err(|e| Error::glommio("close", &path, e))
     }
+}
+
+/// The unlink task of [`Wal::release_through`]: takes what is queued, in
+/// order, until the queue is empty or an unlink fails.
+async fn unlink_released(unlinker: std::rc::Rc<std::cell::RefCell<Unlinker>>, dir: PathBuf) {
+    loop {
+        let batch: Vec<PathBuf> = unlinker.borrow_mut().queue.drain(..).collect();
+        if batch.is_empty() {
+            break;
+        }
+        let outcome = crate::any::off_core(
+            (dir.clone(), batch.clone()),
+            crate::any::Urgency::Waited,
+            |(dir, batch)| Ok(unlink_in_order(&dir, &batch)),
+        )
+        .await;
+        let (done, failure) = match outcome {
+            Ok(answer) => answer,
+            Err(e) => (0, Some(e.to_string())),
+        };
+        if done < batch.len() {
+            // Back at the front, before anything released meanwhile.
+            let mut u = unlinker.borrow_mut();
+            for path in batch[done..].iter().rev() {
+                u.queue.push_front(path.clone());
+            }
+        }
+        if let Some(why) = failure {
+            unlinker.borrow_mut().failure = Some(why);
+            if done < batch.len() {
+                break;
+            }
+        }
+    }
+    unlinker.borrow_mut().running = false;
 }
 
 /// Creates `{seq}.wal.spare`, preallocated and zero-filled when

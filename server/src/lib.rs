@@ -9,9 +9,11 @@ pub mod alloc;
 pub mod api;
 pub mod auth;
 pub mod backup;
+pub mod bolt;
 pub mod compactor;
 pub mod config;
 pub mod error;
+pub mod etcd_db;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ids;

@@ -558,6 +558,9 @@ pub struct Node {
     /// until the WAL has grown by as much, so a large store is not
     /// rewritten every `snapshot-count` entries.
     snapshot_pacing: Cell<(u64, u64)>,
+    /// The pacing of the checkpoint in flight, made the rule only once it
+    /// is durable (a failed one must not delay the retry).
+    snapshot_pacing_pending: Cell<Option<(u64, u64)>>,
     /// Terms of the applied log, for checkpoints that finish after the
     /// in-memory log was trimmed past them.
     applied_terms: RefCell<raftlog::TermStarts>,
@@ -869,6 +872,7 @@ impl Node {
             snapshot_retry_at: Cell::new(None),
             snapshot_started: Cell::new(None),
             snapshot_pacing: Cell::new((0, 0)),
+            snapshot_pacing_pending: Cell::new(None),
             applied_terms: RefCell::new(raftlog::TermStarts::default()),
             max_request_bytes: cfg.max_request_bytes,
             max_pending: cfg.max_pending_proposals,
@@ -1606,21 +1610,27 @@ impl Node {
         Ok(self.mvcc.borrow().start_range(req)?)
     }
 
-    /// Writes a consistent snapshot of the whole store (data, MVCC metadata,
-    /// leases) to a new file under the snap dir, for the Maintenance
-    /// Snapshot stream. Returns (path, bytes); the caller deletes the file
-    /// when sent.
+    /// Writes a consistent snapshot of the whole store (keys, revisions,
+    /// leases, auth, alarms, members) to a new file under the snap dir as
+    /// an etcd 3.4 backend db ([`crate::etcd_db`]), for the Maintenance
+    /// Snapshot stream, on a thread of its own. Returns (path, bytes); the
+    /// caller deletes the file when sent.
     pub async fn write_backup(&self) -> Result<(PathBuf, u64)> {
         let snapshot = self.engine.borrow().snapshot();
         let n = self.next_id.get().wrapping_add(1);
         self.next_id.set(n);
-        let path = self.dirs.snap.join(format!("backup-{n:016x}.stream"));
-        let bytes = engine::memory::write_snapshot_file_off_core(
-            snapshot,
-            &path,
-            engine::any::Urgency::Waited,
-        )
-        .await?;
+        let path = self.dirs.snap.join(format!("backup-{n:016x}.db"));
+        let (done, answer) = futures_channel::oneshot::channel();
+        let target = path.clone();
+        std::thread::Builder::new()
+            .name("metcd-backup".to_owned())
+            .spawn(move || {
+                let _ = done.send(crate::etcd_db::write_db(&snapshot, &target));
+            })
+            .map_err(|e| ServerError::Startup(format!("cannot start the backup thread: {e}")))?;
+        let bytes = answer
+            .await
+            .map_err(|_| ServerError::Startup("the backup thread stopped".to_owned()))??;
         Ok((path, bytes))
     }
 
@@ -2544,7 +2554,8 @@ impl Node {
         } else {
             0
         };
-        self.snapshot_pacing.set((wal_bytes, rewrites));
+        self.snapshot_pacing_pending
+            .set(Some((wal_bytes, rewrites)));
         let node = self.clone();
         glommio::spawn_local(async move {
             let started = Instant::now();
@@ -2602,6 +2613,7 @@ impl Node {
             return Ok(());
         };
         self.snapshot_in_flight.set(false);
+        let pacing = self.snapshot_pacing_pending.take();
         let took = self
             .snapshot_started
             .take()
@@ -2651,18 +2663,18 @@ impl Node {
             store.wl().compact(keep_from)?;
         }
         let marked = started.elapsed();
-        let released = wal.release_through(index);
-        let count = released.count();
-        // Unlinking is slow (64 MiB files) and needs no ordering with later
-        // writes: off the loop, a failure only keeps the files.
-        glommio::spawn_local(async move {
-            if let Err(e) = released.remove().await {
-                log(format_args!("could not delete released WAL segments: {e}"));
-            }
-        })
-        .detach();
+        // The files go in the background (in order; see `Wal::release_through`).
+        let count = wal.release_through(index);
+        if let Some(why) = wal.take_unlink_failure() {
+            log(format_args!(
+                "could not delete released WAL segments (retried at the next snapshot): {why}"
+            ));
+        }
         self.last_snapshot_index.set(index);
         self.applied_terms.borrow_mut().forget_before(index);
+        if let Some(pacing) = pacing {
+            self.snapshot_pacing.set(pacing);
+        }
         log(format_args!(
             "snapshot at applied index {index} (term {term}) written in {:.0} ms; released \
              {count} WAL segment(s) (marker {:.1} ms)",

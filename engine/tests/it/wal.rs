@@ -306,7 +306,12 @@ fn released_segments_are_not_needed_after_a_snapshot() {
         let before = w.segments().count();
         w.append_snapshot(1250, b"snap-meta-1250");
         w.sync().await.unwrap();
-        let released = w.release_through(1250).remove().await.unwrap();
+        let released = w.release_through(1250);
+        assert_eq!(
+            w.settle_unlinks().await,
+            0,
+            "every released segment unlinked"
+        );
         w.close().await.unwrap();
         (released, before)
     });

@@ -85,9 +85,47 @@ impl RealEtcd {
 
     /// As [`RealEtcd::spawn`], with more etcd flags after the usual ones.
     pub fn spawn_with(dir: &Path, extra: &[&str]) -> RealEtcd {
+        let ports = free_ports(2);
+        RealEtcd::spawn_at(dir, ports[0], ports[1], extra)
+    }
+
+    /// Restores `backup` with `etcdctl snapshot restore` into the data dir
+    /// of a member named `peer` with fresh ports, then starts etcd on it
+    /// and waits until it is healthy.
+    pub fn restored_from(dir: &Path, backup: &Path) -> RealEtcd {
         require_etcd();
         std::fs::create_dir_all(dir).unwrap();
         let ports = free_ports(2);
+        let peer_url = format!("http://127.0.0.1:{}", ports[1]);
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg("snapshot")
+            .arg("restore")
+            .arg(backup)
+            .arg("--data-dir")
+            .arg(dir.join("etcd-data"))
+            .arg("--name")
+            .arg("peer")
+            .arg("--initial-cluster")
+            .arg(format!("peer={peer_url}"))
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer_url);
+        let out = run_bounded(cmd, None, Duration::from_secs(60));
+        assert!(
+            out.status.success(),
+            "etcdctl snapshot restore: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut e = RealEtcd::spawn_at(dir, ports[0], ports[1], &[]);
+        e.wait_healthy();
+        e
+    }
+
+    fn spawn_at(dir: &Path, client_port: u16, peer_port: u16, extra: &[&str]) -> RealEtcd {
+        require_etcd();
+        std::fs::create_dir_all(dir).unwrap();
+        let ports = [client_port, peer_port];
         let client_url = format!("http://127.0.0.1:{}", ports[0]);
         let peer_url = format!("http://127.0.0.1:{}", ports[1]);
         let data_dir = dir.join("etcd-data");

@@ -1069,10 +1069,8 @@ async fn stream_backup(
     use sha2::Digest;
     const CHUNK: u64 = 1 << 20;
     let mut hasher = sha2::Sha256::new();
-    let pad = (512 - (size + 8) % 512) % 512;
-    // As etcd 3.4: `remaining_bytes` counts the data still to come, and
-    // the SHA-256 travels alone after it (remaining 0).
-    let data_total = size + pad + 8;
+    // As etcd 3.4: `remaining_bytes` counts the db bytes still to come, and
+    // the SHA-256 travels alone after them (remaining 0).
     let mut sent = 0u64;
     let result: Result<(), String> = async {
         let file = glommio::io::BufferedFile::open(&path)
@@ -1091,7 +1089,7 @@ async fn stream_backup(
             sent += chunk.len() as u64;
             let msg = pb::SnapshotResponse {
                 header: None,
-                remaining_bytes: data_total - sent,
+                remaining_bytes: size - sent,
                 blob: bytes::Bytes::copy_from_slice(&chunk),
             };
             poll_fn(|cx| out.poll_ready(cx))
@@ -1100,21 +1098,15 @@ async fn stream_backup(
             out.start_send(Ok(msg)).map_err(|e| e.to_string())?;
         }
         let _ = file.close().await;
-        let mut tail = vec![0u8; pad as usize];
-        tail.extend_from_slice(&size.to_le_bytes());
-        hasher.update(&tail);
-        let sha = hasher.finalize();
-        for blob in [tail, sha.to_vec()] {
-            let msg = pb::SnapshotResponse {
-                header: None,
-                remaining_bytes: 0,
-                blob: blob.into(),
-            };
-            poll_fn(|cx| out.poll_ready(cx))
-                .await
-                .map_err(|e| e.to_string())?;
-            out.start_send(Ok(msg)).map_err(|e| e.to_string())?;
-        }
+        let msg = pb::SnapshotResponse {
+            header: None,
+            remaining_bytes: 0,
+            blob: hasher.finalize().to_vec().into(),
+        };
+        poll_fn(|cx| out.poll_ready(cx))
+            .await
+            .map_err(|e| e.to_string())?;
+        out.start_send(Ok(msg)).map_err(|e| e.to_string())?;
         Ok(())
     }
     .await;
