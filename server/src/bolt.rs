@@ -352,9 +352,40 @@ fn slice_at(b: &[u8], at: usize, len: usize) -> Result<&[u8]> {
         .ok_or_else(|| invalid(format!("element of {len} bytes at {at} runs off its page")))
 }
 
+/// Where a reader's pages come from: a file, or bytes in memory (fuzzing).
+pub trait Pages {
+    fn size(&self) -> std::io::Result<u64>;
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl Pages for std::fs::File {
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
+impl Pages for &[u8] {
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(self.len() as u64)
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let bytes = usize::try_from(offset)
+            .ok()
+            .and_then(|start| self.get(start..start.checked_add(buf.len())?))
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        buf.copy_from_slice(bytes);
+        Ok(())
+    }
+}
+
 /// The meta at `offset` if it is a valid bbolt v2 meta:
 /// (page size, root pgid, high-water pgid, txid).
-fn meta_at(file: &std::fs::File, offset: u64) -> Option<(u64, u64, u64, u64)> {
+fn meta_at(file: &dyn Pages, offset: u64) -> Option<(u64, u64, u64, u64)> {
     let mut raw = [0u8; PAGE_HEADER + META_CHECKED + 8];
     file.read_exact_at(&mut raw, offset).ok()?;
     let m = &raw[PAGE_HEADER..];
@@ -386,16 +417,23 @@ pub fn is_bolt(path: &Path) -> bool {
 /// buckets (etcd has none) are skipped.
 pub fn read(
     path: &Path,
+    visit: impl FnMut(&[u8], Option<(&[u8], &[u8])>) -> Result<()>,
+) -> Result<BoltInfo> {
+    read_from(&std::fs::File::open(path)?, visit)
+}
+
+/// [`read`] over any page source.
+pub fn read_from(
+    file: &dyn Pages,
     mut visit: impl FnMut(&[u8], Option<(&[u8], &[u8])>) -> Result<()>,
 ) -> Result<BoltInfo> {
-    let file = std::fs::File::open(path)?;
-    let len = file.metadata()?.len();
-    let first = meta_at(&file, 0);
+    let len = file.size()?;
+    let first = meta_at(file, 0);
     let page_size = first.map_or(PAGE_SIZE as u64, |m| m.0);
     if !(512..=1 << 20).contains(&page_size) {
         return Err(invalid(format!("page size {page_size}")));
     }
-    let second = meta_at(&file, page_size).filter(|m| m.0 == page_size);
+    let second = meta_at(file, page_size).filter(|m| m.0 == page_size);
     let (_, root, pages, txid) = match (first, second) {
         (Some(a), Some(b)) => {
             if b.3 > a.3 {
@@ -413,7 +451,7 @@ pub fn read(
         )));
     }
     let reader = PageReader {
-        file: &file,
+        file,
         page_size,
         pages,
         seen: Default::default(),
@@ -454,7 +492,7 @@ pub fn read(
 type RecordVisitor<'v> = dyn FnMut(u32, &[u8], &[u8]) -> Result<()> + 'v;
 
 struct PageReader<'a> {
-    file: &'a std::fs::File,
+    file: &'a dyn Pages,
     page_size: u64,
     pages: u64,
     /// Pages visited: each belongs to one place in one tree, so a second

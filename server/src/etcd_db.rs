@@ -351,10 +351,17 @@ pub struct DbFigures {
 
 /// etcdctl's `snapshot status` figures of the db in `path`.
 pub fn figures(path: &Path) -> Result<DbFigures> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| failed(format!("cannot open {}: {e}", path.display())))?;
+    figures_from(&file)
+}
+
+/// [`figures`] of a db from any page source.
+pub fn figures_from(db: &dyn bolt::Pages) -> Result<DbFigures> {
     let mut crc = 0u32;
     let mut revision = 0i64;
     let mut total_keys = 0u64;
-    let info = bolt::read(path, |bucket, record| {
+    let info = bolt::read_from(db, |bucket, record| {
         match record {
             None => crc = crc32c::crc32c_append(crc, bucket),
             Some((k, v)) => {
@@ -382,6 +389,13 @@ pub fn figures(path: &Path) -> Result<DbFigures> {
 /// records (keys with their revisions, compaction, leases, auth, alarms;
 /// not the membership), at the backend's consistent index.
 pub fn read_db(path: &Path) -> Result<engine::MemoryEngine> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| failed(format!("cannot open {}: {e}", path.display())))?;
+    read_db_from(&file)
+}
+
+/// [`read_db`] from any page source.
+pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
     const BATCH: usize = 4096;
     let store = engine::MemoryEngine::new();
     let mut batch = WriteBatch::new();
@@ -393,7 +407,7 @@ pub fn read_db(path: &Path) -> Result<engine::MemoryEngine> {
         meta.push((k.into(), value.into()));
     };
     let mut failure: Option<ServerError> = None;
-    bolt::read(path, |bucket, entry| {
+    bolt::read_from(db, |bucket, entry| {
         let Some((k, v)) = entry else {
             return Ok(());
         };

@@ -64,6 +64,13 @@ pub fn gateway_json(data: &[u8]) {
     }
 }
 
+/// A backup file (an etcd bbolt db from anywhere): its pages as
+/// `etcdctl snapshot status` counts them and as a restore maps them.
+pub fn etcd_db(data: &[u8]) {
+    let _ = crate::etcd_db::figures_from(&data);
+    let _ = crate::etcd_db::read_db_from(&data);
+}
+
 /// A peer frame's body: a raft message as the transport parses it.
 pub fn peer_message(data: &[u8]) {
     let _ = Message::parse_from_bytes(data);
@@ -125,8 +132,38 @@ mod tests {
         out
     }
 
+    /// A small etcd db: key revisions, a lease, a user, the meta records.
+    fn db_seed() -> Vec<u8> {
+        use engine::Engine as _;
+        let store = engine::MemoryEngine::new();
+        let mut batch = engine::WriteBatch::new();
+        for main in 2..40u64 {
+            let kv = mvcc::KeyValue {
+                key: Bytes::from(format!("k{main}")),
+                create_revision: main as i64,
+                mod_revision: main as i64,
+                version: 1,
+                value: Bytes::from_static(b"v"),
+                lease: 0,
+            };
+            let mut value = Vec::new();
+            mvcc::codec::encode_kv(&mut value, &kv, main % 5 == 0);
+            let key = [&b"k"[..], &main.to_be_bytes(), &0u64.to_be_bytes()].concat();
+            batch.put(key.into(), value.into());
+        }
+        let lease = [&b"mlease/"[..], &7i64.to_be_bytes()].concat();
+        batch.put(lease.into(), Bytes::from(60i64.to_be_bytes().to_vec()));
+        batch.set_applied_index(50);
+        store.write(batch).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        crate::etcd_db::write_db(&store.snapshot(), &path).unwrap();
+        std::fs::read(&path).unwrap()
+    }
+
     #[test]
     fn seeds_decode_before_they_are_damaged() {
+        assert!(crate::etcd_db::read_db_from(&db_seed().as_slice()).is_ok());
         // Guards the replay below: its seeds must be valid inputs, or the
         // mutations would only ever exercise the first error path.
         let kv = kv_seed();
@@ -163,6 +200,7 @@ mod tests {
             client_urls: vec!["http://127.0.0.1:2379".into()],
             is_learner: true,
         });
+        let db = db_seed();
         let mut rng = engine::fuzzing::Inputs::new(0x853c_49e6_748f_ea9b);
         for _ in 0..INPUTS {
             let noise: Vec<u8> = (0..rng.below(200)).map(|_| rng.next_u64() as u8).collect();
@@ -173,9 +211,11 @@ mod tests {
                 member_record,
                 peer_message,
                 gateway_json,
+                etcd_db,
             ] {
                 f(&noise);
             }
+            etcd_db(&rng.mutate(&db));
             gateway_json(&rng.mutate(GATEWAY_SEED));
             kv_request(&rng.mutate(&kv));
             proposal(&rng.mutate(&proposal_bytes));
