@@ -139,6 +139,87 @@ pub fn restore(backup: &Path, cfg: &Config, skip_hash_check: bool) -> Result<Res
     })
 }
 
+/// What `etcdctl snapshot restore` leaves in a data dir, turned into a
+/// metcd member before the first start (seed 001's restore procedure with
+/// etcd's own tool: `etcdctl snapshot restore backup.db --data-dir X ...`,
+/// then start the server on X with the same flags).
+///
+/// Recognised by `member/snap/db` being a bbolt file and no metcd
+/// identity, and taken only when it has etcdctl's restore signature: the
+/// db's consistent index equals its number of members (etcdctl sets it
+/// so; a running etcd member has applied far more, and its WAL may hold
+/// acknowledged writes the db does not, which metcd cannot read, so such a
+/// dir is refused with the safe procedure). The new member is built
+/// beside the dir, as `metcd snapshot restore` builds one, from the db and
+/// these flags; etcd's files are kept as `member.etcd`. An interrupted
+/// adoption is redone at the next start from `member.etcd`. Answers what
+/// was restored, or `None` for a data dir that needs nothing.
+pub fn adopt_etcd_restore(cfg: &Config) -> Result<Option<Restored>> {
+    let root = cfg.data_dir();
+    let member = root.join("member");
+    let kept = root.join("member.etcd");
+    let db_of = |m: &Path| m.join("snap").join("db");
+    let source = if member.exists() {
+        if member.join("identity").exists() || !crate::bolt::is_bolt(&db_of(&member)) {
+            return Ok(None);
+        }
+        member.clone()
+    } else if crate::bolt::is_bolt(&db_of(&kept)) {
+        kept.clone()
+    } else {
+        return Ok(None);
+    };
+    let db = db_of(&source);
+    let (consistent_index, members) = crate::etcd_db::restore_signature(&db)?;
+    if consistent_index != members {
+        return Err(failed(format!(
+            "{} is an etcd member's data dir (consistent index {consistent_index}, {members} \
+             member(s)), not one `etcdctl snapshot restore` made: its WAL may hold writes its db \
+             does not. Take a backup of the running etcd (`etcdctl snapshot save backup.db`), \
+             then `metcd snapshot restore backup.db --data-dir <new dir> ...` (or `etcdctl \
+             snapshot restore` into a new dir) and start metcd there",
+            root.display()
+        )));
+    }
+    let building = sibling(&root, &format!("adopting-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&building);
+    let built = build(&db, cfg, 0, &building);
+    let (index, revision) = match built {
+        Ok(done) => done,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&building);
+            return Err(e);
+        }
+    };
+    let sync_root = || {
+        std::fs::File::open(&root)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| failed(format!("cannot sync {}: {e}", root.display())))
+    };
+    let moved = |from: &Path, to: &Path| {
+        std::fs::rename(from, to).map_err(|e| {
+            failed(format!(
+                "cannot move {} to {}: {e}",
+                from.display(),
+                to.display()
+            ))
+        })
+    };
+    if source == member {
+        moved(&member, &kept)?;
+        sync_root()?;
+    }
+    moved(&building.join("member"), &member)?;
+    sync_root()?;
+    let _ = std::fs::remove_dir_all(&building);
+    Ok(Some(Restored {
+        data_dir: root,
+        index,
+        revision,
+        members: cfg.initial_members().map_err(failed)?.len(),
+    }))
+}
+
 /// `<dir>.<suffix>`, beside `dir`.
 fn sibling(dir: &Path, suffix: &str) -> PathBuf {
     let mut name = dir.file_name().unwrap_or_default().to_os_string();

@@ -38,6 +38,9 @@ const META_CHECKED: usize = 56;
 /// Deeper trees would need more records than any file holds: a deeper
 /// one is a cycle in a damaged file.
 const MAX_DEPTH: usize = 32;
+/// The largest node read (one record this size is far beyond etcd's
+/// request limits); a larger claim is damage, not data.
+const MAX_NODE_BYTES: u64 = 256 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BoltError {
@@ -403,12 +406,10 @@ fn meta_at(file: &dyn Pages, offset: u64) -> Option<(u64, u64, u64, u64)> {
     ))
 }
 
-/// Whether `path` starts like a bbolt file (a valid first meta page).
+/// Whether `path` looks like a bbolt file (either meta page valid).
 pub fn is_bolt(path: &Path) -> bool {
     std::fs::File::open(path)
-        .ok()
-        .and_then(|f| meta_at(&f, 0))
-        .is_some()
+        .is_ok_and(|f| meta_at(&f, 0).is_some() || meta_at(&f, PAGE_SIZE as u64).is_some())
 }
 
 /// Visits every top-level bucket by name, `visit(bucket, None)` first
@@ -459,7 +460,13 @@ pub fn read_from(
     let mut buckets = Vec::new();
     reader.walk(root, 0, &mut |flags, key, value| {
         if flags & BUCKET_LEAF != 0 {
-            buckets.push((key.to_vec(), value.to_vec()));
+            // The 16-byte header, and the inline page only when there is one.
+            let keep = if u64_at(value, 0).is_ok_and(|root| root != 0) {
+                value.len().min(16)
+            } else {
+                value.len()
+            };
+            buckets.push((key.to_vec(), value[..keep].to_vec()));
         }
         Ok(())
     })?;
@@ -509,15 +516,25 @@ impl PageReader<'_> {
                 self.pages
             )));
         }
-        if !self.seen.borrow_mut().insert(id) {
-            return Err(invalid(format!("page {id} is referenced twice")));
-        }
         let mut head = vec![0u8; PAGE_HEADER];
         self.file.read_exact_at(&mut head, id * self.page_size)?;
         let overflow = u64::from(u32_at(&head, 12)?);
-        if u64_at(&head, 0)? != id || id + overflow >= self.pages {
+        if u64_at(&head, 0)? != id
+            || id + overflow >= self.pages
+            || (overflow + 1) * self.page_size > MAX_NODE_BYTES
+        {
             return Err(invalid(format!("page {id} is damaged")));
         }
+        // Each page (overflow pages included) belongs to one node of one
+        // tree: a second claim is damage, and refusing it bounds the
+        // reading to the file's size.
+        let mut seen = self.seen.borrow_mut();
+        for page in id..=id + overflow {
+            if !seen.insert(page) {
+                return Err(invalid(format!("page {page} is referenced twice")));
+            }
+        }
+        drop(seen);
         let mut buf = vec![0u8; ((overflow + 1) * self.page_size) as usize];
         self.file.read_exact_at(&mut buf, id * self.page_size)?;
         Ok(buf)
@@ -555,14 +572,25 @@ fn leaf_records(page: &[u8], visit: &mut RecordVisitor<'_>) -> Result<()> {
         return Err(invalid("a bucket's page is not a leaf"));
     }
     let count = usize::from(u16_at(page, 10)?);
+    // bbolt lays the keys and values out after the element array, in
+    // element order, without overlap: holding damaged files to that keeps
+    // every byte read once (overlapping elements would multiply the work).
+    let mut data_end = PAGE_HEADER + count * ELEMENT;
     for i in 0..count {
         let at = PAGE_HEADER + i * ELEMENT;
         let flags = u32_at(page, at)?;
         let pos = u32_at(page, at + 4)? as usize;
         let ksize = u32_at(page, at + 8)? as usize;
         let vsize = u32_at(page, at + 12)? as usize;
-        let key = slice_at(page, at + pos, ksize)?;
-        let value = slice_at(page, at + pos + ksize, vsize)?;
+        let start = at + pos;
+        if start < data_end {
+            return Err(invalid(format!(
+                "leaf element {i} overlaps what comes before it"
+            )));
+        }
+        let key = slice_at(page, start, ksize)?;
+        let value = slice_at(page, start + ksize, vsize)?;
+        data_end = start + ksize + vsize;
         visit(flags, key, value)?;
     }
     Ok(())
@@ -669,5 +697,53 @@ mod tests {
         std::fs::write(&path, b"not a database").unwrap();
         assert!(!is_bolt(&path));
         assert!(read(&path, |_, _| Ok(())).is_err());
+    }
+
+    #[test]
+    fn elements_that_share_bytes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let records = (0..4u8).map(|i| (vec![b'k', i], vec![i; 100])).collect();
+        write_file(&path, &vec![(b"b".to_vec(), records)]);
+        assert!(read(&path, |_, _| Ok(())).is_ok());
+        // The bucket's leaf is page 2: point element 1 at element 0's key,
+        // as a crafted file would to make one page count many times.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let page = 2 * PAGE_SIZE;
+        let pos0 = u32::from_le_bytes(bytes[page + 20..page + 24].try_into().unwrap());
+        bytes[page + 36..page + 40].copy_from_slice(&(pos0 - ELEMENT as u32).to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let err = read(&path, |_, _| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("overlaps"), "{err}");
+    }
+
+    #[test]
+    fn a_page_claimed_twice_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        write_file(
+            &path,
+            &vec![
+                (b"a".to_vec(), vec![(b"k".to_vec(), b"v".to_vec())]),
+                (b"b".to_vec(), vec![(b"k".to_vec(), b"v".to_vec())]),
+            ],
+        );
+        // Pages: 2 = bucket a, 3 = bucket b, 4 = the root bucket's leaf.
+        // Make b's header name a's root page.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let root_leaf = 4 * PAGE_SIZE;
+        let count = u16::from_le_bytes(bytes[root_leaf + 10..root_leaf + 12].try_into().unwrap());
+        assert_eq!(count, 2);
+        let at = root_leaf + PAGE_HEADER + ELEMENT;
+        let pos = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        let value = at + pos + 1;
+        assert_eq!(
+            u64::from_le_bytes(bytes[value..value + 8].try_into().unwrap()),
+            3
+        );
+        bytes[value..value + 8].copy_from_slice(&2u64.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let err = read(&path, |_, _| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("referenced twice"), "{err}");
     }
 }

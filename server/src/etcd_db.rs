@@ -385,6 +385,24 @@ pub fn figures_from(db: &dyn bolt::Pages) -> Result<DbFigures> {
     })
 }
 
+/// The db's consistent index and its number of members: equal in what
+/// `etcdctl snapshot restore` writes (it sets the index to the member
+/// count), far apart in a running member's db.
+pub fn restore_signature(path: &Path) -> Result<(u64, u64)> {
+    let (mut index, mut members) = (0u64, 0u64);
+    bolt::read(path, |bucket, record| {
+        match (bucket, record) {
+            (b"meta", Some((b"consistent_index", v))) => {
+                index = <[u8; 8]>::try_from(v).map_or(u64::MAX, u64::from_be_bytes);
+            }
+            (b"members", Some(_)) => members += 1,
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok((index, members))
+}
+
 /// Reads the etcd backend in `path` into a memory engine holding our
 /// records (keys with their revisions, compaction, leases, auth, alarms;
 /// not the membership), at the backend's consistent index.
@@ -400,6 +418,7 @@ pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
     let store = engine::MemoryEngine::new();
     let mut batch = WriteBatch::new();
     let mut applied_index = 0u64;
+    let mut compacted = 0i64;
     let mut meta: Vec<(Bytes, Bytes)> = Vec::new();
     let mut record = |name: &[u8], value: Vec<u8>| {
         let mut k = b"m".to_vec();
@@ -414,14 +433,18 @@ pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
         let mapped = (|| -> Result<()> {
             match bucket {
                 b"key" => {
+                    let malformed = || failed(format!("a malformed revision key {k:02x?}"));
                     let tombstone = match k.len() {
                         17 => false,
                         18 if k[17] == b't' => true,
-                        _ => return Err(failed(format!("a malformed revision key {k:02x?}"))),
+                        _ => return Err(malformed()),
                     };
                     let main = i64::from_be_bytes(<[u8; 8]>::try_from(&k[..8]).unwrap_or_default());
                     let sub =
                         u64::from_be_bytes(<[u8; 8]>::try_from(&k[9..17]).unwrap_or_default());
+                    if k[8] != b'_' || main <= 0 || sub > u64::from(u32::MAX) {
+                        return Err(malformed());
+                    }
                     let pb = pb::mvccpb::KeyValue::decode(v)
                         .map_err(|e| failed(format!("revision {main}: {e}")))?;
                     let kv = crate::mvcc::KeyValue {
@@ -449,12 +472,17 @@ pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
                             .map(u64::from_be_bytes)
                             .map_err(|_| failed("a malformed consistent_index"))?;
                     }
-                    b"finishedCompactRev" => {
+                    // A scheduled compaction past the finished one was cut
+                    // short: etcd finishes it at its next start, so its
+                    // history below the scheduled revision is no longer
+                    // whole. Take the later of the two, as etcd ends up.
+                    b"finishedCompactRev" | b"scheduledCompactRev" => {
                         let main = v
                             .get(..8)
                             .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                            .ok_or_else(|| failed("a malformed finishedCompactRev"))?;
-                        record(&COMPACT_REVISION_RECORD[1..], main.to_vec());
+                            .map(i64::from_be_bytes)
+                            .ok_or_else(|| failed("a malformed compaction revision"))?;
+                        compacted = compacted.max(main);
                     }
                     _ => {}
                 },
@@ -501,6 +529,12 @@ pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
     .map_err(|e| failure.take().unwrap_or_else(|| e.into()))?;
     if let Some(e) = failure {
         return Err(e);
+    }
+    if compacted > 0 {
+        meta.push((
+            Bytes::from_static(COMPACT_REVISION_RECORD),
+            Bytes::copy_from_slice(&compacted.to_be_bytes()),
+        ));
     }
     // Metadata records sort after every key revision (b'm' > b'k').
     meta.sort();

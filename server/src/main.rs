@@ -28,6 +28,22 @@ fn main() {
         cfg.data_dir().display(),
         cfg.engine
     );
+    match server::backup::adopt_etcd_restore(&cfg) {
+        Ok(Some(r)) => eprintln!(
+            "metcd: {} held what `etcdctl snapshot restore` writes: built this member from its \
+             db (revision {}, raft index {}, {} member(s)); etcd's files are kept in \
+             member.etcd",
+            r.data_dir.display(),
+            r.revision,
+            r.index,
+            r.members
+        ),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("metcd: {e}");
+            std::process::exit(1);
+        }
+    }
     if let Err(e) = server::shard::run(cfg) {
         eprintln!("metcd: {e}");
         std::process::exit(1);

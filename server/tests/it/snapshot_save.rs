@@ -349,3 +349,99 @@ fn backups_move_between_metcd_and_etcd() {
     ));
     assert_eq!(put["header"]["revision"].as_i64(), Some(revision + 1));
 }
+
+/// Seed 001's restore procedure with etcd's own tool: `etcdctl snapshot
+/// restore backup.db --data-dir X` (here with its defaults, which are
+/// metcd's), then start the server on X. metcd builds its member from the
+/// restored db (etcd's files kept as `member.etcd`) and serves the same
+/// keys, history and users; a later start finds a metcd member. A running
+/// etcd member's data dir is refused with the safe procedure instead.
+#[test]
+fn metcd_starts_on_what_etcdctl_snapshot_restore_wrote() {
+    crate::etcd_peer::require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let m = Server::start(&dir.path().join("old"), &[]);
+    let revision = write_history(&m.client_endpoint());
+    let view = observed(&m.client_endpoint());
+    let hash = hashkv_at(&m.client_endpoint(), revision);
+    let backup = dir.path().join("backup.db");
+    ctl_ok(
+        &m.client_endpoint(),
+        &["snapshot", "save", backup.to_str().unwrap()],
+    );
+    drop(m);
+
+    let restored = dir.path().join("restored");
+    let out = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "snapshot",
+            "restore",
+            backup.to_str().unwrap(),
+            "--data-dir",
+        ])
+        .arg(&restored)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut m = Server::start(&restored, &[]);
+    assert!(
+        m.log_text().contains("etcdctl snapshot restore"),
+        "{}",
+        m.log_text()
+    );
+    assert!(restored
+        .join("member.etcd")
+        .join("snap")
+        .join("db")
+        .exists());
+    let e = m.client_endpoint();
+    assert_eq!(observed(&e), view);
+    assert_eq!(hashkv_at(&e, revision), hash);
+    let members = ctl_ok(&e, &["member", "list"]);
+    assert_eq!(members.lines().count(), 1, "{members}");
+    assert!(
+        members.contains("default, http://localhost:2380"),
+        "{members}"
+    );
+    let put = json(&ctl_ok(&e, &["put", "next", "1", "-w", "json"]));
+    assert_eq!(put["header"]["revision"].as_i64(), Some(revision + 1));
+    m.restart();
+    let e = m.client_endpoint();
+    assert_eq!(ctl_ok(&e, &["get", "next", "--print-value-only"]), "1\n");
+    assert_eq!(m.log_text().matches("etcdctl snapshot restore").count(), 1);
+    drop(m);
+
+    // A data dir a running etcd wrote: refused, and left as it was.
+    let etcd = crate::etcd_peer::RealEtcd::start(&dir.path().join("etcd"));
+    ctl_ok(&etcd.endpoint, &["put", "a", "1"]);
+    let data = etcd.data_dir.clone();
+    drop(etcd);
+    let before: Vec<_> = std::fs::read_dir(data.join("member"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let mut refused = Server::start_unchecked(&data, &[]);
+    let status = refused.wait_exit(std::time::Duration::from_secs(30));
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}");
+    assert!(
+        refused.log_text().contains("is an etcd member's data dir"),
+        "{}",
+        refused.log_text()
+    );
+    assert!(
+        refused.log_text().contains("etcdctl snapshot save"),
+        "{}",
+        refused.log_text()
+    );
+    let after: Vec<_> = std::fs::read_dir(data.join("member"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(before, after);
+    assert!(!data.join("member.etcd").exists());
+}
