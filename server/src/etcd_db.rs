@@ -246,6 +246,12 @@ fn metadata_buckets(
         // Anything else (the Raft configuration) has no place in etcd's
         // backend: a restore takes it from its flags.
     }
+    // etcd writes its auth store's revision (1) at its first start; ours
+    // is written at the first auth change. Give etcd what it would hold.
+    if let Some(auth) = buckets.get_mut("auth") {
+        auth.entry(b"authRevision".to_vec())
+            .or_insert_with(|| 1u64.to_be_bytes().to_vec());
+    }
     Ok(buckets)
 }
 

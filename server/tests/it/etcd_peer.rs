@@ -57,6 +57,26 @@ pub fn require_etcd() {
     );
 }
 
+/// `etcdctl snapshot restore <backup> --data-dir <data_dir> <flags...>`,
+/// which must succeed (bounded to a minute).
+pub fn etcdctl_restore(backup: &Path, data_dir: &Path, flags: &[&str]) {
+    let mut cmd = Command::new("etcdctl");
+    cmd.env("ETCDCTL_API", "3")
+        .arg("snapshot")
+        .arg("restore")
+        .arg(backup)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(flags);
+    let out = run_bounded(cmd, None, Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "etcdctl snapshot restore: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A single-member etcd 3.4 on loopback, killed on drop.
 pub struct RealEtcd {
     /// `127.0.0.1:<client port>`, as given to `etcdctl --endpoints`.
@@ -97,25 +117,18 @@ impl RealEtcd {
         std::fs::create_dir_all(dir).unwrap();
         let ports = free_ports(2);
         let peer_url = format!("http://127.0.0.1:{}", ports[1]);
-        let mut cmd = Command::new("etcdctl");
-        cmd.env("ETCDCTL_API", "3")
-            .arg("snapshot")
-            .arg("restore")
-            .arg(backup)
-            .arg("--data-dir")
-            .arg(dir.join("etcd-data"))
-            .arg("--name")
-            .arg("peer")
-            .arg("--initial-cluster")
-            .arg(format!("peer={peer_url}"))
-            .arg("--initial-advertise-peer-urls")
-            .arg(&peer_url);
-        let out = run_bounded(cmd, None, Duration::from_secs(60));
-        assert!(
-            out.status.success(),
-            "etcdctl snapshot restore: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        let cluster = format!("peer={peer_url}");
+        etcdctl_restore(
+            backup,
+            &dir.join("etcd-data"),
+            &[
+                "--name",
+                "peer",
+                "--initial-cluster",
+                &cluster,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ],
         );
         let mut e = RealEtcd::spawn_at(dir, ports[0], ports[1], &[]);
         e.wait_healthy();

@@ -372,22 +372,7 @@ fn metcd_starts_on_what_etcdctl_snapshot_restore_wrote() {
     drop(m);
 
     let restored = dir.path().join("restored");
-    let out = std::process::Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args([
-            "snapshot",
-            "restore",
-            backup.to_str().unwrap(),
-            "--data-dir",
-        ])
-        .arg(&restored)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::etcd_peer::etcdctl_restore(&backup, &restored, &[]);
     let mut m = Server::start(&restored, &[]);
     assert!(
         m.log_text().contains("etcdctl snapshot restore"),
