@@ -592,6 +592,24 @@ fn log(msg: std::fmt::Arguments<'_>) {
     eprintln!("metcd: {msg}");
 }
 
+/// Runs `work` on a new thread named `name` and awaits its answer: for
+/// reads of a whole store (hashes, backups) that must not hold a shard.
+async fn on_a_thread<T: Send + 'static>(
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    let (done, answer) = futures_channel::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let _ = done.send(work());
+        })
+        .map_err(|e| ServerError::Startup(format!("cannot start a {name} thread: {e}")))?;
+    answer
+        .await
+        .map_err(|_| ServerError::Startup(format!("the {name} thread stopped")))
+}
+
 /// The peer TLS configuration, when `--peer-cert-file` and friends are set.
 fn peer_tls(cfg: &Config) -> Result<Option<crate::tls::PeerTls>> {
     cfg.peer_tls_files()
@@ -1020,7 +1038,7 @@ impl Node {
     /// this member's revision differently, with the same compact revision,
     /// means this member's data diverged: refuse to serve.
     async fn check_initial_hash(&self) -> Result<()> {
-        let own = self.hash_kv(0)?;
+        let own = self.hash_kv(0).await?;
         let mut mismatches = 0;
         for peer in self.peer_ids() {
             let Some((hash, revision, compact_revision)) =
@@ -1069,7 +1087,7 @@ impl Node {
             return Ok(());
         }
         let term = self.status.get().term;
-        let first = self.hash_kv(0)?;
+        let first = self.hash_kv(0).await?;
         let mut answers = Vec::new();
         for peer in self.peer_ids() {
             if let Some(answer) = self.peer_hash_kv(peer, first.revision).await {
@@ -1081,7 +1099,7 @@ impl Node {
         if !self.leads_settled.get() || self.status.get().term != term {
             return Ok(());
         }
-        let again = self.hash_kv(0)?;
+        let again = self.hash_kv(0).await?;
         let mut suspect = None;
         if again.hash != first.hash
             && again.revision == first.revision
@@ -1332,6 +1350,7 @@ impl Node {
         if let peer::PeerQuery::HashKv(revision) = q {
             return peer::PeerAnswer::HashKv(
                 self.hash_kv(revision)
+                    .await
                     .map(|h| (h.hash, h.hash_revision, h.revision, h.compact_revision))
                     .map_err(|e| e.to_string()),
             );
@@ -1620,17 +1639,11 @@ impl Node {
         let n = self.next_id.get().wrapping_add(1);
         self.next_id.set(n);
         let path = self.dirs.snap.join(format!("backup-{n:016x}.db"));
-        let (done, answer) = futures_channel::oneshot::channel();
         let target = path.clone();
-        std::thread::Builder::new()
-            .name("metcd-backup".to_owned())
-            .spawn(move || {
-                let _ = done.send(crate::etcd_db::write_db(&snapshot, &target));
-            })
-            .map_err(|e| ServerError::Startup(format!("cannot start the backup thread: {e}")))?;
-        let bytes = answer
-            .await
-            .map_err(|_| ServerError::Startup("the backup thread stopped".to_owned()))??;
+        let bytes = on_a_thread("metcd-backup", move || {
+            crate::etcd_db::write_db(&snapshot, &target)
+        })
+        .await??;
         Ok((path, bytes))
     }
 
@@ -1681,13 +1694,33 @@ impl Node {
         self.mvcc.borrow().compact_revision()
     }
 
-    pub fn hash_all(&self) -> Result<(u32, i64)> {
-        let mvcc = self.mvcc.borrow();
-        Ok((mvcc.hash_all()?, mvcc.current_revision()))
+    /// The Hash RPC's CRC of the whole store, computed on a thread of its
+    /// own from a snapshot (it reads every record).
+    pub async fn hash_all(&self) -> Result<(u32, i64)> {
+        let snapshot = self.engine.borrow().snapshot();
+        let revision = self.mvcc.borrow().current_revision();
+        let hash = on_a_thread("metcd-hash", move || {
+            let mut hash = 0u32;
+            engine::EngineSnapshot::scan(
+                &snapshot,
+                std::ops::Bound::Unbounded,
+                std::ops::Bound::Unbounded,
+                |k, v| {
+                    hash = crc32c::crc32c_append(crc32c::crc32c_append(hash, k), v);
+                    engine::Scan::Continue
+                },
+            )
+            .map(|()| hash)
+        })
+        .await??;
+        Ok((hash, revision))
     }
 
-    pub fn hash_kv(&self, revision: i64) -> Result<mvcc::HashKv> {
-        Ok(self.mvcc.borrow().hash_kv(revision)?)
+    /// etcd's HashKV: planned on this core (the index's part), hashed on a
+    /// thread of its own, so a large store's hash never stalls the shard.
+    pub async fn hash_kv(&self, revision: i64) -> Result<mvcc::HashKv> {
+        let plan = self.mvcc.borrow().plan_hash_kv(revision)?;
+        Ok(on_a_thread("metcd-hash", move || plan.run()).await??)
     }
 
     async fn run(self: &Rc<Self>, mut raw: RawNode<MemStorage>, mut wal: Wal) -> Result<()> {

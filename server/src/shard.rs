@@ -300,8 +300,8 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
                 .and_then(|()| node.read_txn(&req));
             Reply::ReadTxn(result, node.status().term)
         }
-        Command::HashKv(rev) => Reply::HashKv(node.hash_kv(rev), node.status().term),
-        Command::Hash => Reply::Hash(node.hash_all(), node.status().term),
+        Command::HashKv(rev) => Reply::HashKv(node.hash_kv(rev).await, node.status().term),
+        Command::Hash => Reply::Hash(node.hash_all().await, node.status().term),
         Command::LeaseGrant { id, ttl } => {
             let result = node.lease_grant(id, ttl).await;
             Reply::LeaseGrant(result, node.status().term)

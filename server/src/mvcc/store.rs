@@ -107,6 +107,78 @@ fn scan_revisions<S: EngineSnapshot>(
     failed.map_or(Ok(()), Err)
 }
 
+/// A HashKV ready to run off the owner (see [`MvccStore::plan_hash_kv`]).
+pub struct HashPlan<S> {
+    snap: S,
+    /// As asked: 0 is the current revision, a negative one hashes nothing.
+    revision: i64,
+    rev: i64,
+    current_rev: i64,
+    compact_rev: i64,
+    /// The compacted revisions that count; None: all of them (no key is
+    /// live at `rev`).
+    kept: Option<std::collections::HashSet<Rev>>,
+}
+
+impl<S: EngineSnapshot> HashPlan<S> {
+    /// etcd's hash: a CRC32C of `"key"`, then of every counted revision up
+    /// to `rev` in etcd's bucket layout, in revision order.
+    pub fn run(self) -> Result<HashKv, MvccError> {
+        let mut hash = crc32c::crc32c(b"key");
+        if self.revision < 0 {
+            // etcd hashes the revisions below `revision + 1`: none at all.
+            return Ok(HashKv {
+                hash,
+                hash_revision: self.revision,
+                revision: self.current_rev,
+                compact_revision: self.compact_rev,
+            });
+        }
+        let end = rev_key(self.rev.saturating_add(1), 0);
+        let (mut key_buf, mut value_buf) = (Vec::with_capacity(18), Vec::new());
+        let mut failed = None;
+        self.snap.scan(
+            Bound::Included(&[KEY_PREFIX][..]),
+            Bound::Excluded(&end[..]),
+            |k, v| {
+                let decoded = parse_rev_key(k).and_then(|(main, sub)| {
+                    let (tombstone, kv) = codec::decode_kv(v, main).map_err(corrupt)?;
+                    Ok((sub, tombstone, kv))
+                });
+                let (sub, tombstone, kv) = match decoded {
+                    Ok(d) => d,
+                    Err(e) => {
+                        failed = Some(e);
+                        return Scan::Stop;
+                    }
+                };
+                if kv.mod_revision <= self.compact_rev {
+                    let this = Rev {
+                        main: kv.mod_revision,
+                        sub,
+                        tombstone,
+                    };
+                    if self.kept.as_ref().is_some_and(|kept| !kept.contains(&this)) {
+                        return Scan::Continue;
+                    }
+                }
+                codec::etcd_bucket_record(&mut key_buf, &mut value_buf, &kv, sub, tombstone);
+                hash = crc32c::crc32c_append(crc32c::crc32c_append(hash, &key_buf), &value_buf);
+                Scan::Continue
+            },
+        )?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        Ok(HashKv {
+            hash,
+            hash_revision: self.rev,
+            revision: self.current_rev,
+            compact_revision: self.compact_rev,
+        })
+    }
+}
+
 fn corrupt(what: impl std::fmt::Display) -> MvccError {
     MvccError::Corrupt(what.to_string())
 }
@@ -240,72 +312,48 @@ impl<E: Engine> MvccStore<E> {
     /// there. Members that applied the same log hold the same revisions, so
     /// their hashes are equal; any divergence shows (seed 000).
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv, MvccError> {
+        self.plan_hash_kv(revision)?.run()
+    }
+
+    /// [`MvccStore::hash_kv`] in two steps: the part that needs the
+    /// in-memory index (which compacted revisions still count), done here
+    /// on the owner, and a [`HashPlan`] that scans and hashes an engine
+    /// snapshot on any thread, so a large store's hash (etcdctl endpoint
+    /// hashkv, the corruption checks) never stalls the owner's core.
+    pub fn plan_hash_kv(&self, revision: i64) -> Result<HashPlan<E::Snapshot>, MvccError> {
         if revision > 0 && revision <= self.compact_rev {
             return Err(MvccError::Compacted);
         }
         if revision > self.current_rev {
             return Err(MvccError::FutureRevision);
         }
-        if revision < 0 {
-            // etcd hashes the revisions below `revision + 1`: none at all.
-            return Ok(HashKv {
-                hash: crc32c::crc32c(b"key"),
-                hash_revision: revision,
-                revision: self.current_rev,
-                compact_revision: self.compact_rev,
-            });
-        }
+        let snap = self.engine.snapshot();
         let rev = if revision == 0 {
             self.current_rev
         } else {
             revision
         };
-        let snap = self.engine.snapshot();
-        let end = rev_key(rev.saturating_add(1), 0);
-        let mut hash = crc32c::crc32c(b"key");
-        let mut some_key_live: Option<bool> = None;
-        let (mut key_buf, mut value_buf) = (Vec::with_capacity(18), Vec::new());
-        let mut failed = None;
-        snap.scan(
-            Bound::Included(&[KEY_PREFIX][..]),
-            Bound::Excluded(&end[..]),
-            |k, v| {
-                let decoded = parse_rev_key(k).and_then(|(main, sub)| {
-                    let (tombstone, kv) = codec::decode_kv(v, main).map_err(corrupt)?;
-                    Ok((sub, tombstone, kv))
-                });
-                let (sub, tombstone, kv) = match decoded {
-                    Ok(d) => d,
-                    Err(e) => {
-                        failed = Some(e);
-                        return Scan::Stop;
-                    }
-                };
-                if kv.mod_revision <= self.compact_rev {
-                    let any_live = *some_key_live
-                        .get_or_insert_with(|| self.index.count(KeyRange::From(b""), rev) > 0);
-                    let kept = Rev {
-                        main: kv.mod_revision,
-                        sub,
-                        tombstone,
-                    };
-                    if any_live && self.index.get(&kv.key, rev) != Some(kept) {
-                        return Scan::Continue;
-                    }
+        // Revisions at or below the compaction point count only if a
+        // compaction at `rev` would keep them: each key's live revision
+        // there; all of them when no key is live there.
+        let mut kept = std::collections::HashSet::new();
+        let mut some_key_live = false;
+        if revision >= 0 && self.compact_rev > 0 {
+            self.index.visit(KeyRange::From(b""), rev, |_, r| {
+                some_key_live = true;
+                if r.main <= self.compact_rev {
+                    kept.insert(r);
                 }
-                codec::etcd_bucket_record(&mut key_buf, &mut value_buf, &kv, sub, tombstone);
-                hash = crc32c::crc32c_append(crc32c::crc32c_append(hash, &key_buf), &value_buf);
-                Scan::Continue
-            },
-        )?;
-        if let Some(e) = failed {
-            return Err(e);
+                true
+            });
         }
-        Ok(HashKv {
-            hash,
-            hash_revision: rev,
-            revision: self.current_rev,
-            compact_revision: self.compact_rev,
+        Ok(HashPlan {
+            snap,
+            revision,
+            rev,
+            current_rev: self.current_rev,
+            compact_rev: self.compact_rev,
+            kept: some_key_live.then_some(kept),
         })
     }
 
