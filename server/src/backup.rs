@@ -145,56 +145,81 @@ pub fn restore(backup: &Path, cfg: &Config, skip_hash_check: bool) -> Result<Res
 /// then start the server on X with the same flags).
 ///
 /// Recognised by `member/snap/db` being a bbolt file and no metcd
-/// identity, and taken only when it has etcdctl's restore signature: the
-/// db's consistent index equals its number of members (etcdctl sets it
-/// so; a running etcd member has applied far more, and its WAL may hold
-/// acknowledged writes the db does not, which metcd cannot read, so such a
-/// dir is refused with the safe procedure). The new member is built
+/// identity, and taken only with etcdctl's restore mark: one Raft snapshot
+/// file, at term 1 and at the db's consistent index (etcdctl writes
+/// exactly that). A running etcd member's dir has another term (and its
+/// WAL may hold acknowledged writes the db does not, which metcd cannot
+/// read): it is refused with the safe procedure. The new member is built
 /// beside the dir, as `metcd snapshot restore` builds one, from the db and
-/// these flags; etcd's files are kept as `member.etcd`. An interrupted
-/// adoption is redone at the next start from `member.etcd`. Answers what
-/// was restored, or `None` for a data dir that needs nothing.
+/// these flags; etcd's files are kept as `member.etcd`, marked adopted
+/// once the new member is in place. An adoption interrupted before that
+/// is redone at the next start. Answers what was restored, or `None` for
+/// a data dir that needs nothing.
 pub fn adopt_etcd_restore(cfg: &Config) -> Result<Option<Restored>> {
     let root = cfg.data_dir();
     let member = root.join("member");
     let kept = root.join("member.etcd");
+    let adopted_mark = kept.join("adopted-by-metcd");
     let db_of = |m: &Path| m.join("snap").join("db");
     let source = if member.exists() {
         if member.join("identity").exists() || !crate::bolt::is_bolt(&db_of(&member)) {
             return Ok(None);
         }
+        if kept.exists() {
+            return Err(failed(format!(
+                "{} holds both an etcd member dir and {}: move one away",
+                root.display(),
+                kept.display()
+            )));
+        }
         member.clone()
-    } else if crate::bolt::is_bolt(&db_of(&kept)) {
+    } else if crate::bolt::is_bolt(&db_of(&kept)) && !adopted_mark.exists() {
         kept.clone()
     } else {
         return Ok(None);
     };
-    let db = db_of(&source);
-    let (consistent_index, members) = crate::etcd_db::restore_signature(&db)?;
-    if consistent_index != members {
+    if cfg.initial_cluster_state == "existing" {
         return Err(failed(format!(
-            "{} is an etcd member's data dir (consistent index {consistent_index}, {members} \
-             member(s)), not one `etcdctl snapshot restore` made: its WAL may hold writes its db \
-             does not. Take a backup of the running etcd (`etcdctl snapshot save backup.db`), \
-             then `metcd snapshot restore backup.db --data-dir <new dir> ...` (or `etcdctl \
-             snapshot restore` into a new dir) and start metcd there",
+            "{} holds what `etcdctl snapshot restore` writes, which starts a new cluster: \
+             start with --initial-cluster-state new",
             root.display()
         )));
     }
-    let building = sibling(&root, &format!("adopting-{}", std::process::id()));
+    let db = db_of(&source);
+    let index = crate::etcd_db::consistent_index(&db)?;
+    let mark = format!("{:016x}-{index:016x}.snap", 1);
+    let snaps: Vec<String> = std::fs::read_dir(source.join("snap"))
+        .map_err(|e| failed(format!("cannot read {}: {e}", source.display())))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".snap"))
+        .collect();
+    if snaps != [mark] {
+        return Err(failed(format!(
+            "{} is an etcd member's data dir (consistent index {index}, snapshots {snaps:?}), \
+             not one `etcdctl snapshot restore` made: its WAL may hold writes its db does \
+             not. Take a backup of the running etcd (`etcdctl snapshot save backup.db`), then \
+             `metcd snapshot restore backup.db --data-dir <new dir> ...` (or `etcdctl snapshot \
+             restore` into a new dir) and start metcd there",
+            root.display()
+        )));
+    }
+    // One adoption at a time (the lock is released before the start takes
+    // it again).
+    let lock = crate::node::lock_data_dir(&root)?;
+    let building = sibling(&root, "adopting");
     let _ = std::fs::remove_dir_all(&building);
-    let built = build(&db, cfg, 0, &building);
-    let (index, revision) = match built {
+    let (index, revision) = match build(&db, cfg, 0, &building) {
         Ok(done) => done,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&building);
             return Err(e);
         }
     };
-    let sync_root = || {
-        std::fs::File::open(&root)
+    let sync_dir = |dir: &Path| {
+        std::fs::File::open(dir)
             .and_then(|d| d.sync_all())
-            .map_err(|e| failed(format!("cannot sync {}: {e}", root.display())))
+            .map_err(|e| failed(format!("cannot sync {}: {e}", dir.display())))
     };
     let moved = |from: &Path, to: &Path| {
         std::fs::rename(from, to).map_err(|e| {
@@ -205,13 +230,20 @@ pub fn adopt_etcd_restore(cfg: &Config) -> Result<Option<Restored>> {
             ))
         })
     };
-    if source == member {
-        moved(&member, &kept)?;
-        sync_root()?;
-    }
-    moved(&building.join("member"), &member)?;
-    sync_root()?;
+    let placed = (|| -> Result<()> {
+        if source == member {
+            moved(&member, &kept)?;
+            sync_dir(&root)?;
+        }
+        moved(&building.join("member"), &member)?;
+        sync_dir(&root)?;
+        std::fs::write(&adopted_mark, b"this etcd data dir was adopted by metcd\n")
+            .map_err(|e| failed(format!("cannot write {}: {e}", adopted_mark.display())))?;
+        sync_dir(&kept)
+    })();
     let _ = std::fs::remove_dir_all(&building);
+    drop(lock);
+    placed?;
     Ok(Some(Restored {
         data_dir: root,
         index,

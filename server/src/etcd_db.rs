@@ -391,22 +391,16 @@ pub fn figures_from(db: &dyn bolt::Pages) -> Result<DbFigures> {
     })
 }
 
-/// The db's consistent index and its number of members: equal in what
-/// `etcdctl snapshot restore` writes (it sets the index to the member
-/// count), far apart in a running member's db.
-pub fn restore_signature(path: &Path) -> Result<(u64, u64)> {
-    let (mut index, mut members) = (0u64, 0u64);
+/// The db's consistent index (`meta/consistent_index`; 0 when absent).
+pub fn consistent_index(path: &Path) -> Result<u64> {
+    let mut index = 0u64;
     bolt::read(path, |bucket, record| {
-        match (bucket, record) {
-            (b"meta", Some((b"consistent_index", v))) => {
-                index = <[u8; 8]>::try_from(v).map_or(u64::MAX, u64::from_be_bytes);
-            }
-            (b"members", Some(_)) => members += 1,
-            _ => {}
+        if let (b"meta", Some((b"consistent_index", v))) = (bucket, record) {
+            index = <[u8; 8]>::try_from(v).map_or(u64::MAX, u64::from_be_bytes);
         }
         Ok(())
     })?;
-    Ok((index, members))
+    Ok(index)
 }
 
 /// Reads the etcd backend in `path` into a memory engine holding our

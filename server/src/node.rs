@@ -3310,8 +3310,9 @@ async fn auto_compact(node: Rc<Node>, mut compactor: Compactor) {
 }
 
 /// Every `every`, on the leader, while no CORRUPT alarm is on: see
-/// [`Node::check_peer_hashes`]. Each check hashes the store on this core
-/// (as the HashKV RPC does): keep the interval in minutes on large stores.
+/// [`Node::check_peer_hashes`]. Each check reads the whole store (on a
+/// thread of its own, as the HashKV RPC does): keep the interval in
+/// minutes on large stores.
 async fn check_corruption_periodically(node: Rc<Node>, every: Duration) {
     loop {
         glommio::timer::sleep(every).await;

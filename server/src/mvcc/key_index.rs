@@ -13,7 +13,7 @@ use std::ops::Bound;
 use bytes::Bytes;
 
 /// One event of a key: written at `(main, sub)`; a tombstone is a delete.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Rev {
     pub(crate) main: i64,
     pub(crate) sub: u32,

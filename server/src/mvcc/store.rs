@@ -117,13 +117,17 @@ pub struct HashPlan<S> {
     compact_rev: i64,
     /// The compacted revisions that count; None: all of them (no key is
     /// live at `rev`).
-    kept: Option<std::collections::HashSet<Rev>>,
+    kept: Option<Vec<Rev>>,
 }
 
 impl<S: EngineSnapshot> HashPlan<S> {
     /// etcd's hash: a CRC32C of `"key"`, then of every counted revision up
     /// to `rev` in etcd's bucket layout, in revision order.
-    pub fn run(self) -> Result<HashKv, MvccError> {
+    pub fn run(mut self) -> Result<HashKv, MvccError> {
+        let order = |r: &Rev| (r.main, r.sub, r.tombstone);
+        if let Some(kept) = self.kept.as_mut() {
+            kept.sort_unstable_by_key(order);
+        }
         let mut hash = crc32c::crc32c(b"key");
         if self.revision < 0 {
             // etcd hashes the revisions below `revision + 1`: none at all.
@@ -158,7 +162,9 @@ impl<S: EngineSnapshot> HashPlan<S> {
                         sub,
                         tombstone,
                     };
-                    if self.kept.as_ref().is_some_and(|kept| !kept.contains(&this)) {
+                    if self.kept.as_ref().is_some_and(|kept| {
+                        kept.binary_search_by_key(&order(&this), order).is_err()
+                    }) {
                         return Scan::Continue;
                     }
                 }
@@ -336,13 +342,14 @@ impl<E: Engine> MvccStore<E> {
         // Revisions at or below the compaction point count only if a
         // compaction at `rev` would keep them: each key's live revision
         // there; all of them when no key is live there.
-        let mut kept = std::collections::HashSet::new();
+        // Pushed here in key order; sorted on the hashing thread.
+        let mut kept = Vec::new();
         let mut some_key_live = false;
         if revision >= 0 && self.compact_rev > 0 {
             self.index.visit(KeyRange::From(b""), rev, |_, r| {
                 some_key_live = true;
                 if r.main <= self.compact_rev {
-                    kept.insert(r);
+                    kept.push(r);
                 }
                 true
             });
@@ -410,20 +417,6 @@ impl<E: Engine> MvccStore<E> {
                 Scan::Continue
             })?;
         Ok(out)
-    }
-
-    /// etcd's `Hash`: a CRC32C over every record the store holds (data,
-    /// compaction and lease metadata), in key order. Equal on members that
-    /// applied the same log; costly, for checks, not for every request.
-    pub fn hash_all(&self) -> Result<u32, MvccError> {
-        let mut hash = 0u32;
-        self.engine
-            .snapshot()
-            .scan(Bound::Unbounded, Bound::Unbounded, |k, v| {
-                hash = crc32c::crc32c_append(crc32c::crc32c_append(hash, k), v);
-                Scan::Continue
-            })?;
-        Ok(hash)
     }
 
     /// A watcher's history: every change to a key in `[key, range_end)`

@@ -379,11 +379,10 @@ fn metcd_starts_on_what_etcdctl_snapshot_restore_wrote() {
         "{}",
         m.log_text()
     );
-    assert!(restored
-        .join("member.etcd")
-        .join("snap")
-        .join("db")
-        .exists());
+    let kept = restored.join("member.etcd");
+    assert!(kept.join("snap").join("db").exists());
+    assert!(kept.join("adopted-by-metcd").exists());
+    assert!(!dir.path().join("restored.adopting").exists());
     let e = m.client_endpoint();
     assert_eq!(observed(&e), view);
     assert_eq!(hashkv_at(&e, revision), hash);
