@@ -22,7 +22,8 @@ fn request(endpoint: &str, method: &str, path: &str) -> (String, String) {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(s, "{method} {path} HTTP/1.0\r\nHost: {endpoint}\r\n\r\n").unwrap();
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
+    s.read_to_end(&mut raw)
+        .unwrap_or_else(|e| panic!("POST {path} to {endpoint}: {e} after {} bytes", raw.len()));
     let text = String::from_utf8(raw).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     (head.to_string(), body.to_string())
@@ -151,7 +152,8 @@ fn post(endpoint: &str, path: &str, json: &str) -> (String, String) {
     )
     .unwrap();
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
+    s.read_to_end(&mut raw)
+        .unwrap_or_else(|e| panic!("POST {path} to {endpoint}: {e} after {} bytes", raw.len()));
     let text = String::from_utf8(raw).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     (head.lines().next().unwrap().to_string(), body.to_string())
