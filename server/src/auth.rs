@@ -359,10 +359,10 @@ pub enum AuthApplied {
 /// in the same batch as the entry's applied index.
 pub type MetaChange = (Vec<u8>, Option<Bytes>);
 
-const META_ENABLED: &[u8] = b"auth/enabled";
-const META_REVISION: &[u8] = b"auth/revision";
-const META_USER: &[u8] = b"auth/user/";
-const META_ROLE: &[u8] = b"auth/role/";
+pub(crate) const META_ENABLED: &[u8] = b"auth/enabled";
+pub(crate) const META_REVISION: &[u8] = b"auth/revision";
+pub(crate) const META_USER: &[u8] = b"auth/user/";
+pub(crate) const META_ROLE: &[u8] = b"auth/role/";
 /// Every auth record's name starts with this.
 pub const META_PREFIX: &[u8] = b"auth/";
 

@@ -28,9 +28,6 @@ use crate::mvcc::MvccStore;
 use crate::node::{DataDirs, CONF_META, REMOVED_META};
 use crate::raftlog;
 
-/// The engine key of MVCC's compact revision record (i64 BE).
-const COMPACT_REVISION_RECORD: &[u8] = b"mcompact_rev";
-
 /// Length of etcd's SHA-256 trailer on a saved snapshot.
 const SHA_LEN: u64 = 32;
 
@@ -397,7 +394,7 @@ pub fn status(backup: &Path) -> Result<BackupStatus> {
             // Key revisions sort by revision: the last one is the newest.
             if key.first() == Some(&b'k') {
                 newest_revision_key = Some(key);
-            } else if key[..] == *COMPACT_REVISION_RECORD {
+            } else if key[..] == *crate::mvcc::store::META_COMPACT_REV {
                 compact_revision = <[u8; 8]>::try_from(&value[..]).map_or(0, i64::from_be_bytes);
             }
             Ok(())

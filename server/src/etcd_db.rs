@@ -33,15 +33,15 @@ use crate::bolt::{self, BoltError, BoltWriter};
 use crate::error::{Result, ServerError};
 use crate::mvcc::codec;
 
-const COMPACT_REVISION_RECORD: &[u8] = b"mcompact_rev";
-const LEASE_RECORD: &[u8] = b"lease/";
-const ALARM_RECORD: &[u8] = b"alarm/";
-const MEMBER_RECORD: &[u8] = b"member/";
-const REMOVED_RECORD: &[u8] = b"removed/";
-const AUTH_ENABLED: &[u8] = b"auth/enabled";
-const AUTH_REVISION: &[u8] = b"auth/revision";
-const AUTH_USER: &[u8] = b"auth/user/";
-const AUTH_ROLE: &[u8] = b"auth/role/";
+// Our record names, from the modules that own them.
+use crate::alarm::META_PREFIX as ALARM_RECORD;
+use crate::auth::{
+    META_ENABLED as AUTH_ENABLED, META_REVISION as AUTH_REVISION, META_ROLE as AUTH_ROLE,
+    META_USER as AUTH_USER,
+};
+use crate::members::META_PREFIX as MEMBER_RECORD;
+use crate::mvcc::store::META_COMPACT_REV as COMPACT_REVISION_RECORD;
+use crate::node::{LEASE_META as LEASE_RECORD, REMOVED_META as REMOVED_RECORD};
 
 fn failed(what: impl std::fmt::Display) -> ServerError {
     ServerError::Startup(what.to_string())
@@ -491,11 +491,11 @@ pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
                         varint_fields(v).ok_or_else(|| failed("a malformed lease"))?;
                     let mut name = LEASE_RECORD.to_vec();
                     name.extend_from_slice(&(id as i64).to_be_bytes());
-                    let mut value = (ttl as i64).to_be_bytes().to_vec();
-                    if remaining != 0 {
-                        value.extend_from_slice(&(remaining as i64).to_be_bytes());
-                    }
-                    record(&name, value);
+                    let remaining = (remaining != 0).then_some(remaining as i64);
+                    record(
+                        &name,
+                        crate::node::lease_record(ttl as i64, remaining).to_vec(),
+                    );
                 }
                 b"auth" => match k {
                     b"authEnabled" => record(AUTH_ENABLED, vec![u8::from(v == [1])]),

@@ -204,7 +204,7 @@ pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decod
 
 /// A lease's record: its TTL, then its checkpointed remaining TTL if any
 /// (both i64 BE; read back by `restore_leases`).
-fn lease_record(ttl: i64, checkpointed: Option<i64>) -> bytes::Bytes {
+pub(crate) fn lease_record(ttl: i64, checkpointed: Option<i64>) -> bytes::Bytes {
     let mut v = ttl.to_be_bytes().to_vec();
     if let Some(left) = checkpointed {
         v.extend_from_slice(&left.to_be_bytes());
@@ -213,7 +213,7 @@ fn lease_record(ttl: i64, checkpointed: Option<i64>) -> bytes::Bytes {
 }
 
 fn lease_record_name(id: i64) -> Vec<u8> {
-    let mut k = b"lease/".to_vec();
+    let mut k = LEASE_META.to_vec();
     k.extend_from_slice(&id.to_be_bytes());
     k
 }
@@ -282,6 +282,8 @@ const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
 /// Where the applied membership (ConfState) is kept in MVCC metadata.
 pub(crate) const CONF_META: &[u8] = b"raft/conf";
+/// Leases' metadata records: `lease/<id i64 BE>` = [`lease_record`].
+pub(crate) const LEASE_META: &[u8] = b"lease/";
 /// Prefix of the metadata records of removed members.
 pub(crate) const REMOVED_META: &[u8] = b"removed/";
 /// etcd's answers when a membership change would risk the quorum
@@ -3195,14 +3197,14 @@ fn restore_auth(mvcc: &MvccStore<AnyEngine>) -> Result<crate::auth::AuthStore> {
 fn restore_leases(mvcc: &MvccStore<AnyEngine>, min_ttl: i64) -> Result<crate::lease::Lessor> {
     let mut lessor = crate::lease::Lessor::new(min_ttl);
     let now = Instant::now();
-    for (name, value) in mvcc.meta_with_prefix(b"lease/")? {
+    for (name, value) in mvcc.meta_with_prefix(LEASE_META)? {
         let field = |at: usize| {
             value
                 .get(at..at + 8)
                 .and_then(|b| <[u8; 8]>::try_from(b).ok())
         };
         let (Ok(id), Some(ttl), 8 | 16) = (
-            <[u8; 8]>::try_from(&name[b"lease/".len()..]),
+            <[u8; 8]>::try_from(&name[LEASE_META.len()..]),
             field(0),
             value.len(),
         ) else {

@@ -48,7 +48,8 @@ use super::types::{
 use super::validate::is_txn_readonly;
 
 const KEY_PREFIX: u8 = b'k';
-const META_COMPACT_REV: &[u8] = b"mcompact_rev";
+/// The engine key of the finished compaction revision (i64 BE).
+pub(crate) const META_COMPACT_REV: &[u8] = b"mcompact_rev";
 /// The revision of an empty store, as etcd's.
 const INITIAL_REVISION: i64 = 1;
 /// The compact revision of a store never compacted, as etcd reports it.
