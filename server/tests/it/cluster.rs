@@ -158,6 +158,32 @@ async fn assert_same_kv_hash(members: &[Server], revision: i64) {
     );
 }
 
+/// The Raft index the member behind `c` reports.
+async fn raft_index(c: &mut Client) -> u64 {
+    within("status", c.status()).await.unwrap().raft_index()
+}
+
+/// Waits (bounded) until the leader checkpointed far enough past `index`
+/// that its log no longer holds the entry after it (a checkpoint keeps
+/// `catch_up` entries behind its index): a follower isolated at `index`
+/// then needs the leader's snapshot. Checkpoints run in the background at
+/// low priority, so on a loaded machine they may finish well after the
+/// writes that started them; a follower healed before that catches up
+/// from the log instead, which is correct but not what a test of the
+/// snapshot path wants.
+async fn leader_dropped_entries_after(leader: &Server, index: u64, catch_up: u64) {
+    let past = index + catch_up + 1;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !leader.checkpoint_indexes().iter().any(|i| *i > past) {
+        assert!(
+            Instant::now() < deadline,
+            "the leader logged no checkpoint past index {past}:\n{}",
+            leader.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// (leader id, revision) as member `s` reports them.
 async fn status(s: &Server) -> Option<(u64, i64)> {
     let mut c = Client::connect([format!("http://{}", s.client_endpoint())], None)
@@ -1461,13 +1487,14 @@ fn a_member_removed_while_partitioned_stops_when_it_reconnects() {
 #[test]
 fn watchers_on_a_follower_see_the_events_a_snapshot_covered() {
     use etcd_client::{CompactionOptions, EventType, WatchOptions};
+    let catch_up = 50;
     let cluster = Cluster::start_with(
         3,
         &[
             "--snapshot-count",
             "200",
             "--experimental-snapshot-catchup-entries",
-            "50",
+            &catch_up.to_string(),
         ],
     );
     runtime().block_on(async {
@@ -1491,6 +1518,7 @@ fn watchers_on_a_follower_see_the_events_a_snapshot_covered() {
             .await
             .unwrap();
 
+        let isolated_at = raft_index(&mut on_leader).await;
         cluster.isolate(Some(follower), &ids);
         let puts = 600;
         let mut expected = vec![("w/first".to_string(), "0".to_string())];
@@ -1501,6 +1529,8 @@ fn watchers_on_a_follower_see_the_events_a_snapshot_covered() {
                 .unwrap();
             expected.push((k, v));
         }
+        let leader_member = &cluster.members[leader];
+        leader_dropped_entries_after(leader_member, isolated_at, catch_up).await;
         cluster.isolate(None, &ids);
 
         let mut seen: Vec<(String, String)> = Vec::new();
@@ -1535,6 +1565,7 @@ fn watchers_on_a_follower_see_the_events_a_snapshot_covered() {
 
         // Again, but the missed revisions are compacted before the
         // follower comes back.
+        let isolated_at = raft_index(&mut on_leader).await;
         cluster.isolate(Some(follower), &ids);
         within("put", on_leader.put("c/gone", "x", None))
             .await
@@ -1552,6 +1583,7 @@ fn watchers_on_a_follower_see_the_events_a_snapshot_covered() {
         )
         .await
         .unwrap();
+        leader_dropped_entries_after(leader_member, isolated_at, catch_up).await;
         cluster.isolate(None, &ids);
         let Ok(next) = tokio::time::timeout(Duration::from_secs(90), cancels.message()).await
         else {

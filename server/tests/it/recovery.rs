@@ -128,29 +128,6 @@ fn restart_after_segment_release_recovers_from_snapshot_and_log() {
     assert_eq!(r.json()["count"], "1200");
 }
 
-/// Applied indexes of the checkpoints the member logged, in order.
-fn checkpoint_indexes(s: &Server) -> Vec<u64> {
-    s.log_text()
-        .lines()
-        .filter_map(|l| l.split("snapshot at applied index ").nth(1))
-        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
-        .collect()
-}
-
-/// Waits (bounded) until the member logs a checkpoint past `index`: they
-/// run in the background, after the writes that started them.
-fn wait_for_checkpoint_after(s: &Server, index: u64, when: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !checkpoint_indexes(s).iter().any(|i| *i > index) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no checkpoint {when}:\n{}",
-            s.log_text()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 fn put_values(s: &Server, keys: impl Iterator<Item = String>, value: &[u8]) {
     let mut c = s.conn();
     for key in keys {
@@ -172,13 +149,14 @@ fn a_memory_store_is_checkpointed_no_faster_than_its_log_grows() {
     let big = vec![b'b'; 8000];
     // ~2.4 MB of store in 300 entries: checkpoints as the store grows.
     put_values(&s, (0..300).map(|i| format!("/big/{i}")), &big);
-    wait_for_checkpoint_after(&s, 0, "while loading");
+    s.wait_for_checkpoint_after(0, "while loading");
 
     // 500 small writes (~60 KB of log): ten checkpoints by the entry count
     // alone, none (one at most, at the boundary) when paced by size.
     put_values(&s, (0..500).map(|i| format!("/small/{}", i % 5)), b"v");
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let during_small: Vec<u64> = checkpoint_indexes(&s)
+    let during_small: Vec<u64> = s
+        .checkpoint_indexes()
         .into_iter()
         .filter(|i| *i > 305)
         .collect();
@@ -192,7 +170,7 @@ fn a_memory_store_is_checkpointed_no_faster_than_its_log_grows() {
     let newer = vec![b'n'; 8000];
     put_values(&s, (0..300).map(|i| format!("/big/{i}")), &newer);
     put_values(&s, (0..100).map(|i| format!("/big/{i}")), &newer);
-    wait_for_checkpoint_after(&s, 805, "after the log outgrew the store");
+    s.wait_for_checkpoint_after(805, "after the log outgrew the store");
 
     s.restart();
     let mut c = s.conn();

@@ -173,6 +173,30 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Applied indexes of the checkpoints this member logged, in order.
+    pub fn checkpoint_indexes(&self) -> Vec<u64> {
+        self.log_text()
+            .lines()
+            .filter_map(|l| l.split("snapshot at applied index ").nth(1))
+            .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+            .collect()
+    }
+
+    /// Waits (bounded) until this member logs a checkpoint past `index`:
+    /// checkpoints run in the background, at low priority, after the
+    /// writes that started them.
+    pub fn wait_for_checkpoint_after(&self, index: u64, when: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.checkpoint_indexes().iter().any(|i| *i > index) {
+            assert!(
+                Instant::now() < deadline,
+                "no checkpoint past index {index} {when}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn wait_healthy(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
