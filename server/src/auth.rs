@@ -179,6 +179,10 @@ pub enum Requirement {
     Keys(Vec<Need>),
     /// A user with the root role (auth management).
     Admin,
+    /// Root, or the named user itself (UserGet, as etcd 3.4).
+    AdminOrUser(String),
+    /// Root, or a user holding the named role (RoleGet, as etcd 3.4).
+    AdminOrRoleHolder(String),
 }
 
 impl Need {
@@ -325,11 +329,14 @@ pub enum AuthQuery {
 }
 
 impl AuthQuery {
-    /// What the caller must be: root for reading users and roles.
+    /// What the caller must be: root for listing users and roles; root or
+    /// the user itself to read a user, root or a holder to read a role.
     pub fn requirement(&self) -> Requirement {
         match self {
             AuthQuery::PasswordHash(_) | AuthQuery::Status => Requirement::Keys(Vec::new()),
-            _ => Requirement::Admin,
+            AuthQuery::UserGet(name) => Requirement::AdminOrUser(name.clone()),
+            AuthQuery::RoleGet(role) => Requirement::AdminOrRoleHolder(role.clone()),
+            AuthQuery::UserList | AuthQuery::RoleList => Requirement::Admin,
         }
     }
 }
@@ -489,7 +496,11 @@ impl AuthStore {
             return Ok(());
         }
         match req {
-            Requirement::Admin => Err(AuthError::PermissionDenied),
+            Requirement::AdminOrUser(who) if who == name => Ok(()),
+            Requirement::AdminOrRoleHolder(role) if user.roles.iter().any(|r| r == role) => Ok(()),
+            Requirement::Admin
+            | Requirement::AdminOrUser(_)
+            | Requirement::AdminOrRoleHolder(_) => Err(AuthError::PermissionDenied),
             Requirement::Keys(needs) => {
                 for need in needs {
                     if !self.covered(user, need) {
@@ -1180,6 +1191,28 @@ mod tests {
             Err(AuthError::RootRoleNotExist)
         );
         assert!(!s.enabled());
+    }
+
+    /// etcd 3.4's UserGet and RoleGet: root reads anything; another user
+    /// reads itself and the roles it holds, nothing else; lists are root's.
+    #[test]
+    fn users_read_themselves_and_their_roles() {
+        let mut s = store_with(&[]);
+        applied(&mut s, AuthRequest::RoleAdd { name: "q".into() }).unwrap();
+        let may = |user: &str, q: AuthQuery| s.check(Some(user), &q.requirement());
+        let denied = Err(AuthError::PermissionDenied);
+        assert_eq!(may("alice", AuthQuery::UserGet("alice".into())), Ok(()));
+        assert_eq!(may("alice", AuthQuery::UserGet("root".into())), denied);
+        assert_eq!(may("alice", AuthQuery::RoleGet("r".into())), Ok(()));
+        assert_eq!(may("alice", AuthQuery::RoleGet("q".into())), denied);
+        assert_eq!(may("alice", AuthQuery::UserList), denied);
+        assert_eq!(may("alice", AuthQuery::RoleList), denied);
+        assert_eq!(may("root", AuthQuery::UserGet("alice".into())), Ok(()));
+        assert_eq!(may("root", AuthQuery::RoleGet("q".into())), Ok(()));
+        assert_eq!(
+            s.check(None, &AuthQuery::UserGet("alice".into()).requirement()),
+            Err(AuthError::UserEmpty)
+        );
     }
 
     #[test]

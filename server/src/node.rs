@@ -494,7 +494,6 @@ pub struct Node {
     /// Members removed from the cluster (kept in MVCC metadata under
     /// `removed/<id>`): their peer connections are refused as removed.
     removed_members: RefCell<std::collections::HashSet<u64>>,
-    cluster_token: String,
     /// Messages from peers for the next loop turn.
     inbound: RefCell<Vec<Message>>,
     /// Linearizable reads waiting for the next ReadIndex round.
@@ -852,7 +851,6 @@ impl Node {
             transfer_to: Cell::new(None),
             removed: Cell::new(false),
             removed_members: RefCell::new(removed_members),
-            cluster_token: cfg.initial_cluster_token.clone(),
             inbound: RefCell::new(Vec::new()),
             read_queue: RefCell::new(Vec::new()),
             reads_in_flight: RefCell::new(HashMap::new()),
@@ -2910,7 +2908,24 @@ impl Node {
                 "etcdserver: given member URLs are invalid",
             ));
         }
+        // etcd's ID for a runtime add: the peer URLs and the Unix second,
+        // no cluster name (`membership.NewMember("", urls, "", &now)`); so
+        // the same URLs added twice within a second collide on the ID, and
+        // the checks run in etcd's order (removed ID, ID, URLs, learners).
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let urls: Vec<&str> = peer_urls.iter().map(String::as_str).collect();
+        let id = crate::ids::member_id(&urls, &now.to_string());
+        if self.removed_members.borrow().contains(&id) {
+            return Err(ServerError::Membership("etcdserver: member not found"));
+        }
         let members = self.members();
+        if members.iter().any(|m| m.id == id) {
+            return Err(ServerError::Membership(
+                "etcdserver: member ID already exist",
+            ));
+        }
         if members
             .iter()
             .any(|m| m.peer_urls.iter().any(|u| peer_urls.contains(u)))
@@ -2922,16 +2937,6 @@ impl Node {
         if is_learner && members.iter().filter(|m| m.is_learner).count() >= MAX_LEARNERS {
             return Err(ServerError::Membership(
                 "etcdserver: too many learner members in cluster",
-            ));
-        }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let urls: Vec<&str> = peer_urls.iter().map(String::as_str).collect();
-        let id = crate::ids::member_id(&urls, &format!("{}{now}", self.cluster_token));
-        if members.iter().any(|m| m.id == id) {
-            return Err(ServerError::Membership(
-                "etcdserver: member ID already exist",
             ));
         }
         Ok(MemberRecord {

@@ -9,6 +9,7 @@ mod engines;
 mod etcd_client;
 mod etcd_peer;
 mod etcdctl;
+mod go_clientv3;
 mod http_api;
 mod lease_restart;
 mod mvcc_model;
