@@ -27,7 +27,8 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, CONTENT_LENGTH, CONTENT_TYPE, DATE};
+use hyper::service::Service as _;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
@@ -111,6 +112,10 @@ where
                 .map(Either::Left))
         }
     });
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let answer = service.call(req);
+        async move { answer.await.map(in_go_framing) }
+    });
     // Go writes canonical header names (`Content-Type`); so do we.
     let _ = hyper::server::conn::http1::Builder::new()
         .keep_alive(true)
@@ -170,8 +175,8 @@ async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> Ht
         headers.insert("allow", HeaderValue::from_static("GET"));
     }
     if path == "/health" && status != StatusCode::METHOD_NOT_ALLOWED {
-        // etcd's health handler sets the length itself, so Go sorts it
-        // before the type; elsewhere Go appends it last.
+        // etcd's health handler sets no type: Go sniffs one and writes it
+        // after the length (see `in_go_framing`).
         headers.insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(body_len));
     }
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -185,6 +190,85 @@ async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> Ht
         );
     }
     with_cors(resp)
+}
+
+/// Go's buffer before it commits to a length: a handler that wrote more
+/// (and set no `Content-Length`) is answered chunked.
+const GO_BUFFERED_BYTES: u64 = 2048;
+
+/// Go's `net/http` framing and header order, as etcd's client URLs answer
+/// (visible with `curl -i`): the handler's headers (sorted by name, as the
+/// answers here are built), then `Date`, then `Content-Length` when the
+/// whole body fit Go's buffer, else `Transfer-Encoding: chunked` (HTTP/1.1;
+/// an HTTP/1.0 answer is then delimited by the close), then a sniffed
+/// `Content-Type` (the answers that have one carry it after their own
+/// `Content-Length`). hyper would write `Date` last and announce every
+/// length it knows, so both are decided here.
+fn in_go_framing<B: hyper::body::Body>(resp: Response<B>) -> Response<GoFramed<B>> {
+    let (mut parts, body) = resp.into_parts();
+    let exact = body.size_hint().exact();
+    let announced = parts.headers.contains_key(CONTENT_LENGTH);
+    let fits = exact.filter(|n| *n <= GO_BUFFERED_BYTES);
+    let mut date =
+        HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now())).ok();
+    let mut last_name = None;
+    for (name, value) in std::mem::take(&mut parts.headers) {
+        // The map yields a name once, then `None` for its further values.
+        let Some(name) = name.or_else(|| last_name.clone()) else {
+            continue;
+        };
+        if name == CONTENT_LENGTH {
+            if let Some(date) = date.take() {
+                parts.headers.append(DATE, date);
+            }
+        }
+        last_name = Some(name.clone());
+        parts.headers.append(name, value);
+    }
+    if let Some(date) = date.take() {
+        parts.headers.append(DATE, date);
+        if let (Some(length), false) = (fits, announced) {
+            parts
+                .headers
+                .append(CONTENT_LENGTH, HeaderValue::from(length));
+        }
+    }
+    let body = GoFramed {
+        inner: body,
+        announce_length: announced || fits.is_some(),
+    };
+    Response::from_parts(parts, body)
+}
+
+/// A body whose length hyper learns only when Go would announce it (see
+/// [`in_go_framing`]); otherwise it goes chunked.
+pub struct GoFramed<B> {
+    inner: B,
+    announce_length: bool,
+}
+
+impl<B: hyper::body::Body + Unpin> hyper::body::Body for GoFramed<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        if self.announce_length {
+            self.inner.size_hint()
+        } else {
+            hyper::body::SizeHint::default()
+        }
+    }
 }
 
 /// Go's `http.Error`: plain text and `nosniff`.

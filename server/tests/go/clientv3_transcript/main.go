@@ -25,6 +25,7 @@ import (
 	"go.etcd.io/etcd/clientv3/leasing"
 	"go.etcd.io/etcd/clientv3/mirror"
 	"go.etcd.io/etcd/clientv3/namespace"
+	"go.etcd.io/etcd/etcdserver/api/v3rpc/rpctypes"
 	"go.etcd.io/etcd/mvcc/mvccpb"
 )
 
@@ -85,10 +86,15 @@ func section(name string) { fmt.Printf("== %s\n", name) }
 
 func say(format string, args ...interface{}) { fmt.Printf(format+"\n", args...) }
 
-// errText is what a Go program would log for err ("ok" when nil).
+// errText is what a Go program would log for err ("ok" when nil), with
+// the gRPC code when clientv3 recognised the error as one of etcd's (its
+// rpctypes.EtcdError keeps the code the server sent).
 func errText(err error) string {
 	if err == nil {
 		return "ok"
+	}
+	if ev, ok := err.(rpctypes.EtcdError); ok {
+		return fmt.Sprintf("error: %s (%s)", ev.Error(), ev.Code())
 	}
 	return "error: " + err.Error()
 }
