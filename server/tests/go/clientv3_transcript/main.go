@@ -52,6 +52,7 @@ func main() {
 	watch(cli)
 	lease(cli)
 	locksElectionsAndSTM(cli)
+	moreKVAndWatch(cli)
 	clientSideWrappers(cli)
 	cluster(cli)
 	maintenance(cli)
@@ -537,6 +538,140 @@ func lease(cli *clientv3.Client) {
 	events(w, 1)
 	time.Sleep(3 * time.Second)
 	get(cli, "l/kept after 3 s of keepalive", "l/kept", clientv3.WithKeysOnly())
+}
+
+// moreKVAndWatch covers what the sections above leave out: lease
+// compares and ignore-lease puts, a keep-alive channel of a revoked lease,
+// a watch that starts at a future revision, many watches on one stream
+// and their cancellation, fragments, and whole-keyspace operations.
+func moreKVAndWatch(cli *clientv3.Client) {
+	section("more kv and watch")
+	g, err := cli.Grant(ctx(), 60)
+	if err != nil {
+		fail("grant: %v", err)
+	}
+	put(cli, "x/leased", "1", clientv3.WithLease(g.ID))
+	put(cli, "x/leased", "2", clientv3.WithIgnoreLease())
+	put(cli, "x/plain", "p")
+	r, err := cli.Txn(ctx()).
+		If(clientv3.Compare(clientv3.LeaseValue("x/leased"), "=", g.ID),
+			clientv3.Compare(clientv3.LeaseValue("x/plain"), "=", clientv3.NoLease)).
+		Then(clientv3.OpGet("x/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1))).
+		Commit()
+	say("lease compares: %s", txnText(r, err))
+	put(cli, "x/new", "n", clientv3.WithPrevKV())
+
+	kctx, kcancel := context.WithCancel(context.Background())
+	defer kcancel()
+	kc, err := cli.KeepAlive(kctx, g.ID)
+	if err != nil {
+		fail("keepalive: %v", err)
+	}
+	first := <-kc
+	say("keepalive: ttl %d", ttlOf(first))
+	if _, err := cli.Revoke(ctx(), g.ID); err != nil {
+		fail("revoke: %v", err)
+	}
+	// clientv3 closes the channel once the server says the lease is gone
+	// (at its next keep-alive, a third of the TTL later at most).
+	closed := false
+	deadline := time.After(30 * time.Second)
+	for !closed {
+		select {
+		case _, ok := <-kc:
+			closed = !ok
+		case <-deadline:
+			fail("the keep-alive channel of a revoked lease stayed open")
+		}
+	}
+	say("keepalive channel of the revoked lease: closed")
+
+	// A watch from a future revision sees the writes once they happen.
+	now, err := cli.Get(ctx(), "x/plain")
+	if err != nil {
+		fail("get: %v", err)
+	}
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	future := cli.Watch(wctx, "y/", clientv3.WithPrefix(), clientv3.WithRev(now.Header.Revision+3))
+	for i := 1; i <= 4; i++ {
+		put(cli, fmt.Sprintf("y/%d", i), "v")
+	}
+	say("watch from revision now+3:")
+	events(future, 2)
+
+	// Many watches on one stream; cancelling one leaves the others.
+	var chans []clientv3.WatchChan
+	var cancels []context.CancelFunc
+	for i := 0; i < 20; i++ {
+		c, cancel := context.WithCancel(context.Background())
+		cancels = append(cancels, cancel)
+		chans = append(chans, cli.Watch(c, fmt.Sprintf("z/%02d", i), clientv3.WithCreatedNotify()))
+	}
+	for _, ch := range chans {
+		next(ch, "created")
+	}
+	cancels[0]()
+	for i := 0; i < 20; i++ {
+		put(cli, fmt.Sprintf("z/%02d", i), "v")
+	}
+	for i, ch := range chans[1:] {
+		e := events(ch, 1)
+		if string(e[0].Kv.Key) != fmt.Sprintf("z/%02d", i+1) {
+			fail("watch %d got %s", i+1, e[0].Kv.Key)
+		}
+	}
+	for _, cancel := range cancels {
+		cancel()
+	}
+	select {
+	case r, ok := <-chans[0]:
+		if ok && len(r.Events) > 0 {
+			fail("a cancelled watch delivered %d events", len(r.Events))
+		}
+	case <-time.After(step):
+		fail("a cancelled watch's channel stayed open")
+	}
+	say("a cancelled watch delivers nothing more")
+
+	// A watch response larger than the request limit (a 1.2 MB overwrite
+	// with previous values: 2.4 MB of events) arrives whole to a client
+	// that asked for fragments.
+	overwrite := func(fill string) *clientv3.TxnResponse {
+		ops := []clientv3.Op{}
+		for i := 0; i < 12; i++ {
+			ops = append(ops, clientv3.OpPut(fmt.Sprintf("frag/%02d", i), strings.Repeat(fill, 100*1024)))
+		}
+		r, err := cli.Txn(ctx()).Then(ops...).Commit()
+		if err != nil {
+			fail("txn of 1.2 MB: %v", err)
+		}
+		return r
+	}
+	overwrite("f")
+	fctx, fcancel := context.WithCancel(context.Background())
+	defer fcancel()
+	fw := cli.Watch(fctx, "frag/", clientv3.WithPrefix(), clientv3.WithFragment(),
+		clientv3.WithPrevKV(), clientv3.WithCreatedNotify())
+	next(fw, "created")
+	r = overwrite("g")
+	resp := next(fw, "fragmented events")
+	if len(resp.Events) == 0 {
+		fail("fragmented watch: a response without events: %+v", resp)
+	}
+	say("fragmented watch: %d events in one response at rev %d (txn rev %d), canceled %v",
+		len(resp.Events), resp.Events[0].Kv.ModRevision, r.Header.Revision, resp.Canceled)
+
+	get(cli, "everything, count only", "", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	get(cli, "oldest two by create revision", "", clientv3.WithFromKey(), clientv3.WithLimit(2),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithKeysOnly())
+	d, err := cli.Delete(ctx(), "", clientv3.WithFromKey())
+	if err != nil {
+		say("delete everything: %s", errText(err))
+	} else {
+		say("delete everything: rev %d deleted %d", d.Header.Revision, d.Deleted)
+	}
+	get(cli, "everything after", "", clientv3.WithFromKey(), clientv3.WithCountOnly())
 }
 
 func ttlOf(r *clientv3.LeaseKeepAliveResponse) int64 {
