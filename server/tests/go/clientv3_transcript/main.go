@@ -561,19 +561,24 @@ func moreKVAndWatch(cli *clientv3.Client) {
 	say("lease compares: %s", txnText(r, err))
 	put(cli, "x/new", "n", clientv3.WithPrevKV())
 
+	// A short TTL: clientv3 renews every third of it, and learns of the
+	// revocation at the next renewal.
+	short, err := cli.Grant(ctx(), 3)
+	if err != nil {
+		fail("grant: %v", err)
+	}
 	kctx, kcancel := context.WithCancel(context.Background())
 	defer kcancel()
-	kc, err := cli.KeepAlive(kctx, g.ID)
+	kc, err := cli.KeepAlive(kctx, short.ID)
 	if err != nil {
 		fail("keepalive: %v", err)
 	}
 	first := <-kc
 	say("keepalive: ttl %d", ttlOf(first))
-	if _, err := cli.Revoke(ctx(), g.ID); err != nil {
+	if _, err := cli.Revoke(ctx(), short.ID); err != nil {
 		fail("revoke: %v", err)
 	}
-	// clientv3 closes the channel once the server says the lease is gone
-	// (at its next keep-alive, a third of the TTL later at most).
+	// clientv3 closes the channel once the server says the lease is gone.
 	closed := false
 	deadline := time.After(30 * time.Second)
 	for !closed {
