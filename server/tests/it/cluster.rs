@@ -13,8 +13,8 @@ use crate::support::{free_port, Server};
 
 const ELECTION_TIMEOUT_MS: u64 = 1000;
 
-struct Cluster {
-    members: Vec<Server>,
+pub(crate) struct Cluster {
+    pub(crate) members: Vec<Server>,
     initial: String,
     dir: tempfile::TempDir,
     /// One cluster at a time: three or four members each on 2 vCPUs, next
@@ -25,7 +25,7 @@ struct Cluster {
 static ONE_CLUSTER_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Cluster {
-    fn start(n: usize) -> Cluster {
+    pub(crate) fn start(n: usize) -> Cluster {
         Cluster::start_with(n, &[])
     }
 

@@ -109,6 +109,34 @@ impl RealEtcd {
         RealEtcd::spawn_at(dir, ports[0], ports[1], extra)
     }
 
+    /// A new `n`-member etcd cluster (members `n1`..), each in `dir/<name>`;
+    /// waits until every member is healthy.
+    pub fn cluster(dir: &Path, n: usize) -> Vec<RealEtcd> {
+        let ports: Vec<(u16, u16)> = (0..n)
+            .map(|_| (free_ports(1)[0], free_ports(1)[0]))
+            .collect();
+        let initial = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("n{}=http://127.0.0.1:{peer}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<RealEtcd> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (client, peer))| {
+                let name = format!("n{}", i + 1);
+                // etcd takes the last of a repeated flag.
+                let extra = ["--name", &name, "--initial-cluster", &initial];
+                RealEtcd::spawn_at(&dir.join(&name), *client, *peer, &extra)
+            })
+            .collect();
+        for m in &mut members {
+            m.wait_healthy();
+        }
+        members
+    }
+
     /// Restores `backup` with `etcdctl snapshot restore` into the data dir
     /// of a member named `peer` with fresh ports, then starts etcd on it
     /// and waits until it is healthy.

@@ -6,7 +6,9 @@
 // line must depend only on what etcd's API promises: IDs (member, cluster,
 // lease), versions, sizes and clocks are masked or left out.
 //
-// Usage: clientv3_transcript HOST:PORT
+// Usage: clientv3_transcript HOST:PORT (one fresh member), or
+// clientv3_transcript cluster HOST:PORT... (a fresh cluster, one client
+// URL per member, members named n1, n2, ...).
 // Exit status 1 (with a "FAIL:" line) when a step does not finish in time
 // or an invariant the transcript cannot show is broken.
 package main
@@ -36,8 +38,12 @@ const step = 10 * time.Second
 var endpoint string
 
 func main() {
+	if len(os.Args) >= 3 && os.Args[1] == "cluster" {
+		clusterMain(os.Args[2:])
+		return
+	}
 	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: clientv3_transcript HOST:PORT")
+		fmt.Fprintln(os.Stderr, "usage: clientv3_transcript HOST:PORT | cluster HOST:PORT...")
 		os.Exit(2)
 	}
 	endpoint = os.Args[1]
@@ -61,8 +67,12 @@ func main() {
 }
 
 func connect(user, password string) *clientv3.Client {
+	return connectTo([]string{endpoint}, user, password)
+}
+
+func connectTo(endpoints []string, user, password string) *clientv3.Client {
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   []string{endpoint},
+		Endpoints:   endpoints,
 		DialTimeout: step,
 		Username:    user,
 		Password:    password,
@@ -538,6 +548,9 @@ func lease(cli *clientv3.Client) {
 	events(w, 1)
 	time.Sleep(3 * time.Second)
 	get(cli, "l/kept after 3 s of keepalive", "l/kept", clientv3.WithKeysOnly())
+	// Revoked now, not left to expire at some point of a later section.
+	_, err = cli.Revoke(ctx(), kept.ID)
+	say("revoke the kept lease: %s", errText(err))
 }
 
 // moreKVAndWatch covers what the sections above leave out: lease
@@ -841,6 +854,16 @@ func clientSideWrappers(cli *clientv3.Client) {
 		fail("get: %v", err)
 	}
 	say("plain read: %s", g.Kvs[0].Value)
+	// Closing a leasing KV stops its session's keep-alives without
+	// revoking it: its ownership keys would go when the lease expires,
+	// at a moment no later line may depend on. Deleted now instead.
+	close1()
+	close2()
+	d, err := cli.Delete(ctx(), "/leasing-owners/", clientv3.WithPrefix())
+	if err != nil {
+		fail("delete the leasing owners' keys: %v", err)
+	}
+	say("leasing owners' keys deleted: %d", d.Deleted)
 }
 
 func cluster(cli *clientv3.Client) {
@@ -962,4 +985,197 @@ func auth(cli *clientv3.Client) {
 	_, err = root.AuthDisable(ctx())
 	say("disable: %s", errText(err))
 	get(cli, "auth/x without a user again", "auth/x")
+}
+
+// clusterMain is the transcript of a multi-member cluster: a client that
+// knows every member, and one client per member.
+func clusterMain(endpoints []string) {
+	all := connectTo(endpoints, "", "")
+	defer all.Close()
+	per := make([]*clientv3.Client, len(endpoints))
+	for i, ep := range endpoints {
+		per[i] = connectTo([]string{ep}, "", "")
+		defer per[i].Close()
+	}
+
+	section("members")
+	l, err := all.MemberList(ctx())
+	if err != nil {
+		fail("member list: %v", err)
+	}
+	names := []string{}
+	for _, m := range l.Members {
+		names = append(names, fmt.Sprintf("%s learner=%v peer URLs %d client URLs %d",
+			m.Name, m.IsLearner, len(m.PeerURLs), len(m.ClientURLs)))
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		say("member %s", n)
+	}
+	ids := make([]uint64, len(endpoints))
+	leaders := map[uint64]bool{}
+	for i, ep := range endpoints {
+		st, err := all.Status(ctx(), ep)
+		if err != nil {
+			fail("status of %s: %v", ep, err)
+		}
+		ids[i] = st.Header.MemberId
+		leaders[st.Leader] = true
+	}
+	leader := -1
+	for i, id := range ids {
+		if leaders[id] {
+			leader = i
+		}
+	}
+	say("every member names the same leader, one of them: %v", len(leaders) == 1 && leader >= 0)
+	if leader < 0 {
+		fail("no leader among %v", ids)
+	}
+
+	section("writes on every member, linearizable reads on every member")
+	for i := range endpoints {
+		put(per[i], fmt.Sprintf("k/%d", i), fmt.Sprintf("written through member %d", i))
+	}
+	for i := range endpoints {
+		get(per[i], fmt.Sprintf("k/ through member %d", i), "k/", clientv3.WithPrefix())
+	}
+	get(all, "k/ through the client of every member", "k/", clientv3.WithPrefix())
+
+	section("watch on one member, write on another")
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	last := len(endpoints) - 1
+	w := per[0].Watch(wctx, "w/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	next(w, "created")
+	put(per[last], "w/x", "1")
+	put(per[last], "w/x", "2")
+	events(w, 2)
+
+	section("hashkv on every member")
+	head, err := all.Get(ctx(), "k/0")
+	if err != nil {
+		fail("get: %v", err)
+	}
+	rev := head.Header.Revision
+	hashes := map[uint32]bool{}
+	var hash uint32
+	for i, ep := range endpoints {
+		// A linearizable read through the member first: it has applied rev.
+		if _, err := per[i].Get(ctx(), "k/0"); err != nil {
+			fail("get: %v", err)
+		}
+		h, err := all.HashKV(ctx(), ep, rev)
+		if err != nil {
+			fail("hashkv of %s: %v", ep, err)
+		}
+		hashes[h.Hash] = true
+		hash = h.Hash
+	}
+	say("hashkv at rev %d: the same on every member %v: %d", rev, len(hashes) == 1, hash)
+
+	section("a lease across members")
+	g, err := per[0].Grant(ctx(), 30)
+	if err != nil {
+		fail("grant: %v", err)
+	}
+	put(per[1], "l/x", "leased", clientv3.WithLease(g.ID))
+	ttl, err := per[last].TimeToLive(ctx(), g.ID, clientv3.WithAttachedKeys())
+	if err != nil {
+		fail("timetolive: %v", err)
+	}
+	say("timetolive through another member: granted %d keys %d", ttl.GrantedTTL, len(ttl.Keys))
+	ka, err := per[last].KeepAliveOnce(ctx(), g.ID)
+	say("keepalive once through another member: %s ttl %d", errText(err), ttlOf(ka))
+	_, err = per[1].Revoke(ctx(), g.ID)
+	say("revoke through a third: %s", errText(err))
+	get(per[0], "l/ after the revoke", "l/", clientv3.WithPrefix())
+
+	section("a lock across members")
+	s1, err := concurrency.NewSession(per[0], concurrency.WithTTL(10))
+	if err != nil {
+		fail("session: %v", err)
+	}
+	defer s1.Close()
+	s2, err := concurrency.NewSession(per[last], concurrency.WithTTL(10))
+	if err != nil {
+		fail("session: %v", err)
+	}
+	defer s2.Close()
+	m1, m2 := concurrency.NewMutex(s1, "/locks/c"), concurrency.NewMutex(s2, "/locks/c")
+	say("m1 lock: %s", errText(m1.Lock(ctx())))
+	acquired := make(chan error, 1)
+	go func() { acquired <- m2.Lock(context.Background()) }()
+	select {
+	case err := <-acquired:
+		say("m2 got the lock m1 holds: %s", errText(err))
+	case <-time.After(500 * time.Millisecond):
+		say("m2 waits while m1 holds the lock")
+	}
+	say("m1 unlock: %s", errText(m1.Unlock(ctx())))
+	select {
+	case err := <-acquired:
+		say("m2 lock: %s", errText(err))
+	case <-time.After(step):
+		fail("m2 never got the lock")
+	}
+	say("m2 unlock: %s", errText(m2.Unlock(ctx())))
+
+	section("leadership transfer")
+	target := (leader + 1) % len(endpoints)
+	_, err = per[leader].MoveLeader(ctx(), ids[target])
+	say("move leader, asked of the leader: %s", errText(err))
+	moved := false
+	deadline := time.Now().Add(step)
+	for !moved && time.Now().Before(deadline) {
+		st, err := all.Status(ctx(), endpoints[target])
+		moved = err == nil && st.Leader == ids[target]
+		if !moved {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	say("the target leads: %v", moved)
+	other := (target + 1) % len(endpoints)
+	_, err = per[other].MoveLeader(ctx(), ids[other])
+	say("move leader, asked of a follower: %s", errText(err))
+	put(per[other], "k/after-move", "x")
+	get(per[leader], "k/after-move through the old leader", "k/after-move")
+
+	section("a learner")
+	// etcd's strict reconfiguration check refuses membership changes
+	// ("unhealthy cluster") until the member that takes the request has
+	// been connected to every voter for 5 s: a fresh cluster waits.
+	var a *clientv3.MemberAddResponse
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		a, err = all.MemberAddAsLearner(ctx(), []string{"http://127.0.0.1:1"})
+		if err == nil || !strings.Contains(err.Error(), "unhealthy cluster") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		fail("add learner: %v", err)
+	}
+	say("add learner: learner %v, members %d", a.Member.IsLearner, len(a.Members))
+	_, err = all.MemberPromote(ctx(), a.Member.ID)
+	say("promote the learner that never started: %s", errText(err))
+	_, err = all.MemberRemove(ctx(), a.Member.ID)
+	say("remove the learner: %s", errText(err))
+	// MemberList is answered from the member's own state (etcd 3.4 has no
+	// linearizable MemberList): a member other than the one that took the
+	// removal may list the learner until it applies the change.
+	deadline = time.Now().Add(step)
+	for {
+		l, err = all.MemberList(ctx())
+		if err != nil {
+			fail("member list: %v", err)
+		}
+		if len(l.Members) == len(endpoints) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	say("members: %d", len(l.Members))
+	fmt.Println("done")
 }
