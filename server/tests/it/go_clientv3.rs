@@ -82,18 +82,27 @@ fn transcript<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (String, String) {
     )
 }
 
+/// Against each storage engine (the default memory engine, the B+tree
+/// and the LSM tree), each a fresh member next to the same etcd run.
 #[test]
 fn go_clientv3_sees_what_it_sees_against_etcd() {
     require_etcd();
     transcript_program();
     let dir = tempfile::tempdir().unwrap();
     let etcd = RealEtcd::start(&dir.path().join("etcd"));
-    let metcd = Server::start(&dir.path().join("metcd"), &[]);
-    let (etcd_endpoint, metcd_endpoint) = (etcd.endpoint.clone(), metcd.client_endpoint());
-    // Both at once: the transcript waits on lease expiry and locks.
+    let etcd_endpoint = etcd.endpoint.clone();
     let theirs = std::thread::spawn(move || transcript(&[etcd_endpoint]));
-    let ours = transcript(&[metcd_endpoint]);
-    same_transcripts(ours, theirs.join().unwrap(), &metcd.log_text());
+    let mut ours = Vec::new();
+    for engine in ["memory", "btree", "lsm"] {
+        let metcd = Server::start(&dir.path().join(engine), &["--engine", engine]);
+        let transcript = transcript(&[metcd.client_endpoint()]);
+        ours.push((engine, transcript, metcd.log_text()));
+    }
+    let theirs = theirs.join().unwrap();
+    for (engine, transcript, log) in ours {
+        let log = format!("engine {engine}:\n{log}");
+        same_transcripts(transcript, theirs.clone(), &log);
+    }
 }
 
 /// The same program's cluster part against three etcd 3.4 members and

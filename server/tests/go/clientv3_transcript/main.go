@@ -699,20 +699,18 @@ func ttlOf(r *clientv3.LeaseKeepAliveResponse) int64 {
 	return r.TTL
 }
 
-func locksElectionsAndSTM(cli *clientv3.Client) {
-	section("lock, election, stm")
-	s1, err := concurrency.NewSession(cli, concurrency.WithTTL(10))
+func session(cli *clientv3.Client) *concurrency.Session {
+	s, err := concurrency.NewSession(cli, concurrency.WithTTL(10))
 	if err != nil {
 		fail("session: %v", err)
 	}
-	defer s1.Close()
-	s2, err := concurrency.NewSession(cli, concurrency.WithTTL(10))
-	if err != nil {
-		fail("session: %v", err)
-	}
-	defer s2.Close()
+	return s
+}
 
-	m1, m2 := concurrency.NewMutex(s1, "/locks/x"), concurrency.NewMutex(s2, "/locks/x")
+// contend has two sessions take the mutex `name` in turn: the second
+// waits while the first holds it, and gets it once it is released.
+func contend(s1, s2 *concurrency.Session, name string) {
+	m1, m2 := concurrency.NewMutex(s1, name), concurrency.NewMutex(s2, name)
 	say("m1 lock: %s", errText(m1.Lock(ctx())))
 	acquired := make(chan error, 1)
 	go func() { acquired <- m2.Lock(context.Background()) }()
@@ -722,7 +720,7 @@ func locksElectionsAndSTM(cli *clientv3.Client) {
 	case <-time.After(500 * time.Millisecond):
 		say("m2 waits while m1 holds the lock")
 	}
-	r, err := cli.Txn(ctx()).If(m1.IsOwner()).Commit()
+	r, err := s1.Client().Txn(ctx()).If(m1.IsOwner()).Commit()
 	say("m1 is owner: %s", txnText(r, err))
 	say("m1 unlock: %s", errText(m1.Unlock(ctx())))
 	select {
@@ -732,6 +730,14 @@ func locksElectionsAndSTM(cli *clientv3.Client) {
 		fail("m2 never got the lock")
 	}
 	say("m2 unlock: %s", errText(m2.Unlock(ctx())))
+}
+
+func locksElectionsAndSTM(cli *clientv3.Client) {
+	section("lock, election, stm")
+	s1, s2 := session(cli), session(cli)
+	defer s1.Close()
+	defer s2.Close()
+	contend(s1, s2, "/locks/x")
 
 	e1, e2 := concurrency.NewElection(s1, "/election/x"), concurrency.NewElection(s2, "/election/x")
 	say("e1 campaign: %s", errText(e1.Campaign(ctx(), "one")))
@@ -1092,34 +1098,10 @@ func clusterMain(endpoints []string) {
 	get(per[0], "l/ after the revoke", "l/", clientv3.WithPrefix())
 
 	section("a lock across members")
-	s1, err := concurrency.NewSession(per[0], concurrency.WithTTL(10))
-	if err != nil {
-		fail("session: %v", err)
-	}
+	s1, s2 := session(per[0]), session(per[last])
 	defer s1.Close()
-	s2, err := concurrency.NewSession(per[last], concurrency.WithTTL(10))
-	if err != nil {
-		fail("session: %v", err)
-	}
 	defer s2.Close()
-	m1, m2 := concurrency.NewMutex(s1, "/locks/c"), concurrency.NewMutex(s2, "/locks/c")
-	say("m1 lock: %s", errText(m1.Lock(ctx())))
-	acquired := make(chan error, 1)
-	go func() { acquired <- m2.Lock(context.Background()) }()
-	select {
-	case err := <-acquired:
-		say("m2 got the lock m1 holds: %s", errText(err))
-	case <-time.After(500 * time.Millisecond):
-		say("m2 waits while m1 holds the lock")
-	}
-	say("m1 unlock: %s", errText(m1.Unlock(ctx())))
-	select {
-	case err := <-acquired:
-		say("m2 lock: %s", errText(err))
-	case <-time.After(step):
-		fail("m2 never got the lock")
-	}
-	say("m2 unlock: %s", errText(m2.Unlock(ctx())))
+	contend(s1, s2, "/locks/c")
 
 	section("leadership transfer")
 	target := (leader + 1) % len(endpoints)
