@@ -208,9 +208,19 @@ fn in_go_framing<B: hyper::body::Body>(resp: Response<B>) -> Response<GoFramed<B
     let (mut parts, body) = resp.into_parts();
     let exact = body.size_hint().exact();
     let announced = parts.headers.contains_key(CONTENT_LENGTH);
-    let fits = exact.filter(|n| *n <= GO_BUFFERED_BYTES);
-    let mut date =
-        HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now())).ok();
+    // Go never announces a length on answers that have no body.
+    let bodiless = parts.status.is_informational()
+        || matches!(
+            parts.status,
+            StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED
+        );
+    let fits = exact.filter(|n| *n <= GO_BUFFERED_BYTES && !bodiless);
+    // An answer that carries its own `Date` keeps it where it is.
+    let mut date = if parts.headers.contains_key(DATE) {
+        None
+    } else {
+        HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now())).ok()
+    };
     let mut last_name = None;
     for (name, value) in std::mem::take(&mut parts.headers) {
         // The map yields a name once, then `None` for its further values.
@@ -227,11 +237,11 @@ fn in_go_framing<B: hyper::body::Body>(resp: Response<B>) -> Response<GoFramed<B
     }
     if let Some(date) = date.take() {
         parts.headers.append(DATE, date);
-        if let (Some(length), false) = (fits, announced) {
-            parts
-                .headers
-                .append(CONTENT_LENGTH, HeaderValue::from(length));
-        }
+    }
+    if let (Some(length), false) = (fits, announced) {
+        parts
+            .headers
+            .append(CONTENT_LENGTH, HeaderValue::from(length));
     }
     let body = GoFramed {
         inner: body,
