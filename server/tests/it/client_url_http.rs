@@ -31,11 +31,8 @@ fn request(endpoint: &str, method: &str, path: &str) -> (String, String) {
 /// a close with unread bytes is a RST on Linux. What the client received
 /// is the whole answer all the same.
 fn exchange(endpoint: &str, what: &str, wire: &str) -> (String, String) {
-    let mut s = TcpStream::connect(endpoint).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(wire.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    if let Err(e) = s.read_to_end(&mut raw) {
+    let (raw, read) = send(endpoint, wire);
+    if let Err(e) = read {
         let complete = e.kind() == std::io::ErrorKind::ConnectionReset && answer_is_complete(&raw);
         assert!(
             complete,
@@ -46,6 +43,17 @@ fn exchange(endpoint: &str, what: &str, wire: &str) -> (String, String) {
     let text = String::from_utf8(raw).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     (head.to_string(), body.to_string())
+}
+
+/// Writes `wire` in one write and reads until the server closes: what
+/// arrived, and how the read ended.
+fn send(endpoint: &str, wire: &str) -> (Vec<u8>, std::io::Result<usize>) {
+    let mut s = TcpStream::connect(endpoint).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(wire.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let read = s.read_to_end(&mut raw);
+    (raw, read)
 }
 
 /// Whether `raw` holds a header block and as many body bytes as its
@@ -67,14 +75,17 @@ fn answer_is_complete(raw: &[u8]) -> bool {
 /// writes it is compared) and without `Connection` (where Go and hyper
 /// put it differs, and it says nothing about the answer).
 fn comparable_head(head: &str) -> String {
+    masked_head(head, &["Date"])
+}
+
+/// The header block without `Connection`, the values of the `masked`
+/// headers replaced by `<masked>`.
+fn masked_head(head: &str, masked: &[&str]) -> String {
     head.lines()
         .filter(|l| !l.starts_with("Connection:"))
-        .map(|l| {
-            if l.starts_with("Date:") {
-                "Date: <date>"
-            } else {
-                l
-            }
+        .map(|l| match l.split_once(':') {
+            Some((name, _)) if masked.contains(&name) => format!("{name}: <masked>"),
+            _ => l.to_string(),
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -89,26 +100,13 @@ fn head_of_http11(endpoint: &str, method: &str, path: &str, body: &str) -> Strin
         "{method} {path} HTTP/1.1\r\nHost: {endpoint}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    let mut s = TcpStream::connect(endpoint).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(wire.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
+    // The read's end is not looked at: only the header block is wanted.
+    let (raw, _) = send(endpoint, &wire);
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, _) = text
         .split_once("\r\n\r\n")
         .unwrap_or_else(|| panic!("{method} {path} to {endpoint}: no header block in {text:?}"));
-    comparable_head(head)
-        .lines()
-        .map(|l| {
-            if l.starts_with("Content-Length:") {
-                "Content-Length: <n>"
-            } else {
-                l
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    masked_head(head, &["Date", "Content-Length"])
 }
 
 /// The metric families a page declares: its `# HELP` and `# TYPE` lines.

@@ -171,17 +171,8 @@ async fn raft_index(c: &mut Client) -> u64 {
 /// writes that started them; a follower healed before that catches up
 /// from the log instead, which is correct but not what a test of the
 /// snapshot path wants.
-async fn leader_dropped_entries_after(leader: &Server, index: u64, catch_up: u64) {
-    let past = index + catch_up + 1;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !leader.checkpoint_indexes().iter().any(|i| *i > past) {
-        assert!(
-            Instant::now() < deadline,
-            "the leader logged no checkpoint past index {past}:\n{}",
-            leader.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+fn leader_dropped_entries_after(leader: &Server, index: u64, catch_up: u64) {
+    leader.wait_for_checkpoint_after(index + catch_up + 1, "before the partition heals");
 }
 
 /// (leader id, revision) as member `s` reports them.
@@ -1530,7 +1521,7 @@ fn watchers_on_a_follower_see_the_events_a_snapshot_covered() {
             expected.push((k, v));
         }
         let leader_member = &cluster.members[leader];
-        leader_dropped_entries_after(leader_member, isolated_at, catch_up).await;
+        leader_dropped_entries_after(leader_member, isolated_at, catch_up);
         cluster.isolate(None, &ids);
 
         let mut seen: Vec<(String, String)> = Vec::new();
@@ -1583,7 +1574,7 @@ fn watchers_on_a_follower_see_the_events_a_snapshot_covered() {
         )
         .await
         .unwrap();
-        leader_dropped_entries_after(leader_member, isolated_at, catch_up).await;
+        leader_dropped_entries_after(leader_member, isolated_at, catch_up);
         cluster.isolate(None, &ids);
         let Ok(next) = tokio::time::timeout(Duration::from_secs(90), cancels.message()).await
         else {
