@@ -19,7 +19,45 @@ const PROTOS: &[&str] = &[
     "proto/etcd/api/v3electionpb/v3election.proto",
 ];
 
+/// `metcd --version`'s git SHA and Rust version, as etcd's `--version`
+/// prints its Git SHA and Go version.
+fn version_info() {
+    let run = |program: &str, args: &[&str]| {
+        std::process::Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let sha = run("git", &["rev-parse", "--short=12", "HEAD"])
+        .unwrap_or_else(|| "Not provided (not built from a git checkout)".into());
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let rust = run(&rustc, &["--version"]).unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=METCD_GIT_SHA={sha}");
+    println!("cargo:rustc-env=METCD_RUSTC_VERSION={rust}");
+    // A new commit changes HEAD's ref (or HEAD itself when detached).
+    if let Some(git_dir) = run("git", &["rev-parse", "--git-dir"]) {
+        let git_dir = std::path::Path::new(&git_dir);
+        println!("cargo:rerun-if-changed={}", git_dir.join("HEAD").display());
+        if let Some(head_ref) = run("git", &["symbolic-ref", "-q", "HEAD"]) {
+            // A ref packed away has no file of its own (and a missing file
+            // would rerun this script on every build).
+            let loose = git_dir.join(head_ref);
+            let watched = if loose.exists() {
+                loose
+            } else {
+                git_dir.join("packed-refs")
+            };
+            println!("cargo:rerun-if-changed={}", watched.display());
+        }
+    }
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
+    version_info();
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // prost-build runs whatever `PROTOC` names. (`set_var` is a safe fn in
     // edition 2021; this build script has no other threads.)

@@ -197,10 +197,15 @@ impl Default for Config {
 #[derive(Debug, Parser, Default)]
 #[command(
     name = "metcd",
-    version,
-    about = "An etcd-compatible, Raft-replicated key-value server"
+    disable_version_flag = true,
+    about = "An etcd-compatible, Raft-replicated key-value server",
+    after_help = "Every flag can also be a key of the --config file. Backups: \
+                  `metcd snapshot restore|status` (docs/operations.md)."
 )]
 pub struct Flags {
+    /// Print the version (metcd's, the etcd API it serves, git SHA, Rust) and exit.
+    #[arg(long)]
+    pub version: bool,
     /// TOML config file (keys named as these flags, e.g. `snapshot-count = 10000`).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -445,8 +450,52 @@ impl Config {
             auth_token_ttl,
             bcrypt_cost,
         );
+        cfg.make_paths_absolute()?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Makes every path taken from flags or the config file absolute
+    /// against the working directory at start-up, the data dir's default
+    /// (`<name>.metcd`) included, so that nothing later resolves a path
+    /// relative to anything else (glommio opens files relative to a
+    /// descriptor that is not the working directory) and what is printed
+    /// is where the files are.
+    fn make_paths_absolute(&mut self) -> Result<(), ConfigError> {
+        let absolute = |flag: &'static str, path: &Path| {
+            std::path::absolute(path)
+                .map_err(|e| invalid_flag(flag, path.display().to_string(), e.to_string()))
+        };
+        self.data_dir = Some(absolute("data-dir", &self.data_dir())?);
+        for (flag, path) in [
+            ("peer-cert-file", &mut self.peer_cert_file),
+            ("peer-key-file", &mut self.peer_key_file),
+            ("peer-trusted-ca-file", &mut self.peer_trusted_ca_file),
+            ("cert-file", &mut self.cert_file),
+            ("key-file", &mut self.key_file),
+            ("trusted-ca-file", &mut self.trusted_ca_file),
+            (
+                "experimental-peer-fault-file",
+                &mut self.experimental_peer_fault_file,
+            ),
+        ] {
+            if let Some(p) = path.as_mut() {
+                *p = absolute(flag, p)?;
+            }
+        }
+        // `jwt,pub-key=<file>,priv-key=<file>,...`: the two key files.
+        let mut options = Vec::new();
+        for option in self.auth_token.split(',') {
+            match option.split_once('=') {
+                Some((k @ ("pub-key" | "priv-key"), file)) if !file.is_empty() => {
+                    let file = absolute("auth-token", Path::new(file))?;
+                    options.push(format!("{k}={}", file.display()));
+                }
+                _ => options.push(option.to_string()),
+            }
+        }
+        self.auth_token = options.join(",");
+        Ok(())
     }
 
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
@@ -1116,6 +1165,34 @@ mod tests {
     }
 
     #[test]
+    fn every_path_is_made_absolute_at_start() {
+        let cwd = std::env::current_dir().unwrap();
+        let flags = Flags::parse_from([
+            "metcd",
+            "--data-dir",
+            "x/y",
+            "--cert-file",
+            "c.pem",
+            "--key-file",
+            "/abs/k.pem",
+            "--auth-token",
+            "jwt,pub-key=pub.pem,priv-key=../priv.pem,sign-method=RS256",
+        ]);
+        let cfg = Config::from_flags(flags).unwrap();
+        assert_eq!(cfg.data_dir(), cwd.join("x/y"));
+        assert_eq!(cfg.cert_file, Some(cwd.join("c.pem")));
+        assert_eq!(cfg.key_file, Some(PathBuf::from("/abs/k.pem")));
+        assert_eq!(
+            cfg.auth_token,
+            format!(
+                "jwt,pub-key={},priv-key={},sign-method=RS256",
+                cwd.join("pub.pem").display(),
+                cwd.join("../priv.pem").display()
+            )
+        );
+    }
+
+    #[test]
     fn flags_override_file_and_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.toml");
@@ -1131,7 +1208,10 @@ mod tests {
         assert_eq!(cfg.snapshot_count, 500);
         assert_eq!(cfg.wal_batch_window_us, 50);
         assert_eq!(cfg.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
-        assert_eq!(cfg.data_dir(), PathBuf::from("n1.metcd"));
+        // Relative paths are made absolute once, against the working
+        // directory at start-up.
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(cfg.data_dir(), cwd.join("n1.metcd"));
     }
 
     #[test]

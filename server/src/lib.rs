@@ -14,6 +14,7 @@ pub mod compactor;
 pub mod config;
 pub mod error;
 pub mod etcd_db;
+pub mod flag_docs;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ids;
@@ -22,6 +23,7 @@ pub mod lease;
 pub mod members;
 pub mod metrics;
 pub mod mvcc;
+pub mod net;
 pub mod node;
 pub mod notify;
 pub mod peer;
@@ -32,5 +34,19 @@ pub mod watch;
 
 /// The etcd API version we are compatible with (reported by `/version`).
 pub const ETCD_API_VERSION: &str = "3.5.13";
+/// `metcd --version`, in the shape of etcd's (`etcd Version: ...`, `Git
+/// SHA: ...`, `Go Version: ...`, `Go OS/Arch: ...`).
+pub fn version_text() -> String {
+    format!(
+        "metcd Version: {}\netcd API Version: {}\nGit SHA: {}\nRust Version: {}\nRust OS/Arch: {}/{}\n",
+        env!("CARGO_PKG_VERSION"),
+        ETCD_API_VERSION,
+        env!("METCD_GIT_SHA"),
+        env!("METCD_RUSTC_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH,
+    )
+}
+
 /// The etcd cluster version we report.
 pub const ETCD_CLUSTER_VERSION: &str = "3.5.0";

@@ -1,8 +1,7 @@
 //! `metcd`: starts one member with the given flags / config file;
 //! `metcd snapshot restore|status ...` restores or inspects a backup.
 
-use clap::Parser;
-use server::config::{Config, Flags};
+use server::config::Config;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -13,7 +12,11 @@ fn main() {
     if args.next().is_some_and(|a| a == "snapshot") {
         std::process::exit(server::backup::cli(args.collect()));
     }
-    let flags = Flags::parse();
+    let flags = server::flag_docs::parse();
+    if flags.version {
+        print!("{}", server::version_text());
+        return;
+    }
     let cfg = match Config::from_flags(flags) {
         Ok(cfg) => cfg,
         Err(e) => {

@@ -2901,13 +2901,7 @@ impl Node {
     /// Validates a new member's peer URLs (etcd's checks and messages) and
     /// derives its ID.
     fn new_member_record(&self, peer_urls: Vec<String>, is_learner: bool) -> Result<MemberRecord> {
-        if peer_urls.is_empty()
-            || crate::config::parse_peer_urls("peer-urls", &peer_urls.join(",")).is_err()
-        {
-            return Err(ServerError::Membership(
-                "etcdserver: given member URLs are invalid",
-            ));
-        }
+        check_new_member_urls(&peer_urls)?;
         // etcd's ID for a runtime add: the peer URLs and the Unix second,
         // no cluster name (`membership.NewMember("", urls, "", &now)`); so
         // the same URLs added twice within a second collide on the ID, and
@@ -3387,6 +3381,19 @@ fn load_member_records(mvcc: &MvccStore<AnyEngine>, registry: &mut Registry) -> 
         if let Some(record) = members::decode(&value) {
             registry.upsert(record);
         }
+    }
+    Ok(())
+}
+
+/// A MemberAdd's peer URLs as etcd checks them (before anything else,
+/// the caller's permission included), in its words.
+pub fn check_new_member_urls(peer_urls: &[String]) -> Result<()> {
+    if peer_urls.is_empty()
+        || crate::config::parse_peer_urls("peer-urls", &peer_urls.join(",")).is_err()
+    {
+        return Err(ServerError::Membership(
+            "etcdserver: given member URLs are invalid",
+        ));
     }
     Ok(())
 }

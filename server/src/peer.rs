@@ -23,7 +23,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use glommio::net::{TcpListener, TcpStream};
+use glommio::net::TcpStream;
 use protobuf::Message as _;
 use raft::eraftpb::Message;
 
@@ -536,7 +536,7 @@ pub fn listen(
     inbound: Rc<Inbound>,
     tls: Option<PeerTls>,
 ) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr)?;
+    let listener = crate::net::listen(addr, crate::net::PortSharing::Exclusive)?;
     glommio::spawn_local(async move {
         loop {
             match listener.accept().await {

@@ -327,24 +327,9 @@ const JSON_CONTENT_TYPE: &str = "application/json";
 /// Prometheus' text exposition format, as etcd serves it.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Binds with SO_REUSEPORT (every shard listens on the same port) and
-/// SO_REUSEADDR (a restart right after a kill must not trip over the old
-/// connections still in TIME_WAIT).
+/// Binds one shard's listener on the shared port (crate::net).
 pub fn bind(addr: SocketAddr) -> std::io::Result<glommio::net::TcpListener> {
-    use std::os::fd::IntoRawFd;
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(1024)?;
-    let fd = socket.into_raw_fd();
-    // SAFETY: `fd` is a bound, listening TCP socket we own; ownership moves
-    // into the glommio listener, which closes it.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+    crate::net::listen(addr, crate::net::PortSharing::EveryShard)
 }
 
 async fn handle(backend: &Backend, limits: HttpLimits, req: Request<Incoming>) -> HttpResponse {

@@ -248,8 +248,14 @@ fn version_health_and_metrics_on_the_client_url_as_etcd_serves_them() {
 
 /// (status line, body) of one HTTP/1.0 POST with a JSON body.
 fn post(endpoint: &str, path: &str, json: &str) -> (String, String) {
+    post_as(endpoint, path, json, None)
+}
+
+/// [`post`] with etcd's gateway token header (`Authorization: <token>`).
+fn post_as(endpoint: &str, path: &str, json: &str, token: Option<&str>) -> (String, String) {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: {t}\r\n"));
     let wire = format!(
-        "POST {path} HTTP/1.0\r\nHost: {endpoint}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+        "POST {path} HTTP/1.0\r\nHost: {endpoint}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
         json.len()
     );
     let (head, body) = exchange(endpoint, &format!("POST {path}"), &wire);
@@ -342,6 +348,77 @@ fn gateway_json_routes_match_etcd() {
         ("/v3beta/kv/range", r#"{"key":"YQ=="}"#),
     ];
     same_answers(&etcd.endpoint, &ep, steps);
+}
+
+/// With auth on, the gateway's root-only routes (membership changes,
+/// Defragment, Hash, HashKV, Snapshot) refuse a caller without a token and
+/// a caller without the root role with etcd 3.4's status and JSON, and the
+/// routes etcd leaves open (MemberList, Status, Alarm, MoveLeader) answer
+/// them as etcd does.
+#[test]
+fn gateway_admin_only_routes_refuse_as_etcd() {
+    let (_dir, etcd, metcd) = etcd_and_metcd();
+    let ep = metcd.client_endpoint();
+    let token = |endpoint: &str, user: &str, password: &str| -> String {
+        let body = format!(r#"{{"name":"{user}","password":"{password}"}}"#);
+        let (status, answer) = post(endpoint, "/v3/auth/authenticate", &body);
+        assert!(status.ends_with("200 OK"), "{status} {answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        v["token"].as_str().unwrap().to_string()
+    };
+    let mut alice = Vec::new();
+    for endpoint in [&etcd.endpoint, &ep] {
+        for args in [
+            &["user", "add", "root:rootpw"][..],
+            &["user", "add", "alice:apw"],
+            &["auth", "enable"],
+        ] {
+            let o = etcdctl(endpoint, args);
+            assert!(o.status.success(), "{args:?}: {o:?}");
+        }
+        alice.push(token(endpoint, "alice", "apw"));
+    }
+    let routes: &[(&str, &str)] = &[
+        (
+            "/v3/cluster/member/add",
+            r#"{"peerURLs":["http://127.0.0.1:1"],"isLearner":true}"#,
+        ),
+        ("/v3/cluster/member/add", r#"{"peerURLs":["nope"]}"#),
+        (
+            "/v3/cluster/member/update",
+            r#"{"ID":"1234","peerURLs":["http://127.0.0.1:2"]}"#,
+        ),
+        ("/v3/cluster/member/remove", r#"{"ID":"1234"}"#),
+        ("/v3/cluster/member/promote", r#"{"ID":"1234"}"#),
+        ("/v3/maintenance/defragment", "{}"),
+        ("/v3/maintenance/hash", "{}"),
+        ("/v3/maintenance/hashkv", "{}"),
+        ("/v3/maintenance/snapshot", "{}"),
+        ("/v3/maintenance/alarm", "{}"),
+        (
+            "/v3/maintenance/transfer-leadership",
+            r#"{"targetID":"1234"}"#,
+        ),
+    ];
+    for (path, json) in routes {
+        for who in [None, Some((&alice[0], &alice[1]))] {
+            let theirs = post_as(&etcd.endpoint, path, json, who.map(|w| w.0.as_str()));
+            let ours = post_as(&ep, path, json, who.map(|w| w.1.as_str()));
+            let caller = if who.is_some() { "alice" } else { "no user" };
+            assert_eq!(
+                (ours.0.as_str(), mask_ids(&ours.1)),
+                (theirs.0.as_str(), mask_ids(&theirs.1)),
+                "POST {path} {json} as {caller}: metcd (left) differs from etcd (right)"
+            );
+        }
+    }
+    // Nothing got through: each cluster still has its one member.
+    for endpoint in [&etcd.endpoint, &ep] {
+        let root = token(endpoint, "root", "rootpw");
+        let (_, list) = post_as(endpoint, "/v3/cluster/member/list", "{}", Some(&root));
+        let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+        assert_eq!(v["members"].as_array().map(Vec::len), Some(1), "{list}");
+    }
 }
 
 /// Bodies etcd's gateway cannot decode get Go's own words (its JSON

@@ -665,6 +665,86 @@ fn scenario_auth() -> Vec<Step> {
     ]
 }
 
+/// What etcd 3.4 allows only to root once auth is on — membership changes
+/// (its `checkMembershipOperationPermission`), Defragment and HashKV (its
+/// Maintenance `isAuthenticated`), auth management — asked by no user, by
+/// a user without the root role and by root; and what it leaves open to
+/// any caller (Status, Alarm, MoveLeader). Root's answers show the check
+/// passed (a learner added, then a member that does not exist).
+fn scenario_admin_only() -> Vec<Step> {
+    const EMPTY: &str = "Error: etcdserver: user name is empty";
+    const DENIED: &str = "Error: etcdserver: permission denied";
+    let as_user = |who: &'static str, args: &[&str]| {
+        let mut all = Vec::new();
+        if !who.is_empty() {
+            all.extend(["--user", who]);
+        }
+        all.extend_from_slice(args);
+        step(&all)
+    };
+    let membership: [&[&str]; 4] = [
+        &[
+            "member",
+            "add",
+            "m2",
+            "--learner",
+            "--peer-urls=http://127.0.0.1:1",
+        ],
+        &["member", "update", "1234", "--peer-urls=http://127.0.0.1:2"],
+        &["member", "remove", "1234"],
+        &["member", "promote", "1234"],
+    ];
+    let mut steps = vec![
+        step(&["user", "add", "root:rootpw"]).ok("User root created"),
+        step(&["user", "add", "alice:apw"]).ok("User alice created"),
+        step(&["role", "add", "reader"]).ok("Role reader created"),
+        step(&["user", "grant-role", "alice", "reader"]).ok("is granted"),
+        step(&["auth", "enable"]).ok("Authentication Enabled"),
+    ];
+    for args in membership {
+        steps.push(as_user("", args).err(EMPTY));
+        steps.push(as_user("alice:apw", args).err(DENIED));
+        steps.push(as_user("root:x", args).err("authentication failed"));
+    }
+    steps.extend([
+        // Malformed URLs are refused before the caller is looked at.
+        as_user("", &["member", "add", "m3", "--peer-urls=127.0.0.1:1"]).err("Error:"),
+        as_user("root:rootpw", membership[0])
+            .norm(Norm::MemberAdd)
+            .ok("added to cluster"),
+        as_user("root:rootpw", membership[1]).err("Error:"),
+        as_user("root:rootpw", membership[2]).err("Error:"),
+        as_user("root:rootpw", membership[3]).err("Error:"),
+        as_user("", &["defrag"]).err("auth: user name is empty"),
+        as_user("alice:apw", &["defrag"]).err("auth: permission denied"),
+        as_user("root:rootpw", &["defrag"]).ok("Finished defragmenting"),
+        as_user("", &["endpoint", "hashkv"]).err("auth: user name is empty"),
+        as_user("alice:apw", &["endpoint", "hashkv"]).err("auth: permission denied"),
+        as_user("root:rootpw", &["endpoint", "hashkv", "-w", "json"])
+            .norm(Norm::HashKv)
+            .ok("\"hash\""),
+        as_user("", &["user", "add", "bob:b"]).err(EMPTY),
+        as_user("alice:apw", &["user", "add", "bob:b"]).err(DENIED),
+        as_user("alice:apw", &["user", "get", "root"]).err(DENIED),
+        as_user("alice:apw", &["user", "get", "alice"]).ok("User: alice"),
+        as_user("alice:apw", &["role", "get", "root"]).err(DENIED),
+        as_user("alice:apw", &["role", "get", "reader"]).ok("Role reader"),
+        as_user("alice:apw", &["role", "list"]).err(DENIED),
+        as_user("alice:apw", &["role", "add", "r2"]).err(DENIED),
+        as_user("alice:apw", &["user", "grant-role", "alice", "root"]).err(DENIED),
+        as_user("alice:apw", &["auth", "disable"]).err(DENIED),
+        as_user("", &["auth", "disable"]).err(EMPTY),
+        // Open to every caller in etcd 3.4.
+        as_user("", &["endpoint", "status", "-w", "json"]).norm(Norm::EndpointStatus),
+        as_user("alice:apw", &["endpoint", "status", "-w", "json"]).norm(Norm::EndpointStatus),
+        as_user("", &["alarm", "list"]),
+        as_user("alice:apw", &["alarm", "list"]),
+        as_user("alice:apw", &["move-leader", "1234"]).err("Error:"),
+        as_user("root:rootpw", &["auth", "disable"]).ok("Authentication Disabled"),
+    ]);
+    steps
+}
+
 /// etcd's backend quota with `--quota-backend-bytes 1`: every store is
 /// already too big, so both servers refuse the first put and raise NOSPACE
 /// at the same step (a real quota is reached at a store size that depends
@@ -714,6 +794,7 @@ fn all_scenarios() -> Vec<(&'static str, Vec<Step>, &'static [&'static str])> {
         ("errors", scenario_errors(), &[]),
         ("strict_reconfig", scenario_strict_reconfig(), &[]),
         ("auth", scenario_auth(), &[]),
+        ("admin_only", scenario_admin_only(), &[]),
         ("nospace", scenario_nospace(), &QUOTA_OF_ONE_BYTE),
     ]
 }
@@ -1155,6 +1236,13 @@ fn strict_reconfig_checks_match_etcd() {
 #[test]
 fn auth_users_roles_and_permissions_match_etcd() {
     etcd_vs_metcd("auth", scenario_auth());
+}
+
+/// The membership-change hole (any user could add or remove members once
+/// auth was on) stays closed, and every other root-only call with it.
+#[test]
+fn admin_only_calls_refuse_others_as_etcd_does() {
+    etcd_vs_metcd("admin_only", scenario_admin_only());
 }
 
 #[test]

@@ -13,6 +13,7 @@ mod go_clientv3;
 mod http_api;
 mod lease_restart;
 mod mvcc_model;
+mod operator;
 mod python_clients;
 mod quota;
 mod recipes;

@@ -401,14 +401,26 @@ fn stream_error(status: &Status) -> Response<StreamOutput> {
 }
 
 /// A streaming RPC's answer as the gateway sends it: a `{"result":..}` line
-/// per response (an `{"error":..}` line if the stream fails), or the unary
-/// error shape when it failed before streaming.
+/// per response, an `{"error":..}` line if the stream fails. An RPC that
+/// fails before its first response (a refused caller) gets that line alone
+/// with the code's HTTP status: grpc-gateway v1 only learns of the failure
+/// from the stream's first receive. (A body it cannot decode never reaches
+/// the RPC: that is the unary error shape, [`stream_error`].)
 fn stream_output<Resp: Serialize + Send + 'static>(
     answer: Result<tonic::Response<BoxStream<Resp>>, Status>,
 ) -> Response<StreamOutput> {
     let stream = match answer {
         Ok(stream) => stream,
-        Err(status) => return stream_error(&status),
+        Err(status) => {
+            let mut resp = Response::new(StreamOutput {
+                lines: None,
+                error: Some(error_line(&status)),
+            });
+            *resp.status_mut() = http_status(status.code());
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            return resp;
+        }
     };
     let lines = futures_lite::StreamExt::map(stream.into_inner(), |item| match item {
         Ok(resp) => result_line(&resp),
@@ -486,7 +498,9 @@ fn error_line(status: &Status) -> Bytes {
     };
     let mut line = b"{\"error\":".to_vec();
     let _ = serde_json::to_writer(&mut line, &error);
-    line.extend_from_slice(b"}\n");
+    // No delimiter after it, unlike a result line: grpc-gateway v1 writes
+    // the error chunk alone and ends the stream.
+    line.push(b'}');
     Bytes::from(line)
 }
 

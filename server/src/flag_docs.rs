@@ -1,0 +1,483 @@
+//! What every `metcd` flag means, its unit and its default: the one source
+//! of `metcd --help` and of the flag table in docs/operations.md (a test
+//! keeps the file equal to [`markdown`]).
+//!
+//! Flags are grouped as etcd's `--help` groups them (member, clustering,
+//! security, auth, experimental), then metcd's own. A default written as a
+//! value is the value [`crate::config::Config`] takes when the flag is
+//! absent (tested: giving it explicitly changes nothing); one in
+//! parentheses is a rule (it depends on other flags or on the machine).
+
+use clap::{CommandFactory, FromArgMatches};
+
+use crate::config::Flags;
+
+/// etcd's groups, in its order, then ours.
+pub const GROUPS: &[&str] = &[
+    "Member",
+    "Clustering",
+    "Security",
+    "Auth",
+    "Experimental",
+    "metcd",
+];
+
+/// One flag's documentation.
+#[derive(Debug, Clone, Copy)]
+pub struct FlagDoc {
+    pub group: &'static str,
+    /// The long name, without `--`.
+    pub name: &'static str,
+    /// What the value is, with its unit (`<ms>`, `<bytes>`, `<urls>`).
+    pub value: &'static str,
+    /// The value taken when the flag is absent (see the module doc).
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+const fn flag(
+    group: &'static str,
+    name: &'static str,
+    value: &'static str,
+    default: &'static str,
+    help: &'static str,
+) -> FlagDoc {
+    FlagDoc {
+        group,
+        name,
+        value,
+        default,
+        help,
+    }
+}
+
+/// Every flag `metcd` takes (the test-only hidden one aside).
+pub const FLAGS: &[FlagDoc] = &[
+    // Member
+    flag("Member", "name", "<name>", "default", "Human-readable name of this member."),
+    flag(
+        "Member",
+        "data-dir",
+        "<path>",
+        "(<name>.metcd)",
+        "WAL (member/wal) and snapshots (member/snap); locked against a second process. Relative to the working directory at start.",
+    ),
+    flag(
+        "Member",
+        "listen-peer-urls",
+        "<urls>",
+        "(the advertise peer URLs, when the cluster has peers)",
+        "Where peers connect (metcd's own peer protocol over TCP or TLS).",
+    ),
+    flag(
+        "Member",
+        "listen-client-urls",
+        "<urls>",
+        "http://127.0.0.1:2379",
+        "etcd's v3 gRPC API, its JSON gateway and /health, /version, /metrics.",
+    ),
+    flag(
+        "Member",
+        "snapshot-count",
+        "<entries>",
+        "100000",
+        "Applied entries between two snapshots (WAL segments are released after one).",
+    ),
+    flag("Member", "heartbeat-interval", "<ms>", "100", "Time of a Raft heartbeat."),
+    flag(
+        "Member",
+        "election-timeout",
+        "<ms>",
+        "1000",
+        "Time a follower waits for the leader before it campaigns.",
+    ),
+    flag(
+        "Member",
+        "quota-backend-bytes",
+        "<bytes>",
+        "0",
+        "Backend quota: a write past it raises NOSPACE. 0 = 2 GiB (etcd's default), negative = no quota.",
+    ),
+    flag("Member", "max-txn-ops", "<ops>", "128", "Most operations in one txn."),
+    flag(
+        "Member",
+        "max-request-bytes",
+        "<bytes>",
+        "1572864",
+        "Largest client request accepted.",
+    ),
+    // Clustering
+    flag(
+        "Clustering",
+        "initial-advertise-peer-urls",
+        "<urls>",
+        "http://localhost:2380",
+        "This member's peer URLs, announced to the cluster; with the cluster token they give the member ID.",
+    ),
+    flag(
+        "Clustering",
+        "initial-cluster",
+        "<name=url,...>",
+        "(<name>=<initial-advertise-peer-urls>)",
+        "Every member of a new cluster; this member's entry must equal its advertise peer URLs.",
+    ),
+    flag(
+        "Clustering",
+        "initial-cluster-state",
+        "<new|existing>",
+        "new",
+        "new: bootstrap; existing: join a running cluster after `etcdctl member add`.",
+    ),
+    flag(
+        "Clustering",
+        "initial-cluster-token",
+        "<token>",
+        "etcd-cluster",
+        "Cluster token; with the peer URLs it gives the cluster and member IDs.",
+    ),
+    flag(
+        "Clustering",
+        "advertise-client-urls",
+        "<urls>",
+        "(the listen client URLs)",
+        "Client URLs shown in member lists.",
+    ),
+    flag(
+        "Clustering",
+        "auto-compaction-mode",
+        "<periodic|revision>",
+        "periodic",
+        "How auto-compaction-retention is read.",
+    ),
+    flag(
+        "Clustering",
+        "auto-compaction-retention",
+        "<hours|duration|revisions>",
+        "0",
+        "History kept by auto-compaction: periodic: hours (1) or a duration (30m); revision: a count. 0 = off.",
+    ),
+    // Security
+    flag(
+        "Security",
+        "cert-file",
+        "<path>",
+        "(none)",
+        "Certificate chain (PEM) of the client URLs; with it they are https://.",
+    ),
+    flag("Security", "key-file", "<path>", "(none)", "Private key (PEM) of cert-file."),
+    flag(
+        "Security",
+        "client-cert-auth",
+        "<bool>",
+        "false",
+        "Refuse clients without a certificate of trusted-ca-file.",
+    ),
+    flag(
+        "Security",
+        "trusted-ca-file",
+        "<path>",
+        "(none)",
+        "CA that client certificates must chain to (client certificates are then required).",
+    ),
+    flag(
+        "Security",
+        "peer-cert-file",
+        "<path>",
+        "(none)",
+        "Certificate chain (PEM) presented to peers; with it peer URLs are https://.",
+    ),
+    flag("Security", "peer-key-file", "<path>", "(none)", "Private key (PEM) of peer-cert-file."),
+    flag(
+        "Security",
+        "peer-client-cert-auth",
+        "<bool>",
+        "false",
+        "Refuse peers connecting in without a certificate of peer-trusted-ca-file.",
+    ),
+    flag(
+        "Security",
+        "peer-trusted-ca-file",
+        "<path>",
+        "(none)",
+        "CA that peer certificates must chain to.",
+    ),
+    // Auth
+    flag(
+        "Auth",
+        "auth-token",
+        "<simple|jwt,...>",
+        "simple",
+        "Token kind: simple, or jwt,pub-key=<path>,priv-key=<path>,sign-method=<RS256|...>,ttl=<duration>.",
+    ),
+    flag(
+        "Auth",
+        "auth-token-ttl",
+        "<seconds>",
+        "300",
+        "How long a simple token lives after its last use.",
+    ),
+    flag(
+        "Auth",
+        "bcrypt-cost",
+        "<4..31>",
+        "10",
+        "bcrypt cost of passwords hashed on this member.",
+    ),
+    // Experimental
+    flag(
+        "Experimental",
+        "experimental-initial-corrupt-check",
+        "<bool>",
+        "false",
+        "Before serving, compare this member's KV hash with its peers' and refuse to start on a difference.",
+    ),
+    flag(
+        "Experimental",
+        "experimental-corrupt-check-time",
+        "<duration>",
+        "0s",
+        "How often the leader compares the members' KV hashes (0s = never).",
+    ),
+    flag(
+        "Experimental",
+        "experimental-enable-lease-checkpoint",
+        "<bool>",
+        "false",
+        "The leader puts long leases' remaining TTLs through the log.",
+    ),
+    flag(
+        "Experimental",
+        "experimental-lease-checkpoint-interval",
+        "<duration>",
+        "5m",
+        "How often leases are checkpointed.",
+    ),
+    flag(
+        "Experimental",
+        "experimental-snapshot-catchup-entries",
+        "<entries>",
+        "5000",
+        "Log entries kept behind a snapshot for lagging followers.",
+    ),
+    flag(
+        "Experimental",
+        "experimental-watch-progress-notify-interval",
+        "<duration>",
+        "10m",
+        "Progress notifications for watchers that ask (0s = off).",
+    ),
+    // metcd's own
+    flag(
+        "metcd",
+        "config",
+        "<path>",
+        "(none)",
+        "TOML file with any of these flags as keys (snapshot-count = 10000); flags win over it.",
+    ),
+    flag(
+        "metcd",
+        "listen-http-urls",
+        "<urls>",
+        "http://127.0.0.1:3379",
+        "The curl API (PUT/GET/DELETE /<key>); empty ('') turns it off.",
+    ),
+    flag(
+        "metcd",
+        "engine",
+        "<memory|btree|lsm>",
+        "memory",
+        "Storage engine, fixed at the data dir's first start.",
+    ),
+    flag(
+        "metcd",
+        "engine-cache-bytes",
+        "<bytes>",
+        "(a quarter of RAM, 64 MiB to 1 GiB)",
+        "Block cache of the btree and lsm engines (they read with O_DIRECT: size it like a buffer pool).",
+    ),
+    flag(
+        "metcd",
+        "shards",
+        "<cores>",
+        "(every core but one, at least 1)",
+        "Pinned executors; shard 0 owns the Raft group.",
+    ),
+    flag(
+        "metcd",
+        "wal-batch-window-us",
+        "<us>",
+        "0",
+        "Group commit: wait this long for more proposals before the fsync.",
+    ),
+    flag("metcd", "wal-max-batch", "<proposals>", "4096", "Most proposals in one group commit."),
+    flag("metcd", "wal-segment-bytes", "<bytes>", "67108864", "WAL segment size."),
+    flag(
+        "metcd",
+        "wal-dsync",
+        "<bool>",
+        "true",
+        "Write group commits with O_DSYNC (one I/O) instead of write + fdatasync.",
+    ),
+    flag(
+        "metcd",
+        "max-pending-proposals",
+        "<proposals>",
+        "100000",
+        "Beyond this, writes get `etcdserver: too many requests`.",
+    ),
+    flag(
+        "metcd",
+        "io-memory-bytes",
+        "<bytes>",
+        "1048576",
+        "glommio locked I/O memory per shard (about 3x this is locked per shard).",
+    ),
+    flag(
+        "metcd",
+        "spin-before-park-us",
+        "<us>",
+        "0",
+        "An idle shard spins this long before it sleeps.",
+    ),
+];
+
+/// The documentation of `name`, if it is a documented flag.
+pub fn find(name: &str) -> Option<&'static FlagDoc> {
+    FLAGS.iter().find(|f| f.name == name)
+}
+
+/// `metcd`'s clap command with every flag's help, value name, default and
+/// group from [`FLAGS`].
+pub fn command() -> clap::Command {
+    let mut cmd = Flags::command();
+    for doc in FLAGS {
+        // clap names an argument after its field (`data_dir`).
+        cmd = cmd.mut_arg(doc.name.replace('-', "_"), |arg| {
+            arg.help(format!("{} [default: {}]", doc.help, doc.default))
+                .value_name(doc.value.trim_start_matches('<').trim_end_matches('>'))
+                .help_heading(doc.group)
+        });
+    }
+    cmd
+}
+
+/// Parses the process's arguments with the documented command.
+pub fn parse() -> Flags {
+    let matches = command().get_matches();
+    match Flags::from_arg_matches(&matches) {
+        Ok(flags) => flags,
+        Err(e) => e.exit(),
+    }
+}
+
+/// The flag table of docs/operations.md.
+pub fn markdown() -> String {
+    let mut out = String::new();
+    for group in GROUPS {
+        out.push_str(&format!(
+            "\n**{group}**\n\n| flag | default | meaning |\n|---|---|---|\n"
+        ));
+        for doc in FLAGS.iter().filter(|f| f.group == *group) {
+            out.push_str(&format!(
+                "| `--{} {}` | `{}` | {} |\n",
+                doc.name,
+                doc.value,
+                doc.default,
+                doc.help.replace('|', "\\|")
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::config::Config;
+
+    /// Every flag clap knows has a line here and every line a flag.
+    #[test]
+    fn every_flag_is_documented_once() {
+        let cmd = Flags::command();
+        let mut known: Vec<&str> = cmd
+            .get_arguments()
+            .filter(|a| !a.is_hide_set())
+            .filter_map(|a| a.get_long())
+            .filter(|l| !matches!(*l, "help" | "version"))
+            .collect();
+        known.sort_unstable();
+        let mut documented: Vec<&str> = FLAGS.iter().map(|f| f.name).collect();
+        documented.sort_unstable();
+        let before = documented.len();
+        documented.dedup();
+        assert_eq!(before, documented.len(), "a flag is documented twice");
+        assert_eq!(known, documented);
+        for doc in FLAGS {
+            assert!(
+                GROUPS.contains(&doc.group),
+                "{}: group {}",
+                doc.name,
+                doc.group
+            );
+        }
+    }
+
+    /// A default written as a value is what the flag's absence gives.
+    #[test]
+    fn documented_defaults_are_the_defaults() {
+        let absent = Config::from_flags(Flags::default()).unwrap();
+        for doc in FLAGS.iter().filter(|d| !d.default.starts_with('(')) {
+            let arg = format!("--{}={}", doc.name, doc.default);
+            let matches = command()
+                .try_get_matches_from(["metcd", arg.as_str()])
+                .unwrap_or_else(|e| panic!("{arg}: {e}"));
+            let flags = Flags::from_arg_matches(&matches).unwrap();
+            let given = Config::from_flags(flags).unwrap_or_else(|e| panic!("{arg}: {e}"));
+            assert_eq!(given, absent, "{arg} is not the default");
+        }
+    }
+
+    #[test]
+    fn help_shows_every_flag_with_its_default() {
+        let help = command().render_long_help().to_string();
+        for doc in FLAGS {
+            assert!(help.contains(&format!("--{}", doc.name)), "{}", doc.name);
+            assert!(
+                help.contains(&format!("[default: {}]", doc.default)),
+                "{}: {help}",
+                doc.name
+            );
+        }
+        for group in GROUPS {
+            assert!(help.contains(&format!("{group}:")), "{group}: {help}");
+        }
+    }
+
+    /// docs/operations.md carries the table as generated here
+    /// (`METCD_UPDATE_DOCS=1 cargo test -p server --lib flag_docs` rewrites it).
+    #[test]
+    fn operations_doc_has_the_generated_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let (begin, end) = (
+            "<!-- flags: generated by server/src/flag_docs.rs -->",
+            "<!-- end of flags -->",
+        );
+        let start = doc.find(begin).map(|i| i + begin.len());
+        let stop = doc.find(end);
+        let (Some(start), Some(stop)) = (start, stop) else {
+            panic!("docs/operations.md has no {begin} ... {end} section");
+        };
+        let expected = markdown();
+        if std::env::var_os("METCD_UPDATE_DOCS").is_some() {
+            let updated = format!("{}{expected}{}", &doc[..start], &doc[stop..]);
+            std::fs::write(path, updated).unwrap();
+            return;
+        }
+        assert!(
+            doc[start..stop] == expected,
+            "docs/operations.md's flag table differs from the flags; replace the section with:\n{expected}"
+        );
+    }
+}

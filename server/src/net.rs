@@ -1,0 +1,40 @@
+//! Listening sockets, bound one way for every listener of the process.
+//!
+//! Every listener sets SO_REUSEADDR: a member started right after another
+//! process (a killed metcd, or an etcd member it replaces on the same host)
+//! must not trip over that process's connections still in TIME_WAIT.
+//! SO_REUSEPORT is only for the listeners every shard opens on one port.
+
+use std::net::SocketAddr;
+
+/// Whether other sockets of this process bind the same address too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortSharing {
+    /// One listener per shard on the same port (SO_REUSEPORT).
+    EveryShard,
+    /// This listener alone.
+    Exclusive,
+}
+
+/// A listening TCP socket on `addr` for the current glommio executor.
+pub fn listen(
+    addr: SocketAddr,
+    sharing: PortSharing,
+) -> std::io::Result<glommio::net::TcpListener> {
+    use std::os::fd::IntoRawFd;
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    if sharing == PortSharing::EveryShard {
+        socket.set_reuse_port(true)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    let fd = socket.into_raw_fd();
+    // SAFETY: `fd` is a bound, listening TCP socket we own; ownership moves
+    // into the glommio listener, which closes it.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
+}
