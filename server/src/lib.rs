@@ -29,6 +29,7 @@ pub mod notify;
 pub mod peer;
 pub mod raftlog;
 pub mod shard;
+pub mod stop;
 pub mod tls;
 pub mod watch;
 

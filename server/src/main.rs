@@ -47,6 +47,10 @@ fn main() {
             std::process::exit(1);
         }
     }
+    if let Err(e) = server::stop::install() {
+        eprintln!("metcd: cannot install signal handlers: {e}");
+        std::process::exit(1);
+    }
     if let Err(e) = server::shard::run(cfg) {
         eprintln!("metcd: {e}");
         std::process::exit(1);

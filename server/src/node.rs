@@ -489,6 +489,11 @@ pub struct Node {
     progress: RefCell<HashMap<u64, u64>>,
     /// A leader transfer asked by MoveLeader, for the next loop turn.
     transfer_to: Cell<Option<u64>>,
+    /// When this member started to stop (SIGTERM/SIGINT, crate::stop).
+    stopping_since: Cell<Option<Instant>>,
+    /// How long a stopping leader waits for its successor (two election
+    /// timeouts, as etcd bounds its transfer on stop).
+    stop_transfer_limit: Duration,
     /// This member was removed from the cluster: it stops.
     removed: Cell<bool>,
     /// Members removed from the cluster (kept in MVCC metadata under
@@ -849,6 +854,8 @@ impl Node {
             transport,
             progress: RefCell::new(HashMap::new()),
             transfer_to: Cell::new(None),
+            stopping_since: Cell::new(None),
+            stop_transfer_limit: Duration::from_millis(2 * cfg.election_timeout),
             removed: Cell::new(false),
             removed_members: RefCell::new(removed_members),
             inbound: RefCell::new(Vec::new()),
@@ -1757,6 +1764,9 @@ impl Node {
             }
             if let Some(target) = self.transfer_to.take() {
                 raw.transfer_leader(target);
+            }
+            if crate::stop::requested() {
+                self.stop_step(&mut raw);
             }
             for (peer, ok) in std::mem::take(&mut *self.snapshot_reports.borrow_mut()) {
                 let status = if ok {
@@ -2866,6 +2876,60 @@ impl Node {
         Ok((origin, id, Ok(Applied::Members(registry.all()))))
     }
 
+    /// One turn of a requested stop (crate::stop): a leader of other
+    /// voters first hands leadership to the most caught-up one and waits
+    /// (bounded) until it has stepped down; then the process exits. Every
+    /// acknowledged write is already durable in the WAL.
+    fn stop_step(&self, raw: &mut RawNode<MemStorage>) {
+        let leading = raw.raft.state == raft::StateRole::Leader;
+        let Some(since) = self.stopping_since.get() else {
+            self.stopping_since.set(Some(Instant::now()));
+            let successor = leading
+                .then(|| most_caught_up_voter(raw, self.id))
+                .flatten();
+            match successor {
+                Some(target) => {
+                    log(format_args!(
+                        "leader {:x} is stopping: transferring leadership to {target:x}",
+                        self.id
+                    ));
+                    raw.transfer_leader(target);
+                }
+                None => {
+                    if leading {
+                        log(format_args!(
+                            "skipped leadership transfer for single voting member cluster"
+                        ));
+                    }
+                    self.stopped();
+                }
+            }
+            return;
+        };
+        if !leading {
+            log(format_args!(
+                "leadership transfer finished: {:x} leads",
+                raw.raft.leader_id
+            ));
+            self.stopped();
+        } else if since.elapsed() > self.stop_transfer_limit {
+            log(format_args!(
+                "leadership transfer did not finish within {:?}; stopping anyway",
+                self.stop_transfer_limit
+            ));
+            self.stopped();
+        }
+    }
+
+    fn stopped(&self) -> ! {
+        log(format_args!(
+            "member {:x} stopped (applied index {})",
+            self.id,
+            self.status.get().applied_index
+        ));
+        crate::stop::exit(0)
+    }
+
     /// Stops the process (status 0) after `grace`: this member was removed
     /// from the cluster. `who` says how it learned it.
     fn leave(&self, who: &str, grace: Duration) {
@@ -3383,6 +3447,19 @@ fn load_member_records(mvcc: &MvccStore<AnyEngine>, registry: &mut Registry) -> 
         }
     }
     Ok(())
+}
+
+/// The voter other than `me` whose log matches the leader's furthest (a
+/// leader's view; `None` when it is the only voter).
+fn most_caught_up_voter(raw: &RawNode<MemStorage>, me: u64) -> Option<u64> {
+    let prs = raw.raft.prs();
+    let voters: Vec<u64> = prs.conf().voters().ids().iter().collect();
+    voters
+        .into_iter()
+        .filter(|id| *id != me)
+        .filter_map(|id| prs.get(id).map(|p| (p.matched, id)))
+        .max()
+        .map(|(_, id)| id)
 }
 
 /// A MemberAdd's peer URLs as etcd checks them (before anything else,

@@ -223,3 +223,85 @@ fn help_lists_every_flag_with_its_default() {
         assert!(help.contains(group), "{group}:\n{help}");
     }
 }
+
+/// SIGTERM (what `systemctl stop` sends) while a client writes: the member
+/// stops by itself within the bound, with status 0, and every write it
+/// acknowledged is there after a restart.
+#[test]
+fn sigterm_stops_a_member_cleanly_and_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(&dir.path().join("m"), &[]);
+    let writer = server.put_until_refused("/stop/", 100_000);
+    std::thread::sleep(Duration::from_millis(500));
+    server.signal(libc::SIGTERM);
+    let status = server.wait_exit(Duration::from_secs(15));
+    let acked = writer.join().unwrap();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}:\n{}",
+        server.log_text()
+    );
+    let log = server.log_text();
+    assert!(
+        log.contains("received terminated signal, shutting down..."),
+        "{log}"
+    );
+    assert!(log.contains("stopped (applied index"), "{log}");
+    assert!(
+        !acked.is_empty(),
+        "no write was acknowledged before the stop"
+    );
+    server.restart();
+    server.assert_all_present(&acked);
+}
+
+/// A member started with SIGINT ignored (a shell's background job) still
+/// stops on it, as etcd does: the handlers are its own.
+#[test]
+fn sigint_stops_a_member_whose_parent_ignored_it() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (http, client) = (free_port(), free_port());
+    let log = dir.path().join("metcd.log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_metcd"));
+    cmd.args([
+        "--data-dir",
+        dir.path().join("d").to_str().unwrap(),
+        "--listen-http-urls",
+        &format!("http://127.0.0.1:{http}"),
+        "--listen-client-urls",
+        &format!("http://127.0.0.1:{client}"),
+        "--shards",
+        "1",
+    ])
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log).unwrap());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    wait_health(http, &log);
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}:\n{text}");
+    assert!(
+        text.contains("received interrupt signal, shutting down..."),
+        "{text}"
+    );
+}

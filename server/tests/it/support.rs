@@ -233,6 +233,57 @@ impl Server {
         self.spawn();
     }
 
+    /// Sends `signal` (libc::SIGTERM, ...) to the running process.
+    pub fn signal(&self, signal: i32) {
+        let child = self.child.as_ref().expect("the server runs");
+        let pid = i32::try_from(child.id()).unwrap();
+        // SAFETY: kill(2) on our own child process.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+
+    /// Puts `<prefix><n>` = `v<n>` through the HTTP API, one after another,
+    /// until one is not acknowledged (or `max` are): the keys acknowledged,
+    /// in order. Runs on its own thread while the test does something.
+    pub fn put_until_refused(
+        &self,
+        prefix: &str,
+        max: usize,
+    ) -> std::thread::JoinHandle<Vec<String>> {
+        let addr = self.addr();
+        let prefix = prefix.to_string();
+        std::thread::spawn(move || {
+            let mut acked = Vec::new();
+            let Ok(mut conn) = HttpConn::connect(&addr) else {
+                return acked;
+            };
+            for n in 0..max {
+                let key = format!("{prefix}{n}");
+                match conn.request("PUT", &key, format!("v{n}").as_bytes()) {
+                    Ok(r) if r.status == 204 => acked.push(key),
+                    _ => break,
+                }
+            }
+            acked
+        })
+    }
+
+    /// Checks (over one connection) that every key in `keys` reads back as
+    /// `put_until_refused` wrote it.
+    pub fn assert_all_present(&self, keys: &[String]) {
+        let mut conn = self.conn();
+        for key in keys {
+            let n = key.rsplit(|c: char| !c.is_ascii_digit()).next().unwrap();
+            let r = conn.request("GET", key, b"").unwrap();
+            assert_eq!(
+                (r.status, r.text()),
+                (200, format!("v{n}")),
+                "acknowledged {key} is lost ({} acknowledged):\n{}",
+                keys.len(),
+                self.log_text()
+            );
+        }
+    }
+
     pub fn conn(&self) -> HttpConn {
         HttpConn::connect(&self.addr()).unwrap()
     }
