@@ -138,6 +138,9 @@ pub struct Config {
     pub auth_token_ttl: u64,
     /// etcd's `--bcrypt-cost` (4 to 31) for passwords hashed here.
     pub bcrypt_cost: u32,
+    /// etcd's `--strict-reconfig-check`: refuse membership changes that
+    /// would leave too few started or reachable members.
+    pub strict_reconfig_check: bool,
 }
 
 impl Default for Config {
@@ -189,6 +192,7 @@ impl Default for Config {
             auth_token: "simple".into(),
             auth_token_ttl: 300,
             bcrypt_cost: 10,
+            strict_reconfig_check: true,
         }
     }
 }
@@ -308,6 +312,9 @@ pub struct Flags {
     pub auth_token_ttl: Option<u64>,
     #[arg(long)]
     pub bcrypt_cost: Option<u32>,
+    /// `--strict-reconfig-check` alone means true, as in etcd.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub strict_reconfig_check: Option<bool>,
 }
 
 /// A flag's value refused, and why.
@@ -449,6 +456,7 @@ impl Config {
             auth_token,
             auth_token_ttl,
             bcrypt_cost,
+            strict_reconfig_check,
         );
         cfg.make_paths_absolute()?;
         cfg.validate()?;
@@ -1118,10 +1126,8 @@ mod tests {
         assert!(err.contains("peer-key-file"), "{err}");
         let cfg = load(&[&https[..], &files[..], &["--peer-client-cert-auth"]].concat()).unwrap();
         assert!(cfg.peer_client_cert_auth);
-        assert_eq!(
-            cfg.peer_tls_files().unwrap().trusted_ca,
-            Path::new("ca.pem")
-        );
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(cfg.peer_tls_files().unwrap().trusted_ca, cwd.join("ca.pem"));
         assert!(load(&["--listen-client-urls", "https://127.0.0.1:2379"]).is_err());
     }
 
@@ -1148,7 +1154,8 @@ mod tests {
         .unwrap();
         let tls = cfg.client_tls_files().unwrap();
         assert!(tls.client_cert_auth);
-        assert_eq!(tls.trusted_ca, Some(Path::new("ca.pem")));
+        let ca = std::env::current_dir().unwrap().join("ca.pem");
+        assert_eq!(tls.trusted_ca, Some(ca.as_path()));
         assert_eq!(
             cfg.client_listen_addrs().unwrap(),
             ["127.0.0.1:2379".parse().unwrap()]
@@ -1171,12 +1178,15 @@ mod tests {
             "metcd",
             "--data-dir",
             "x/y",
+            "--listen-client-urls",
+            "https://127.0.0.1:2379",
             "--cert-file",
             "c.pem",
             "--key-file",
             "/abs/k.pem",
             "--auth-token",
-            "jwt,pub-key=pub.pem,priv-key=../priv.pem,sign-method=RS256",
+            // Relative to the crate (cargo runs unit tests there).
+            "jwt,pub-key=tests/fixtures/jwt/rsa.pub,priv-key=tests/../tests/fixtures/jwt/rsa.key,sign-method=RS256",
         ]);
         let cfg = Config::from_flags(flags).unwrap();
         assert_eq!(cfg.data_dir(), cwd.join("x/y"));
@@ -1186,8 +1196,8 @@ mod tests {
             cfg.auth_token,
             format!(
                 "jwt,pub-key={},priv-key={},sign-method=RS256",
-                cwd.join("pub.pem").display(),
-                cwd.join("../priv.pem").display()
+                cwd.join("tests/fixtures/jwt/rsa.pub").display(),
+                cwd.join("tests/../tests/fixtures/jwt/rsa.key").display()
             )
         );
     }

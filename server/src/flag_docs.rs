@@ -144,6 +144,13 @@ pub const FLAGS: &[FlagDoc] = &[
     ),
     flag(
         "Clustering",
+        "strict-reconfig-check",
+        "<bool>",
+        "true",
+        "Refuse membership changes that would leave too few started or reachable members.",
+    ),
+    flag(
+        "Clustering",
         "auto-compaction-mode",
         "<periodic|revision>",
         "periodic",

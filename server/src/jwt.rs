@@ -455,20 +455,27 @@ fn public_key(method: Method, pem: &[u8]) -> Result<Vec<u8>, String> {
         Method::Hs(_) => &[],
     };
     for (label, der) in pem_blocks(pem) {
-        match label.as_str() {
+        // A certificate stands for the key it certifies, as in etcd
+        // (jwt-go parses either).
+        let spki_der = match label.as_str() {
             "RSA PUBLIC KEY" if matches!(method, Method::Rs(_) | Method::Ps(_)) => return Ok(der),
-            "PUBLIC KEY" => {
-                let (algorithm, key) = spki(&der)
-                    .ok_or_else(|| "pub-key: not a DER SubjectPublicKeyInfo".to_string())?;
-                if !wanted.iter().all(|oid| contains(algorithm, oid)) {
-                    return Err(format!(
-                        "pub-key is not a key for sign-method {}",
-                        method.name()
-                    ));
-                }
-                return Ok(key.to_vec());
+            "PUBLIC KEY" => Some(der.as_slice()),
+            "CERTIFICATE" => Some(
+                certificate_spki(&der)
+                    .ok_or_else(|| "pub-key: not a DER X.509 certificate".to_string())?,
+            ),
+            _ => None,
+        };
+        if let Some(spki_der) = spki_der {
+            let (algorithm, key) = spki(spki_der)
+                .ok_or_else(|| "pub-key: not a DER SubjectPublicKeyInfo".to_string())?;
+            if !wanted.iter().all(|oid| contains(algorithm, oid)) {
+                return Err(format!(
+                    "pub-key is not a key for sign-method {}",
+                    method.name()
+                ));
             }
-            _ => {}
+            return Ok(key.to_vec());
         }
     }
     Err(format!(
@@ -492,6 +499,31 @@ fn spki(der: &[u8]) -> Option<(&[u8], &[u8])> {
         return None;
     };
     Some((algorithm, key))
+}
+
+/// The SubjectPublicKeyInfo element (header included) of an X.509
+/// certificate: `Certificate ::= SEQUENCE { tbsCertificate SEQUENCE {
+/// [0] version OPTIONAL, serialNumber, signature, issuer, validity,
+/// subject, subjectPublicKeyInfo, ... }, ... }`.
+fn certificate_spki(der: &[u8]) -> Option<&[u8]> {
+    let (SEQUENCE, certificate, _) = tlv(der)? else {
+        return None;
+    };
+    let (SEQUENCE, mut tbs, _) = tlv(certificate)? else {
+        return None;
+    };
+    const VERSION: u8 = 0xa0;
+    if tbs.first() == Some(&VERSION) {
+        tbs = tlv(tbs)?.2;
+    }
+    // serialNumber, signature, issuer, validity, subject.
+    for _ in 0..5 {
+        tbs = tlv(tbs)?.2;
+    }
+    let (SEQUENCE, _, rest) = tlv(tbs)? else {
+        return None;
+    };
+    Some(&tbs[..tbs.len() - rest.len()])
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -594,7 +626,18 @@ mod tests {
             fixture("ec.key")
         );
         let hmac = format!("jwt,priv-key={},sign-method=HS256", fixture("rsa.key"));
-        for option in [rsa, pss, ec, hmac] {
+        // etcd's own e2e setup: the server certificate as pub-key.
+        let rsa_cert = format!(
+            "jwt,pub-key={},priv-key={},sign-method=RS256",
+            fixture("rsa.crt"),
+            fixture("rsa.key")
+        );
+        let ec_cert = format!(
+            "jwt,pub-key={},priv-key={},sign-method=ES256",
+            fixture("ec.crt"),
+            fixture("ec.key")
+        );
+        for option in [rsa, pss, ec, hmac, rsa_cert, ec_cert] {
             let t = tokens(&option);
             let token = t.sign_at("alice", 7, 1000).unwrap();
             assert_eq!(token.split('.').count(), 3, "{option}");

@@ -77,6 +77,9 @@ pub enum Command {
     Leader,
     /// The Prometheus `/metrics` page.
     Metrics,
+    /// Whether this member serves clients yet (it has applied its own
+    /// start-up publish).
+    Serving,
     Members,
     MemberAdd {
         peer_urls: Vec<String>,
@@ -134,6 +137,7 @@ pub enum Reply {
     Lease(LeaseInfo, i64, u64),
     Metrics(String),
     Leader(u64),
+    Serving(bool),
     Status {
         status: NodeStatus,
         healthy: bool,
@@ -434,6 +438,7 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
         }
         Command::Metrics => Reply::Metrics(node.metrics_page()),
         Command::Leader => Reply::Leader(node.status().leader),
+        Command::Serving => Reply::Serving(node.serving()),
         Command::Status => Reply::Status {
             status: node.status(),
             healthy: node.is_healthy(),
@@ -537,6 +542,21 @@ pub fn shard_count(cfg: &Config) -> usize {
     default_shards(std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// The CPUs this process may run on (its affinity mask), in order.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
+    // fills it for this process and CPU_ISSET only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![0];
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|cpu| libc::CPU_ISSET(*cpu, &set))
+            .collect()
+    }
+}
+
 fn default_shards(cores: usize) -> usize {
     cores.saturating_sub(1).max(1)
 }
@@ -575,7 +595,7 @@ pub fn run(cfg: Config) -> Result<()> {
         max_grpc_message_bytes: cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
         election_timeout: Duration::from_millis(cfg.election_timeout),
     };
-    let cpus = glommio::CpuSet::online().map(|s| s.len()).unwrap_or(1);
+    let cpus = allowed_cpus();
     let mut owner_side = Vec::new();
     let mut remote_side = Vec::new();
     for _ in 1..shards {
@@ -591,12 +611,11 @@ pub fn run(cfg: Config) -> Result<()> {
         .watch_progress_notify_interval()
         .map_err(|e| ServerError::Startup(e.to_string()))?;
     let mut handles = Vec::new();
-    let placement = |shard: usize| {
-        if shards <= cpus {
-            Placement::Fixed(shard)
-        } else {
-            Placement::Unbound
-        }
+    // Shard i on the i-th CPU the process may run on, so `taskset`,
+    // systemd's `CPUAffinity=` or a cgroup's cpuset choose the cores.
+    let placement = |shard: usize| match cpus.get(shard) {
+        Some(cpu) if shards <= cpus.len() => Placement::Fixed(*cpu),
+        _ => Placement::Unbound,
     };
     let owner_cfg = cfg.clone();
     let owner_listeners = listeners.clone();
@@ -852,6 +871,9 @@ fn spawn_progress_notifier(hub: Rc<WatchHub>, every: Option<Duration>) {
     }
 }
 
+/// How often a shard asks the owner whether it may serve, at start.
+const SERVING_POLL: Duration = Duration::from_millis(20);
+
 async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
     let mut tasks = Vec::new();
     let bind = |addr: &std::net::SocketAddr| match http::bind(*addr) {
@@ -861,9 +883,17 @@ async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
             std::process::exit(1);
         }
     };
-    for addr in &listeners.http {
+    let http_listeners: Vec<_> = listeners.http.iter().map(bind).collect();
+    let grpc_listeners: Vec<_> = listeners.grpc.iter().map(bind).collect();
+    // As etcd: listening at once (connections wait in the backlog), serving
+    // once this member has applied its start-up publish (node.rs,
+    // publish_attributes). Polled: once per start, on every shard.
+    while !matches!(backend.call(Command::Serving).await, Reply::Serving(true)) {
+        glommio::timer::sleep(SERVING_POLL).await;
+    }
+    for listener in http_listeners {
         tasks.push(glommio::spawn_local(http::serve(
-            bind(addr),
+            listener,
             backend.clone(),
             listeners.http_limits.clone(),
         )));
@@ -873,9 +903,9 @@ async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
         listeners.max_grpc_message_bytes,
         LeaderGuard::start(backend.clone(), listeners.election_timeout),
     );
-    for addr in &listeners.grpc {
+    for listener in grpc_listeners {
         tasks.push(glommio::spawn_local(grpc_serve(
-            bind(addr),
+            listener,
             router.clone(),
             gateway.clone(),
             backend.clone(),

@@ -305,3 +305,197 @@ fn sigint_stops_a_member_whose_parent_ignored_it() {
         "{text}"
     );
 }
+
+/// The metric names in one PromQL expression (functions, keywords, label
+/// matchers, ranges, `by (...)` groups and numbers left out).
+fn metric_names(expr: &str) -> Vec<String> {
+    const PROMQL: &[&str] = &[
+        "sum",
+        "max",
+        "min",
+        "avg",
+        "rate",
+        "irate",
+        "increase",
+        "histogram_quantile",
+        "time",
+        "by",
+        "without",
+        "and",
+        "or",
+        "unless",
+    ];
+    // Drop what is not a name: {matchers}, [ranges], by (labels).
+    let mut plain = String::new();
+    let mut depth_brace = 0;
+    let mut depth_bracket = 0;
+    for c in expr.chars() {
+        match c {
+            '{' => depth_brace += 1,
+            '}' => depth_brace -= 1,
+            '[' => depth_bracket += 1,
+            ']' => depth_bracket -= 1,
+            _ if depth_brace > 0 || depth_bracket > 0 => {}
+            _ => plain.push(c),
+        }
+    }
+    let mut names = Vec::new();
+    let mut skip_group = false;
+    let mut word = String::new();
+    for c in plain.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            word.push(c);
+            continue;
+        }
+        if !word.is_empty() {
+            let w = std::mem::take(&mut word);
+            if w == "by" || w == "without" {
+                skip_group = true;
+            } else if !skip_group
+                && !PROMQL.contains(&w.as_str())
+                && !w.chars().next().is_some_and(|c| c.is_ascii_digit())
+            {
+                names.push(w);
+            }
+        }
+        if c == ')' {
+            skip_group = false;
+        }
+    }
+    names
+}
+
+#[test]
+fn metric_names_are_read_out_of_promql() {
+    assert_eq!(
+        metric_names(
+            r#"histogram_quantile(0.99, sum by (instance, le) (rate(a_b_bucket{job=~"$job"}[5m])))"#
+        ),
+        ["a_b_bucket"]
+    );
+    assert_eq!(metric_names("time() - p_start{x=\"y\"}"), ["p_start"]);
+}
+
+/// contrib/grafana/metcd-dashboard.json queries only metrics a live member
+/// serves on /metrics (etcd's names; docs/operations.md lists the etcd
+/// dashboard metrics metcd does not export).
+#[test]
+fn the_grafana_dashboard_uses_only_metrics_a_member_exports() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../contrib/grafana/metcd-dashboard.json"
+    );
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            exprs.push(target["expr"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(&dir.path().join("m"), &[]);
+    // A write and a checkpoint, so that every histogram has samples.
+    let r = server.conn().request("PUT", "/k", b"v").unwrap();
+    assert_eq!(r.status, 204);
+    server.restart();
+    let page = Command::new("curl")
+        .args([
+            "-s",
+            &format!("http://{}/metrics", server.client_endpoint()),
+        ])
+        .output()
+        .unwrap();
+    let page = String::from_utf8(page.stdout).unwrap();
+    let served: std::collections::BTreeSet<&str> = page
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    for expr in &exprs {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "no metric in {expr}");
+        for name in names {
+            assert!(
+                served.contains(name.as_str()),
+                "the dashboard queries {name} ({expr}), which /metrics does not serve:\n{served:?}"
+            );
+        }
+    }
+}
+
+/// Shards are pinned inside the CPUs the process was given (`taskset`,
+/// systemd's `CPUAffinity=`): started on the last CPU alone, no thread of
+/// the member may run anywhere else.
+#[test]
+fn shards_are_pinned_to_the_cpus_the_process_was_given() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        eprintln!("skipped: one CPU, nothing to choose");
+        return;
+    }
+    let last = (cpus - 1).to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let (http, client) = (free_port(), free_port());
+    let log = dir.path().join("metcd.log");
+    let mut child = Command::new("taskset")
+        .args(["-c", &last, env!("CARGO_BIN_EXE_metcd")])
+        .args([
+            "--data-dir",
+            dir.path().join("d").to_str().unwrap(),
+            "--listen-http-urls",
+            &format!("http://127.0.0.1:{http}"),
+            "--listen-client-urls",
+            &format!("http://127.0.0.1:{client}"),
+            "--shards",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_health(http, &log);
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap();
+    let mut seen = Vec::new();
+    for task in tasks {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let name = status.lines().next().unwrap_or("").to_string();
+        let allowed = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap()
+            .trim()
+            .to_string();
+        seen.push(format!("{name}: {allowed}"));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        seen.iter().all(|s| s.ends_with(&format!(": {last}"))),
+        "every thread on CPU {last}: {seen:?}"
+    );
+}
+
+/// The start-up lines operators' tools wait for (etcd's own e2e harness
+/// waits for the last two), in etcd's words.
+#[test]
+fn start_up_lines_are_etcds() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("m"), &["--name", "s1"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let published = format!(
+        "published {{Name:s1 ClientURLs:[http://127.0.0.1:{}]}} to cluster ",
+        server.client_port
+    );
+    loop {
+        let log = server.log_text();
+        if log.contains(&published) {
+            assert!(log.contains("ready to serve client requests"), "{log}");
+            assert!(log.contains("enabled capabilities for version 3."), "{log}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no {published:?} in:\n{log}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
