@@ -376,7 +376,7 @@ fn readme_commands_work_as_written() {
     }
     for port in [2379, 22379, 32379] {
         assert!(
-            out.contains(&format!("| http://127.0.0.1:{port} |")),
+            out.contains(&format!(" http://127.0.0.1:{port} |")),
             "{text}"
         );
     }
