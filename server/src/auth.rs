@@ -128,6 +128,17 @@ impl AuthError {
     }
 }
 
+/// What stands for a token when a verified client certificate names the
+/// user (`--client-cert-auth`, no token sent): a NUL, which no header a
+/// client sends can carry (HTTP/2 and HTTP/1 header values refuse it), so
+/// no client can forge one.
+const CERTIFICATE_USER: &str = "\0cert-user:";
+
+/// The stand-in token of the user a verified client certificate names.
+pub fn certificate_user_token(user: &str) -> String {
+    format!("{CERTIFICATE_USER}{user}")
+}
+
 /// etcd's permission types (the `authpb.Permission.Type` numbers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PermType {
@@ -450,6 +461,9 @@ impl AuthStore {
         let Some(token) = token else {
             return Ok(None);
         };
+        if let Some(user) = token.strip_prefix(CERTIFICATE_USER) {
+            return Ok(Some(user.to_string()));
+        }
         if let crate::jwt::TokenKind::Jwt(jwt) = &self.token_settings.kind {
             // etcd: a JWT names the auth revision it was issued at; after
             // any auth change the client must log in again (clientv3 does

@@ -15,6 +15,9 @@ use serde::Deserialize;
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
 /// The longest `--auth-token-ttl` taken: 10 years.
 const MAX_AUTH_TOKEN_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
+/// Default `--max-concurrent-streams`. etcd 3.4 leaves it unlimited; a
+/// bound keeps one connection from monopolising a shard.
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 4096;
 /// etcd's backend quota when `--quota-backend-bytes` is 0 or unset (2 GiB).
 pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 << 30;
 
@@ -141,6 +144,9 @@ pub struct Config {
     /// etcd's `--strict-reconfig-check`: refuse membership changes that
     /// would leave too few started or reachable members.
     pub strict_reconfig_check: bool,
+    /// etcd's `--max-concurrent-streams`: the HTTP/2 streams one client
+    /// connection may have open at once (advertised in SETTINGS).
+    pub max_concurrent_streams: u32,
 }
 
 impl Default for Config {
@@ -193,6 +199,7 @@ impl Default for Config {
             auth_token_ttl: 300,
             bcrypt_cost: 10,
             strict_reconfig_check: true,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
         }
     }
 }
@@ -315,6 +322,8 @@ pub struct Flags {
     /// `--strict-reconfig-check` alone means true, as in etcd.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub strict_reconfig_check: Option<bool>,
+    #[arg(long)]
+    pub max_concurrent_streams: Option<u32>,
 }
 
 /// A flag's value refused, and why.
@@ -457,6 +466,7 @@ impl Config {
             auth_token_ttl,
             bcrypt_cost,
             strict_reconfig_check,
+            max_concurrent_streams,
         );
         cfg.make_paths_absolute()?;
         cfg.validate()?;

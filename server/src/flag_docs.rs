@@ -101,6 +101,13 @@ pub const FLAGS: &[FlagDoc] = &[
     flag("Member", "max-txn-ops", "<ops>", "128", "Most operations in one txn."),
     flag(
         "Member",
+        "max-concurrent-streams",
+        "<streams>",
+        "4096",
+        "HTTP/2 streams one client connection may have open at once (etcd: unlimited).",
+    ),
+    flag(
+        "Member",
         "max-request-bytes",
         "<bytes>",
         "1572864",

@@ -10,6 +10,7 @@
 //! format; signatures are `ring`'s. Must never decide who may do what:
 //! that is [`crate::auth`]'s, from the name and revision answered here.
 
+use crate::der::{certificate_spki, der, tlv, BIT_STRING, OCTET_STRING, SEQUENCE};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -395,45 +396,6 @@ fn pem_blocks(pem: &[u8]) -> Vec<(String, Vec<u8>)> {
     blocks
 }
 
-/// One DER element at the start of `der`: (tag, contents, what follows).
-fn tlv(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = der.split_first()?;
-    let (&first, mut rest) = rest.split_first()?;
-    let len = if first < 0x80 {
-        usize::from(first)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let len = rest[..n]
-            .iter()
-            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
-        rest = &rest[n..];
-        len
-    };
-    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
-}
-
-/// A DER element with `tag` around `contents`.
-fn der(tag: u8, contents: &[u8]) -> Vec<u8> {
-    let mut out = vec![tag];
-    let len = contents.len();
-    if len < 0x80 {
-        out.push(len as u8);
-    } else {
-        let bytes = len.to_be_bytes();
-        let skip = bytes.iter().take_while(|&&b| b == 0).count();
-        out.push(0x80 | (bytes.len() - skip) as u8);
-        out.extend_from_slice(&bytes[skip..]);
-    }
-    out.extend_from_slice(contents);
-    out
-}
-
-const SEQUENCE: u8 = 0x30;
-const BIT_STRING: u8 = 0x03;
-const OCTET_STRING: u8 = 0x04;
 /// id-ecPublicKey, 1.2.840.10045.2.1, as a DER element.
 const EC_PUBLIC_KEY_OID: [u8; 9] = [0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01];
 
@@ -499,31 +461,6 @@ fn spki(der: &[u8]) -> Option<(&[u8], &[u8])> {
         return None;
     };
     Some((algorithm, key))
-}
-
-/// The SubjectPublicKeyInfo element (header included) of an X.509
-/// certificate: `Certificate ::= SEQUENCE { tbsCertificate SEQUENCE {
-/// [0] version OPTIONAL, serialNumber, signature, issuer, validity,
-/// subject, subjectPublicKeyInfo, ... }, ... }`.
-fn certificate_spki(der: &[u8]) -> Option<&[u8]> {
-    let (SEQUENCE, certificate, _) = tlv(der)? else {
-        return None;
-    };
-    let (SEQUENCE, mut tbs, _) = tlv(certificate)? else {
-        return None;
-    };
-    const VERSION: u8 = 0xa0;
-    if tbs.first() == Some(&VERSION) {
-        tbs = tlv(tbs)?.2;
-    }
-    // serialNumber, signature, issuer, validity, subject.
-    for _ in 0..5 {
-        tbs = tlv(tbs)?.2;
-    }
-    let (SEQUENCE, _, rest) = tlv(tbs)? else {
-        return None;
-    };
-    Some(&tbs[..tbs.len() - rest.len()])
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

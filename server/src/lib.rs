@@ -12,6 +12,7 @@ pub mod backup;
 pub mod bolt;
 pub mod compactor;
 pub mod config;
+pub(crate) mod der;
 pub mod error;
 pub mod etcd_db;
 pub mod flag_docs;

@@ -583,6 +583,8 @@ pub fn run(cfg: Config) -> Result<()> {
     let member = member_info(&cfg, cluster_id, member_id);
     let listeners = Listeners {
         client_tls,
+        cert_users: cfg.client_cert_auth,
+        max_concurrent_streams: cfg.max_concurrent_streams,
         http: addrs.clone(),
         grpc: grpc_addrs.clone(),
         http_limits: HttpLimits {
@@ -741,6 +743,11 @@ struct Listeners {
     election_timeout: Duration,
     /// `--cert-file`: every client URL connection is TLS.
     client_tls: Option<futures_rustls::TlsAcceptor>,
+    /// `--client-cert-auth`: a request without a token is the user its
+    /// client certificate's common name names (etcd's AuthInfoFromTLS).
+    cert_users: bool,
+    /// `--max-concurrent-streams`, per client connection.
+    max_concurrent_streams: u32,
 }
 
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -910,6 +917,8 @@ async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
             gateway.clone(),
             backend.clone(),
             listeners.client_tls.clone(),
+            listeners.cert_users,
+            listeners.max_concurrent_streams,
         )));
     }
     for t in tasks {

@@ -14,12 +14,17 @@ struct Pems {
     client: (PathBuf, PathBuf),
     /// A client certificate from another CA.
     rogue: (PathBuf, PathBuf),
+    /// Client certificates whose common names are `root`, `alice` and
+    /// `nobody`.
+    root_cn: (PathBuf, PathBuf),
+    alice_cn: (PathBuf, PathBuf),
+    nobody_cn: (PathBuf, PathBuf),
 }
 
 /// Writes `cert.pem`/`key.pem` pairs signed by a fresh CA (or, for the
 /// rogue one, by a second CA) into `dir`.
 fn pems(dir: &Path) -> Pems {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
     let ca = |name: &str| {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -31,10 +36,11 @@ fn pems(dir: &Path) -> Pems {
     };
     let leaf = |issuer: &Issuer<'_, KeyPair>, name: &str, san: &str| {
         let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec![san.to_string()])
-            .unwrap()
-            .signed_by(&key, issuer)
-            .unwrap();
+        let mut params = CertificateParams::new(vec![san.to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, name.trim_end_matches("-cn"));
+        let cert = params.signed_by(&key, issuer).unwrap();
         let (cert_path, key_path) = (
             dir.join(format!("{name}.pem")),
             dir.join(format!("{name}-key.pem")),
@@ -50,6 +56,9 @@ fn pems(dir: &Path) -> Pems {
         server: leaf(&issuer, "server", "127.0.0.1"),
         client: leaf(&issuer, "client", "client"),
         rogue: leaf(&other, "rogue", "client"),
+        root_cn: leaf(&issuer, "root-cn", "client"),
+        alice_cn: leaf(&issuer, "alice-cn", "client"),
+        nobody_cn: leaf(&issuer, "nobody-cn", "client"),
     }
 }
 
@@ -148,4 +157,89 @@ fn a_trusted_ca_requires_client_certificates_and_none_serves_anyone() {
     // The client still checks the server: without the CA it refuses.
     let unverified = etcdctl(&ep, &["put", "k", "v"]);
     assert!(!unverified.status.success(), "{unverified:?}");
+}
+
+/// With `--client-cert-auth` and auth on, a request without a token is
+/// the user its client certificate's common name names (etcd's
+/// AuthInfoFromTLS; Kubernetes' API servers authenticate this way); a
+/// token still wins; a name that is no user has no permission. Without
+/// `--client-cert-auth` (a trusted CA alone) the name is not a user.
+#[test]
+fn the_client_certificate_names_the_user_with_client_cert_auth() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let p = pems(dir.path());
+    let tls = [
+        "--cert-file",
+        s(&p.server.0),
+        "--key-file",
+        s(&p.server.1),
+        "--trusted-ca-file",
+        s(&p.ca),
+    ];
+    let server = Server::start_https(
+        &dir.path().join("m"),
+        &[&tls[..], &["--client-cert-auth"]].concat(),
+    );
+    let ep = format!("https://{}", server.client_endpoint());
+    let run = |ep: &str, cert: &(PathBuf, PathBuf), args: &[&str]| {
+        let mut all = vec![
+            "--cacert",
+            s(&p.ca),
+            "--cert",
+            s(&cert.0),
+            "--key",
+            s(&cert.1),
+        ];
+        all.extend_from_slice(args);
+        let o = etcdctl(ep, &all);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (o.status.success(), text)
+    };
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["user", "add", "alice:apw"],
+        &["role", "add", "r"],
+        &["role", "grant-permission", "r", "readwrite", "hoo"],
+        &["user", "grant-role", "alice", "r"],
+        &["auth", "enable"],
+    ] {
+        let (ok, text) = run(&ep, &p.client, args);
+        assert!(ok, "{args:?}: {text}");
+    }
+    const DENIED: &str = "Error: etcdserver: permission denied";
+    let (ok, text) = run(&ep, &p.root_cn, &["put", "foo", "bar"]);
+    assert!(ok, "root by certificate: {text}");
+    let (ok, text) = run(&ep, &p.root_cn, &["user", "list"]);
+    assert!(ok && text.contains("alice"), "root by certificate: {text}");
+    let (ok, text) = run(&ep, &p.alice_cn, &["put", "hoo", "bar"]);
+    assert!(ok, "alice by certificate: {text}");
+    let (ok, text) = run(&ep, &p.alice_cn, &["put", "baz", "bar"]);
+    assert!(!ok && text.contains(DENIED), "alice by certificate: {text}");
+    let (ok, text) = run(&ep, &p.alice_cn, &["user", "list"]);
+    assert!(!ok && text.contains(DENIED), "alice by certificate: {text}");
+    let (ok, text) = run(&ep, &p.nobody_cn, &["get", "hoo"]);
+    assert!(!ok && text.contains(DENIED), "no such user: {text}");
+    let (ok, text) = run(
+        &ep,
+        &p.alice_cn,
+        &["--user", "root:rootpw", "put", "baz", "x"],
+    );
+    assert!(ok, "the token wins over the certificate: {text}");
+    let (ok, text) = run(&ep, &p.root_cn, &["get", "baz", "--print-value-only"]);
+    assert!(ok && text == "x\n", "{text}");
+    drop(server);
+
+    // A trusted CA alone: certificates are required, but name no user.
+    let server = Server::start_https(&dir.path().join("m"), &tls);
+    let ep = format!("https://{}", server.client_endpoint());
+    let (ok, text) = run(&ep, &p.root_cn, &["get", "hoo"]);
+    assert!(
+        !ok && text.contains("Error: etcdserver: user name is empty"),
+        "{text}"
+    );
 }

@@ -499,3 +499,30 @@ fn start_up_lines_are_etcds() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `--max-concurrent-streams` (etcd's flag) is what a client connection is
+/// told in the server's HTTP/2 SETTINGS (SETTINGS_MAX_CONCURRENT_STREAMS).
+#[test]
+fn max_concurrent_streams_is_advertised() {
+    use std::io::{Read, Write};
+    let advertised = |extra: &[&str]| -> Option<u32> {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(&dir.path().join("m"), extra);
+        let mut tcp = TcpStream::connect(server.client_endpoint()).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // The client preface and an empty SETTINGS frame.
+        tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .unwrap();
+        let mut head = [0u8; 9];
+        tcp.read_exact(&mut head).unwrap();
+        assert_eq!(head[3], 0x04, "the server's first frame is SETTINGS");
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        tcp.read_exact(&mut payload).unwrap();
+        payload.chunks(6).find_map(|entry| {
+            (entry[..2] == [0, 3]).then(|| u32::from_be_bytes(entry[2..6].try_into().unwrap()))
+        })
+    };
+    assert_eq!(advertised(&["--max-concurrent-streams", "3"]), Some(3));
+    assert_eq!(advertised(&[]), Some(4096));
+}

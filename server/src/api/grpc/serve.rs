@@ -172,6 +172,8 @@ pub async fn serve(
     gateway: Gateway,
     backend: crate::shard::Backend,
     tls: Option<futures_rustls::TlsAcceptor>,
+    cert_users: bool,
+    max_concurrent_streams: u32,
 ) {
     crate::api::accept_loop(listener, "grpc", move |tcp| {
         let router = router.clone();
@@ -179,10 +181,22 @@ pub async fn serve(
         let backend = backend.clone();
         let tls = tls.clone();
         async move {
+            let mut cert_user = None;
             let mut stream = match tls {
                 None => PeerStream::Plain(tcp),
                 Some(acceptor) => match acceptor.accept(tcp).await {
-                    Ok(s) => PeerStream::Server(Box::new(s)),
+                    Ok(s) => {
+                        if cert_users {
+                            cert_user = s
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|chain| chain.first())
+                                .and_then(|cert| crate::der::certificate_common_name(cert))
+                                .map(|name| CertUser(std::sync::Arc::from(name)));
+                        }
+                        PeerStream::Server(Box::new(s))
+                    }
                     // The client's problem (no or untrusted certificate,
                     // plaintext on a TLS port); rustls said why to it.
                     Err(_) => return,
@@ -197,11 +211,16 @@ pub async fn serve(
                 return;
             }
             let router = Rc::new(router);
-            let service = hyper::service::service_fn(move |req| router.clone().route(req));
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+                if let Some(user) = &cert_user {
+                    req.extensions_mut().insert(user.clone());
+                }
+                router.clone().route(req)
+            });
             // A failing connection is the client's business (reset, bad
             // preface, protocol error answered with GOAWAY).
             let _ = hyper::server::conn::http2::Builder::new(GlommioExec)
-                .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+                .max_concurrent_streams(max_concurrent_streams)
                 // etcd's gRPC server sends no `date`; formatting and
                 // encoding one per response is work nobody reads.
                 .auto_date_header(false)
@@ -211,6 +230,14 @@ pub async fn serve(
     })
     .await
 }
+
+/// The user a verified client certificate names (its subject's common
+/// name), given to every gRPC request of its connection: with
+/// `--client-cert-auth`, a request without a token is this user's, as in
+/// etcd. The JSON gateway's requests never carry it (etcd ignores the
+/// certificate of a gateway request too).
+#[derive(Clone, Debug)]
+pub struct CertUser(pub std::sync::Arc<str>);
 
 /// What every HTTP/2 connection with prior knowledge (gRPC) starts with.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -231,7 +258,3 @@ async fn read_preface(stream: &mut PeerStream) -> std::io::Result<Vec<u8>> {
     head.truncate(n);
     Ok(head)
 }
-
-/// etcd's default (`--max-concurrent-streams` is unlimited in 3.4, but a
-/// bound keeps one connection from monopolising a shard).
-const MAX_STREAMS_PER_CONNECTION: u32 = 4096;

@@ -133,6 +133,10 @@ pub(super) fn token_of<T>(request: &Request<T>) -> Option<String> {
         .or_else(|| meta.get("authorization"))
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
+        .or_else(|| {
+            let user = request.extensions().get::<super::serve::CertUser>()?;
+            Some(crate::auth::certificate_user_token(&user.0))
+        })
 }
 
 fn range_needs(r: &mvcc::RangeRequest) -> Requirement {
