@@ -909,6 +909,7 @@ async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
         Services::new(backend.clone(), hub, listeners.member.clone()),
         listeners.max_grpc_message_bytes,
         LeaderGuard::start(backend.clone(), listeners.election_timeout),
+        backend.clone(),
     );
     for listener in grpc_listeners {
         tasks.push(glommio::spawn_local(grpc_serve(

@@ -85,32 +85,7 @@ where
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let backend = backend.clone();
         let gateway = gateway.clone();
-        async move {
-            let path = req.uri().path().to_string();
-            if req.method() == hyper::Method::POST {
-                if let Some(route) = gateway::route(&path) {
-                    let authorization = req.headers().get(hyper::header::AUTHORIZATION).cloned();
-                    let body = req.into_body();
-                    if gateway::is_stream(route) {
-                        if let Some(resp) = gateway.serve_stream(route, body, authorization).await {
-                            return Ok::<_, Infallible>(with_cors(resp.map(Either::Right)));
-                        }
-                        return Ok(with_cors(
-                            go_error(StatusCode::NOT_FOUND, "Not Found\n").map(Either::Left),
-                        ));
-                    }
-                    let resp = match gateway.serve(route, body, authorization).await {
-                        Some(resp) => resp,
-                        // Not a route the gateway serves: its mux's 404.
-                        None => go_error(StatusCode::NOT_FOUND, "Not Found\n"),
-                    };
-                    return Ok(with_cors(resp.map(Either::Left)));
-                }
-            }
-            Ok(etcd_http1(&backend, req.method(), &path)
-                .await
-                .map(Either::Left))
-        }
+        async move { Ok::<_, Infallible>(client_url_request(&backend, &gateway, req).await) }
     });
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let answer = service.call(req);
@@ -122,6 +97,38 @@ where
         .title_case_headers(true)
         .serve_connection(io, service)
         .await;
+}
+
+/// One request on a client URL that is not gRPC, over HTTP/1.1 or HTTP/2
+/// (etcd's mux serves both the same): the JSON gateway's POST routes, and
+/// `/version`, `/health`, `/metrics`.
+pub async fn client_url_request(
+    backend: &Backend,
+    gateway: &Gateway,
+    req: Request<Incoming>,
+) -> Response<Either<Full<Bytes>, gateway::StreamOutput>> {
+    let path = req.uri().path().to_string();
+    if req.method() == hyper::Method::POST {
+        if let Some(route) = gateway::route(&path) {
+            let authorization = req.headers().get(hyper::header::AUTHORIZATION).cloned();
+            let body = req.into_body();
+            if gateway::is_stream(route) {
+                if let Some(resp) = gateway.serve_stream(route, body, authorization).await {
+                    return with_cors(resp.map(Either::Right));
+                }
+                return with_cors(go_error(StatusCode::NOT_FOUND, "Not Found\n").map(Either::Left));
+            }
+            let resp = match gateway.serve(route, body, authorization).await {
+                Some(resp) => resp,
+                // Not a route the gateway serves: its mux's 404.
+                None => go_error(StatusCode::NOT_FOUND, "Not Found\n"),
+            };
+            return with_cors(resp.map(Either::Left));
+        }
+    }
+    etcd_http1(backend, req.method(), &path)
+        .await
+        .map(Either::Left)
 }
 
 /// etcd's answers on its client URLs over HTTP/1.1, headers in the order

@@ -243,3 +243,60 @@ fn the_client_certificate_names_the_user_with_client_cert_auth() {
         "{text}"
     );
 }
+
+/// Over TLS, curl negotiates HTTP/2 (ALPN), and etcd's JSON gateway and
+/// its HTTP endpoints answer there as over HTTP/1.1 (etcd's mux tells gRPC
+/// from the rest by content type); gRPC on the same port still works.
+#[test]
+fn the_json_gateway_answers_over_http2() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let p = pems(dir.path());
+    let server = Server::start_https(
+        &dir.path().join("m"),
+        &["--cert-file", s(&p.server.0), "--key-file", s(&p.server.1)],
+    );
+    let base = format!("https://{}", server.client_endpoint());
+    let curl = |http: &str, path: &str, body: Option<&str>| -> (String, String) {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-s", "-m", "10", "--cacert", s(&p.ca), http])
+            .args(["-w", "\n%{http_version} %{http_code}"]);
+        if let Some(b) = body {
+            cmd.args(["-XPOST", "-d", b]);
+        }
+        let o = cmd.arg(format!("{base}{path}")).output().unwrap();
+        let all = String::from_utf8_lossy(&o.stdout).into_owned();
+        let (answer, status) = all.rsplit_once('\n').unwrap();
+        (status.to_string(), answer.to_string())
+    };
+    let (status, put) = curl(
+        "--http2",
+        "/v3/kv/put",
+        Some(r#"{"key":"Zm9v","value":"YmFy"}"#),
+    );
+    assert_eq!(status, "2 200", "{put}");
+    assert!(put.contains(r#""revision":"2""#), "{put}");
+    for (path, body) in [
+        ("/v3/kv/range", Some(r#"{"key":"Zm9v"}"#)),
+        ("/v3/kv/range", Some("nope")),
+        ("/v3/nosuch", Some("{}")),
+        ("/version", None),
+        ("/health", None),
+    ] {
+        let (h2_status, h2) = curl("--http2", path, body);
+        let (h1_status, h1) = curl("--http1.1", path, body);
+        assert_eq!(
+            h2_status.replace("2 ", ""),
+            h1_status.replace("1.1 ", ""),
+            "{path}: {h2} / {h1}"
+        );
+        assert!(h2_status.starts_with("2 "), "{path}: {h2_status}");
+        assert_eq!(h2, h1, "{path} over HTTP/2 and HTTP/1.1");
+    }
+    // gRPC on the same connection kind.
+    let get = etcdctl(
+        &base,
+        &["--cacert", s(&p.ca), "get", "foo", "--print-value-only"],
+    );
+    assert_eq!(String::from_utf8_lossy(&get.stdout), "bar\n", "{get:?}");
+}

@@ -60,6 +60,9 @@ pub struct Router {
     lock: LockServer<LockService>,
     election: ElectionServer<ElectionService>,
     leader: SendWrapper<Rc<LeaderGuard>>,
+    /// What a request that is not gRPC gets (the JSON gateway, `/version`,
+    /// `/health`, `/metrics`): the same as over HTTP/1.1, as etcd's mux.
+    http: SendWrapper<Rc<(crate::shard::Backend, Gateway)>>,
 }
 
 impl Router {
@@ -67,6 +70,7 @@ impl Router {
         services: super::service::Services,
         max_message_bytes: usize,
         leader: Rc<LeaderGuard>,
+        backend: crate::shard::Backend,
     ) -> (Router, Gateway) {
         let gateway = Gateway {
             kv: services.kv.clone(),
@@ -81,6 +85,7 @@ impl Router {
         };
         let router = Router {
             leader: SendWrapper::new(leader),
+            http: SendWrapper::new(Rc::new((backend, gateway.clone()))),
             kv: KvServer::new(services.kv)
                 .max_decoding_message_size(max_message_bytes)
                 .max_encoding_message_size(usize::MAX),
@@ -106,6 +111,16 @@ impl Router {
         self: Rc<Self>,
         req: hyper::Request<Incoming>,
     ) -> Result<hyper::Response<ResponseBody>, Infallible> {
+        if !is_grpc(req.headers()) {
+            let http = Rc::clone(&self.http);
+            let resp = Box::pin(crate::api::http::client_url_request(&http.0, &http.1, req)).await;
+            // Both bodies are infallible; Either boxes their errors.
+            let boxed = |body: http_body_util::Either<_, _>| {
+                body.map_err(|e| tonic::Status::internal(e.to_string()))
+                    .boxed_unsync()
+            };
+            return Ok(resp.map(boxed));
+        }
         let leader_required = requires_leader(req.headers());
         if leader_required && !Box::pin(SendWrapper::new(self.leader.has_leader())).await {
             return Ok(no_leader_status()
@@ -238,6 +253,16 @@ pub async fn serve(
 /// certificate of a gateway request too).
 #[derive(Clone, Debug)]
 pub struct CertUser(pub std::sync::Arc<str>);
+
+/// Whether an HTTP/2 request is gRPC (etcd's test: its content type
+/// names `application/grpc`); the others are the JSON gateway's and
+/// etcd's HTTP endpoints.
+fn is_grpc(headers: &hyper::HeaderMap) -> bool {
+    headers
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/grpc"))
+}
 
 /// What every HTTP/2 connection with prior knowledge (gRPC) starts with.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
