@@ -121,6 +121,58 @@ pub(crate) fn certificate_common_name(der: &[u8]) -> Option<String> {
     common_name
 }
 
+/// A certificate's validity (notBefore, notAfter) in Unix seconds.
+pub(crate) fn certificate_validity(der: &[u8]) -> Option<(i64, i64)> {
+    let (SEQUENCE, certificate, _) = tlv(der)? else {
+        return None;
+    };
+    let (SEQUENCE, mut tbs, _) = tlv(certificate)? else {
+        return None;
+    };
+    const VERSION: u8 = 0xa0;
+    if tbs.first() == Some(&VERSION) {
+        tbs = tlv(tbs)?.2;
+    }
+    // serialNumber, signature, issuer.
+    for _ in 0..3 {
+        tbs = tlv(tbs)?.2;
+    }
+    let (SEQUENCE, validity, _) = tlv(tbs)? else {
+        return None;
+    };
+    let (tag, not_before, rest) = tlv(validity)?;
+    let not_before = asn1_time(tag, not_before)?;
+    let (tag, not_after, _) = tlv(rest)?;
+    Some((not_before, asn1_time(tag, not_after)?))
+}
+
+/// UTCTime (`YYMMDDHHMMSSZ`, years 1950-2049) or GeneralizedTime
+/// (`YYYYMMDDHHMMSSZ`) in Unix seconds.
+fn asn1_time(tag: u8, text: &[u8]) -> Option<i64> {
+    const UTC_TIME: u8 = 0x17;
+    const GENERALIZED_TIME: u8 = 0x18;
+    let text = std::str::from_utf8(text).ok()?.strip_suffix('Z')?;
+    let (year, rest) = match (tag, text.len()) {
+        (UTC_TIME, 12) => {
+            let yy: i64 = text[..2].parse().ok()?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &text[2..])
+        }
+        (GENERALIZED_TIME, 14) => (text[..4].parse().ok()?, &text[4..]),
+        _ => return None,
+    };
+    let field = |i: usize| -> Option<i64> { rest.get(i..i + 2)?.parse().ok() };
+    let (month, day) = (field(0)?, field(2)?);
+    let (hour, minute, second) = (field(4)?, field(6)?, field(8)?);
+    // Days from 1970-01-01 to the civil date (H. Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hour * 3_600 + minute * 60 + second)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -151,12 +203,26 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_validity() {
+        assert_eq!(asn1_time(0x17, b"700101000000Z"), Some(0));
+        assert_eq!(asn1_time(0x17, b"491231235959Z"), Some(2_524_607_999));
+        assert_eq!(asn1_time(0x18, b"20261127233000Z"), Some(1_795_822_200));
+        let (from, until) = certificate_validity(&fixture_der("rsa.crt")).unwrap();
+        // `-days 36500`, made in 2026.
+        assert!(
+            from > 1_700_000_000 && until - from == 36_500 * 86_400,
+            "{from} {until}"
+        );
+    }
+
+    #[test]
     fn damaged_certificates_give_none() {
         let der = fixture_der("rsa.crt");
         for cut in [0, 1, 10, 100, der.len() / 2, der.len() - 1] {
             // A truncated outer length: nothing read past the end.
             let _ = certificate_common_name(&der[..cut]);
             let _ = certificate_spki(&der[..cut]);
+            let _ = certificate_validity(&der[..cut]);
         }
         assert_eq!(certificate_common_name(b"\x30\x00"), None);
     }

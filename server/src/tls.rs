@@ -88,6 +88,78 @@ fn load_roots(flag: &str, path: &Path) -> Result<Arc<rustls::RootCertStore>, Str
     Ok(Arc::new(roots))
 }
 
+/// etcd (Go's x509) also takes a client certificate that is itself one of
+/// the trusted CA certificates (a self-signed `CN=root` CA presented as the
+/// client's own), which webpki refuses as a CA used as an end entity: such
+/// a certificate is accepted when it is byte for byte one of the trusted
+/// roots and within its validity; everything else is the webpki
+/// verifier's decision.
+#[derive(Debug)]
+struct RootsAsClientCertificates {
+    webpki: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    roots: Vec<CertificateDer<'static>>,
+}
+
+impl rustls::server::danger::ClientCertVerifier for RootsAsClientCertificates {
+    fn offer_client_auth(&self) -> bool {
+        self.webpki.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.webpki.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.webpki.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let refused = match self
+            .webpki
+            .verify_client_cert(end_entity, intermediates, now)
+        {
+            Ok(verified) => return Ok(verified),
+            Err(e) => e,
+        };
+        let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+        let is_root = self.roots.iter().any(|r| r.as_ref() == end_entity.as_ref());
+        let valid = crate::der::certificate_validity(end_entity)
+            .is_some_and(|(from, until)| from <= now && now <= until);
+        if is_root && valid {
+            Ok(rustls::server::danger::ClientCertVerified::assertion())
+        } else {
+            Err(refused)
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
 /// Where the client URLs' TLS material lives (etcd's `--cert-file`,
 /// `--key-file`, `--trusted-ca-file`, `--client-cert-auth`).
 #[derive(Debug, Clone)]
@@ -109,9 +181,12 @@ pub fn client_url_acceptor(files: &ClientTlsFiles<'_>) -> Result<TlsAcceptor, St
     let client_verifier = match (files.client_cert_auth, files.trusted_ca) {
         (_, Some(ca)) => {
             let roots = load_roots("--trusted-ca-file", ca)?;
-            rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
-                .build()
-                .map_err(|e| invalid("--trusted-ca-file", ca, e))?
+            let webpki =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
+                    .build()
+                    .map_err(|e| invalid("--trusted-ca-file", ca, e))?;
+            let roots = load_chain("--trusted-ca-file", ca)?;
+            Arc::new(RootsAsClientCertificates { webpki, roots })
         }
         (true, None) => return Err("--client-cert-auth needs --trusted-ca-file".into()),
         (false, None) => rustls::server::WebPkiClientVerifier::no_client_auth(),

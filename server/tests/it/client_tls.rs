@@ -300,3 +300,69 @@ fn the_json_gateway_answers_over_http2() {
     );
     assert_eq!(String::from_utf8_lossy(&get.stdout), "bar\n", "{get:?}");
 }
+
+/// A client certificate that is itself a trusted CA certificate (a
+/// self-signed `CN=root` CA, as etcd's own test setups use) is taken, as
+/// etcd takes it, and names its user; an untrusted self-signed one is not.
+#[test]
+fn a_trusted_ca_certificate_is_taken_as_a_client_certificate() {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let p = pems(dir.path());
+    let self_signed = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, "root");
+        let cert = params.self_signed(&key).unwrap();
+        let (cert_path, key_path) = (
+            dir.path().join(format!("{name}.pem")),
+            dir.path().join(format!("{name}-key.pem")),
+        );
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    };
+    let trusted_root = self_signed("root-ca");
+    let untrusted_root = self_signed("other-root-ca");
+    let bundle = dir.path().join("bundle.pem");
+    let ca = std::fs::read_to_string(&p.ca).unwrap();
+    let root = std::fs::read_to_string(&trusted_root.0).unwrap();
+    std::fs::write(&bundle, format!("{ca}{root}")).unwrap();
+    let server = Server::start_https(
+        &dir.path().join("m"),
+        &[
+            "--cert-file",
+            s(&p.server.0),
+            "--key-file",
+            s(&p.server.1),
+            "--trusted-ca-file",
+            s(&bundle),
+            "--client-cert-auth",
+        ],
+    );
+    let ep = format!("https://{}", server.client_endpoint());
+    let run = |cert: &(PathBuf, PathBuf), args: &[&str]| {
+        let mut all = vec![
+            "--cacert",
+            s(&p.ca),
+            "--cert",
+            s(&cert.0),
+            "--key",
+            s(&cert.1),
+        ];
+        all.extend_from_slice(args);
+        etcdctl(&ep, &all)
+    };
+    for args in [&["user", "add", "root:rootpw"][..], &["auth", "enable"]] {
+        let o = run(&trusted_root, args);
+        assert!(o.status.success(), "{args:?}: {o:?}");
+    }
+    // CN=root: the root user, without a password.
+    let o = run(&trusted_root, &["user", "list"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "root\n");
+    let o = run(&untrusted_root, &["user", "list"]);
+    assert!(!o.status.success(), "an untrusted self-signed CA: {o:?}");
+}
