@@ -102,6 +102,8 @@ pub struct Gauges {
     pub proposals_pending: usize,
     pub db_size: engine::EngineSize,
     pub keys: usize,
+    /// Ranges, puts, deletes and txns seen (etcd's mvcc counters).
+    pub ops: crate::mvcc::OpCounts,
     pub watchers: usize,
     pub quota_backend_bytes: u64,
 }
@@ -127,7 +129,7 @@ fn counter(out: &mut String, name: &str, help: &str, value: u64) {
 /// Values are floats in Prometheus' Go client, printed with `%g`: a
 /// million and up in exponent form (etcd prints its 2 GiB quota as
 /// `2.147483648e+09`).
-fn go_float(v: u64) -> String {
+pub(crate) fn go_float(v: u64) -> String {
     if v < 1_000_000 {
         return v.to_string();
     }
@@ -148,12 +150,32 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         ),
         1,
     );
+    // etcd 3.4 counts these twice: the `etcd_debugging_` names are the
+    // older ones, kept until 3.5.
+    let ops = [
+        ("delete", "deletes", g.ops.deletes),
+        ("put", "puts", g.ops.puts),
+        ("range", "ranges", g.ops.ranges),
+        ("txn", "txns", g.ops.txns),
+    ];
+    let op_counter = |out: &mut String, prefix: &str, (op, what, value): (&str, &str, u64)| {
+        counter(
+            out,
+            &format!("{prefix}_mvcc_{op}_total"),
+            &format!("Total number of {what} seen by this member."),
+            value,
+        );
+    };
+    op_counter(&mut out, "etcd_debugging", ops[0]);
     gauge(
         &mut out,
         "etcd_debugging_mvcc_keys_total",
         "Total number of keys.",
         g.keys as u64,
     );
+    for op in &ops[1..] {
+        op_counter(&mut out, "etcd_debugging", *op);
+    }
     gauge(
         &mut out,
         "etcd_debugging_mvcc_watcher_total",
@@ -182,6 +204,9 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "Total size of the underlying database logically in use in bytes.",
         g.db_size.in_use_bytes,
     );
+    for op in ops {
+        op_counter(&mut out, "etcd", op);
+    }
     gauge(
         &mut out,
         "etcd_server_has_leader",
@@ -252,6 +277,9 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         &format!("{{server_version=\"{}\"}}", crate::ETCD_API_VERSION),
         1,
     );
+    if let Some(grpc) = crate::api::grpc::metrics::counters() {
+        grpc.render(&mut out);
+    }
     render_process(&mut out, &ProcessFigures::read());
     out
 }

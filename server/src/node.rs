@@ -1201,7 +1201,10 @@ impl Node {
     /// The Prometheus `/metrics` page (see [`crate::metrics`]).
     pub fn metrics_page(&self) -> String {
         let status = self.status();
-        let keys = self.mvcc.try_borrow().map_or(0, |m| m.key_count());
+        let (keys, ops) = self
+            .mvcc
+            .try_borrow()
+            .map_or((0, Default::default()), |m| (m.key_count(), m.op_counts()));
         let gauges = crate::metrics::Gauges {
             member_id: self.id,
             has_leader: status.leader != 0,
@@ -1213,6 +1216,7 @@ impl Node {
                 + self.pending.try_borrow().map_or(0, |p| p.len()),
             db_size: self.db_size(),
             keys,
+            ops,
             watchers: crate::watch::watchers_in_process(),
             quota_backend_bytes: self.backend_quota.unwrap_or(0),
         };

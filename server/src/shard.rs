@@ -565,6 +565,7 @@ fn default_shards(cores: usize) -> usize {
 /// start-up fails, in which case the process exits with the error).
 pub fn run(cfg: Config) -> Result<()> {
     let shards = shard_count(&cfg);
+    crate::api::grpc::metrics::init(shards);
     let addrs = cfg
         .http_listen_addrs()
         .map_err(|e| ServerError::Startup(e.to_string()))?;
@@ -649,7 +650,7 @@ pub fn run(cfg: Config) -> Result<()> {
             spawn_progress_notifier(hub.clone(), progress_every);
             let backend = Backend::Local(node);
             spawn_watch_resync(hub.clone(), backend.clone());
-            serve_all(&owner_listeners, backend, hub).await;
+            serve_all(&owner_listeners, OWNER_SHARD, backend, hub).await;
         })
         .map_err(|e| ServerError::Startup(format!("starting shard 0: {e}")))?;
     handles.push(owner);
@@ -683,7 +684,7 @@ pub fn run(cfg: Config) -> Result<()> {
                 spawn_progress_notifier(hub.clone(), progress_every);
                 let backend = Backend::Remote(remote);
                 spawn_watch_resync(hub.clone(), backend.clone());
-                serve_all(&listeners, backend, hub).await;
+                serve_all(&listeners, shard, backend, hub).await;
             })
             .map_err(|e| ServerError::Startup(format!("starting shard {shard}: {e}")))?;
         handles.push(handle);
@@ -881,7 +882,7 @@ fn spawn_progress_notifier(hub: Rc<WatchHub>, every: Option<Duration>) {
 /// How often a shard asks the owner whether it may serve, at start.
 const SERVING_POLL: Duration = Duration::from_millis(20);
 
-async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
+async fn serve_all(listeners: &Listeners, shard: usize, backend: Backend, hub: Rc<WatchHub>) {
     let mut tasks = Vec::new();
     let bind = |addr: &std::net::SocketAddr| match http::bind(*addr) {
         Ok(listener) => listener,
@@ -910,6 +911,7 @@ async fn serve_all(listeners: &Listeners, backend: Backend, hub: Rc<WatchHub>) {
         listeners.max_grpc_message_bytes,
         LeaderGuard::start(backend.clone(), listeners.election_timeout),
         backend.clone(),
+        crate::api::grpc::metrics::ShardCounters::of_shard(shard),
     );
     for listener in grpc_listeners {
         tasks.push(glommio::spawn_local(grpc_serve(

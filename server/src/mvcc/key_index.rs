@@ -115,12 +115,23 @@ struct History {
 #[derive(Debug, Default)]
 pub(crate) struct KeyIndex {
     keys: BTreeMap<Bytes, History>,
+    /// Keys whose newest event is a put (etcd's `keys_total`).
+    live: usize,
+}
+
+fn is_live(h: &History) -> bool {
+    h.revs.last().is_some_and(|r| !r.tombstone)
 }
 
 impl KeyIndex {
     /// Number of keys with at least one event (live or not).
     pub(crate) fn len(&self) -> usize {
         self.keys.len()
+    }
+
+    /// Number of keys that exist now (their newest event is a put).
+    pub(crate) fn live(&self) -> usize {
+        self.live
     }
 
     /// The event visible for `key` at revision `at`.
@@ -192,9 +203,18 @@ impl KeyIndex {
     pub(crate) fn push(&mut self, key: &[u8], rev: Rev, generation: Option<Generation>) {
         let newest = if rev.tombstone { None } else { generation };
         if let Some(h) = self.keys.get_mut(key) {
+            let was_live = is_live(h);
             h.revs.push(rev);
             h.newest = newest;
+            match (was_live, rev.tombstone) {
+                (false, false) => self.live += 1,
+                (true, true) => self.live -= 1,
+                _ => {}
+            }
         } else {
+            if !rev.tombstone {
+                self.live += 1;
+            }
             // Copy the key: the caller's bytes may be a slice of a whole Raft
             // entry, which the index would otherwise pin for its lifetime.
             self.keys.insert(
@@ -214,9 +234,15 @@ impl KeyIndex {
             return;
         };
         if h.revs.last().is_some_and(|r| r.main == main) {
+            let was_live = is_live(h);
             h.revs.pop();
             // The event before is not remembered: the next put reads it.
             h.newest = None;
+            match (was_live, is_live(h)) {
+                (true, false) => self.live -= 1,
+                (false, true) => self.live += 1,
+                _ => {}
+            }
         }
         if h.revs.is_empty() {
             self.keys.remove(key);

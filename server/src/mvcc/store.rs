@@ -204,6 +204,95 @@ pub struct MvccStore<E: Engine> {
     /// `prev_kv` even when its request does not need it (see
     /// [`Event::prev_kv_unread`]).
     read_prev_for_watchers: bool,
+    /// Operations counted as etcd's metrics count them (a Cell: reads
+    /// count through `&self`).
+    ops: std::cell::Cell<OpCounts>,
+}
+
+/// Ranges, puts, deletes and txns seen by this member, counted as etcd's
+/// `metricsTxnWrite` counts them: each read of the store (a Range, a
+/// compare, the previous value a put or delete returns or keeps) is a
+/// range; a put or delete request one put or delete; a store transaction
+/// of more than one operation also one txn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    pub ranges: u64,
+    pub puts: u64,
+    pub deletes: u64,
+    pub txns: u64,
+}
+
+impl OpCounts {
+    fn add(&mut self, other: OpCounts) {
+        self.ranges += other.ranges;
+        self.puts += other.puts;
+        self.deletes += other.deletes;
+        self.txns += other.txns;
+    }
+
+    /// One store transaction of these operations.
+    fn transaction(mut self) -> OpCounts {
+        if self.ranges + self.puts + self.deletes > 1 {
+            self.txns += 1;
+        }
+        self
+    }
+
+    fn of_put(p: &PutRequest) -> OpCounts {
+        OpCounts {
+            puts: 1,
+            ranges: u64::from(p.prev_kv || p.ignore_value || p.ignore_lease),
+            ..OpCounts::default()
+        }
+    }
+
+    fn of_delete(d: &DeleteRangeRequest) -> OpCounts {
+        OpCounts {
+            deletes: 1,
+            ranges: u64::from(d.prev_kv),
+            ..OpCounts::default()
+        }
+    }
+
+    /// The ops of the branch a txn took, nested txns included (their own
+    /// compares are reads too).
+    fn of_branch(req: &TxnRequest, resp: &TxnResponse) -> OpCounts {
+        let branch = if resp.succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        let mut counts = OpCounts::default();
+        for (op, answer) in branch.iter().zip(&resp.responses) {
+            counts.add(match (op, answer) {
+                (RequestOp::Range(_), _) => OpCounts {
+                    ranges: 1,
+                    ..OpCounts::default()
+                },
+                (RequestOp::Put(p), _) => OpCounts::of_put(p),
+                (RequestOp::DeleteRange(d), _) => OpCounts::of_delete(d),
+                (RequestOp::Txn(t), ResponseOp::Txn(r)) => {
+                    let mut nested = OpCounts::of_branch(t, r);
+                    nested.ranges += t.compare.len() as u64;
+                    nested
+                }
+                (RequestOp::Txn(_), _) => OpCounts::default(),
+            });
+        }
+        counts
+    }
+
+    /// etcd reads a txn's compares in a transaction of their own before it
+    /// runs the branch in another.
+    fn of_txn(req: &TxnRequest, resp: &TxnResponse) -> OpCounts {
+        let mut counts = OpCounts {
+            ranges: req.compare.len() as u64,
+            ..OpCounts::default()
+        }
+        .transaction();
+        counts.add(OpCounts::of_branch(req, resp).transaction());
+        counts
+    }
 }
 
 impl<E: Engine> std::fmt::Debug for MvccStore<E> {
@@ -263,6 +352,7 @@ impl<E: Engine> MvccStore<E> {
             current_rev: max_main.max(compact_rev).max(INITIAL_REVISION),
             compact_rev,
             read_prev_for_watchers: true,
+            ops: std::cell::Cell::new(OpCounts::default()),
         })
     }
 
@@ -272,10 +362,16 @@ impl<E: Engine> MvccStore<E> {
         self.read_prev_for_watchers = read;
     }
 
-    /// Keys in the index (live or deleted since the last compaction), as
-    /// etcd's `etcd_debugging_mvcc_keys_total` counts them.
+    /// Keys that exist now, as etcd's `etcd_debugging_mvcc_keys_total`
+    /// counts them (a delete takes one away at once, not at compaction).
     pub fn key_count(&self) -> usize {
-        self.index.len()
+        self.index.live()
+    }
+
+    /// What this member has served and applied so far (etcd's
+    /// `etcd_mvcc_{range,put,delete,txn}_total`).
+    pub fn op_counts(&self) -> OpCounts {
+        self.ops.get()
     }
 
     /// The revision of the last change (1 for an empty store, as etcd's).
@@ -473,7 +569,21 @@ impl<E: Engine> MvccStore<E> {
 
     /// A Range at `req.revision` (`<= 0`: the current revision), with etcd's
     /// filter, sort, limit, `count` and `more` rules.
+    fn count(&self, counts: OpCounts) {
+        let mut total = self.ops.get();
+        total.add(counts);
+        self.ops.set(total);
+    }
+
+    fn count_range(&self) {
+        self.count(OpCounts {
+            ranges: 1,
+            ..OpCounts::default()
+        });
+    }
+
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, MvccError> {
+        self.count_range();
         let snap = self.engine.snapshot();
         self.view(&snap).range(req, self.current_rev)
     }
@@ -481,6 +591,7 @@ impl<E: Engine> MvccStore<E> {
     /// The index half of `req` (cheap: no values are read), and a snapshot
     /// to load the values from elsewhere; see [`RangePlan`].
     pub fn start_range(&self, req: RangeRequest) -> Result<RangeStart<E::Snapshot>, MvccError> {
+        self.count_range();
         let snap = self.engine.snapshot();
         let cur_rev = self.current_rev;
         match self.view(&snap).index_range(&req, cur_rev)? {
@@ -523,11 +634,13 @@ impl<E: Engine> MvccStore<E> {
             };
             responses.push(ResponseOp::Range(view.range(r, cur)?));
         }
-        Ok(TxnResponse {
+        let response = TxnResponse {
             header: header(cur),
             succeeded,
             responses,
-        })
+        };
+        self.count(OpCounts::of_txn(req, &response));
+        Ok(response)
     }
 
     /// Applies one committed write request at Raft index `index`.
@@ -561,6 +674,14 @@ impl<E: Engine> MvccStore<E> {
         };
         let changes = std::mem::take(&mut tx.changes);
         let rev = begin_rev + 1;
+        if let Ok(done) = &result {
+            self.count(match (req, done) {
+                (Request::Put(p), _) => OpCounts::of_put(p),
+                (Request::DeleteRange(d), _) => OpCounts::of_delete(d),
+                (Request::Txn(t), Response::Txn(r)) => OpCounts::of_txn(t, r),
+                _ => OpCounts::default(),
+            });
+        }
         let response = match result {
             Ok(r) => r,
             Err(e) => {

@@ -850,3 +850,96 @@ fn until_sample(endpoint: &str, name: &str, value: f64) {
     }
     panic!("{endpoint}: {name} never {value}");
 }
+
+/// etcd's gRPC metrics (go-grpc-prometheus: started, handled by code,
+/// messages received and sent, per method): the same series as etcd 3.4
+/// (its grpc.health.v1 service aside, which metcd does not serve), and
+/// the same counts for the same etcdctl commands, failures included; and
+/// its MVCC counters (ranges, puts, deletes, txns, live keys).
+#[test]
+fn grpc_metrics_count_as_etcds() {
+    use std::collections::BTreeMap;
+    let (_dir, etcd, metcd) = etcd_and_metcd();
+    let ep = metcd.client_endpoint();
+    let mvcc_ops = [
+        "etcd_mvcc_put_total",
+        "etcd_mvcc_delete_total",
+        "etcd_mvcc_range_total",
+        "etcd_mvcc_txn_total",
+        "etcd_debugging_mvcc_put_total",
+        "etcd_debugging_mvcc_delete_total",
+        "etcd_debugging_mvcc_range_total",
+        "etcd_debugging_mvcc_txn_total",
+        "etcd_debugging_mvcc_keys_total",
+    ];
+    let grpc_series = |endpoint: &str| -> BTreeMap<String, f64> {
+        let (status, page) = get(endpoint, "/metrics");
+        assert!(status.ends_with("200 OK"), "{status}");
+        page.lines()
+            .filter(|l| {
+                (l.starts_with("grpc_server_") && !l.contains("grpc.health.v1"))
+                    || mvcc_ops.iter().any(|m| l.starts_with(&format!("{m} ")))
+            })
+            .map(|l| {
+                let (series, value) = l.rsplit_once(' ').unwrap();
+                (series.to_string(), value.parse().unwrap())
+            })
+            .collect()
+    };
+    let before = (grpc_series(&etcd.endpoint), grpc_series(&ep));
+    assert_eq!(
+        before.1.keys().collect::<Vec<_>>(),
+        before.0.keys().collect::<Vec<_>>(),
+        "metcd (left) and etcd (right) list different gRPC series"
+    );
+    for args in [
+        &["put", "foo", "bar"][..],
+        &["get", "foo"],
+        &["get", "foo", "--rev=99"],
+        &["del", "foo"],
+        &["endpoint", "status"],
+        &["lease", "grant", "10"],
+        &["member", "list"],
+        &["compaction", "999"],
+    ] {
+        for endpoint in [&etcd.endpoint, &ep] {
+            let _ = etcdctl(endpoint, args);
+        }
+    }
+    // A txn: its compare is read in a store transaction of its own, then
+    // the put and the get of its branch in another.
+    for endpoint in [&etcd.endpoint, &ep] {
+        let o = crate::etcd_peer::etcdctl_stdin(
+            endpoint,
+            &["txn"],
+            b"create(\"t\") = \"0\"\n\nput t 1\nget t\n\n\n",
+        );
+        assert!(o.status.success(), "{o:?}");
+    }
+    let delta = |before: &BTreeMap<String, f64>, after: BTreeMap<String, f64>| {
+        after
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let d = v - before.get(&k).copied().unwrap_or(0.0);
+                (d != 0.0).then_some((k, d))
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    let theirs = delta(&before.0, grpc_series(&etcd.endpoint));
+    let ours = delta(&before.1, grpc_series(&ep));
+    assert!(
+        ours.keys()
+            .any(|k| k.contains("grpc_code=\"OutOfRange\",grpc_method=\"Range\"")),
+        "{ours:#?}"
+    );
+    assert_eq!(ours.get("etcd_mvcc_txn_total"), Some(&1.0), "{ours:#?}");
+    assert_eq!(
+        ours.get("etcd_debugging_mvcc_keys_total"),
+        Some(&1.0),
+        "{ours:#?}"
+    );
+    assert_eq!(
+        ours, theirs,
+        "metcd (left) and etcd (right) counted differently"
+    );
+}

@@ -7,6 +7,7 @@
 pub mod convert;
 pub mod gateway;
 pub mod go_json;
+pub mod metrics;
 pub mod pb;
 pub mod recipes;
 pub mod require_leader;

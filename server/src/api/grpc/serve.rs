@@ -19,6 +19,7 @@ use send_wrapper::SendWrapper;
 use tonic::codegen::Service;
 
 use super::gateway::Gateway;
+use super::metrics::{self, Count, Counted, ShardCounters, CANCELED};
 use super::pb::etcdserverpb::{
     auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
     lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
@@ -63,6 +64,8 @@ pub struct Router {
     /// What a request that is not gRPC gets (the JSON gateway, `/version`,
     /// `/health`, `/metrics`): the same as over HTTP/1.1, as etcd's mux.
     http: SendWrapper<Rc<(crate::shard::Backend, Gateway)>>,
+    /// This shard's gRPC metrics (etcd's grpc_server_* families).
+    counters: Option<ShardCounters>,
 }
 
 impl Router {
@@ -71,6 +74,7 @@ impl Router {
         max_message_bytes: usize,
         leader: Rc<LeaderGuard>,
         backend: crate::shard::Backend,
+        counters: Option<ShardCounters>,
     ) -> (Router, Gateway) {
         let gateway = Gateway {
             kv: services.kv.clone(),
@@ -86,6 +90,7 @@ impl Router {
         let router = Router {
             leader: SendWrapper::new(leader),
             http: SendWrapper::new(Rc::new((backend, gateway.clone()))),
+            counters,
             kv: KvServer::new(services.kv)
                 .max_decoding_message_size(max_message_bytes)
                 .max_encoding_message_size(usize::MAX),
@@ -128,11 +133,31 @@ impl Router {
                 .map(|body| body.boxed_unsync()));
         }
         let guard_stream = leader_required && is_stream(req.uri().path());
+        // Counted from here, as etcd's interceptors count after the
+        // leader check.
+        let counted = self
+            .counters
+            .and_then(|c| Some((c, metrics::method_of(req.uri().path())?)));
+        if let Some((c, method)) = counted {
+            c.counters.started(c.shard, method);
+        }
+        let req = req.map(|body| Counted::new(body, counted.map(|(c, m)| (c, m, Count::Received))));
         let resp = match self.dispatch(req).await {
             Ok(r) => r,
             Err(never) => match never {},
         };
-        let resp = resp.map(|body| body.boxed_unsync());
+        let resp = match counted {
+            // A refusal before any answer: its status is in the headers.
+            Some((c, method)) if metrics::status_of(resp.headers()).is_some() => {
+                let code = metrics::status_of(resp.headers()).unwrap_or(CANCELED);
+                c.counters.handled(c.shard, method, code);
+                resp.map(|body| body.boxed_unsync())
+            }
+            Some((c, method)) => resp.map(|body| {
+                Counted::new(body, Some((c, method, Count::SentAndHandled))).boxed_unsync()
+            }),
+            None => resp.map(|body| body.boxed_unsync()),
+        };
         if guard_stream {
             return Ok(resp.map(|body| self.leader.guard_stream(body).boxed_unsync()));
         }
@@ -144,7 +169,7 @@ impl Router {
     /// future it returns, so a clone of the one server asked is enough.
     fn dispatch(
         &self,
-        req: hyper::Request<Incoming>,
+        req: hyper::Request<Counted<Incoming>>,
     ) -> std::pin::Pin<
         Box<dyn Future<Output = Result<hyper::Response<tonic::body::Body>, Infallible>> + Send>,
     > {

@@ -1,0 +1,425 @@
+//! etcd's gRPC metrics (go-grpc-prometheus, as etcd 3.4 registers it):
+//! `grpc_server_started_total`, `grpc_server_handled_total` (by code),
+//! `grpc_server_msg_received_total` and `grpc_server_msg_sent_total`, for
+//! every method of the services etcd instruments, zeros included.
+//!
+//! Counted where etcd counts them: after the leader check (a `no leader`
+//! refusal is not an RPC the handler saw), on the shard that serves the
+//! connection. Each shard writes only its own slot (relaxed atomics, no
+//! cache line shared between writers); the page sums the slots. This
+//! module never blocks and never allocates on the request path.
+
+use std::fmt::Write as _;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
+
+use hyper::body::{Body, Frame, SizeHint};
+
+/// (service, method, type) of every method etcd 3.4's gRPC metrics list,
+/// in their order (grpc.health.v1 aside: metcd does not serve it).
+pub const METHODS: &[(&str, &str, &str)] = &[
+    ("etcdserverpb.Auth", "AuthDisable", "unary"),
+    ("etcdserverpb.Auth", "AuthEnable", "unary"),
+    ("etcdserverpb.Auth", "Authenticate", "unary"),
+    ("etcdserverpb.Auth", "RoleAdd", "unary"),
+    ("etcdserverpb.Auth", "RoleDelete", "unary"),
+    ("etcdserverpb.Auth", "RoleGet", "unary"),
+    ("etcdserverpb.Auth", "RoleGrantPermission", "unary"),
+    ("etcdserverpb.Auth", "RoleList", "unary"),
+    ("etcdserverpb.Auth", "RoleRevokePermission", "unary"),
+    ("etcdserverpb.Auth", "UserAdd", "unary"),
+    ("etcdserverpb.Auth", "UserChangePassword", "unary"),
+    ("etcdserverpb.Auth", "UserDelete", "unary"),
+    ("etcdserverpb.Auth", "UserGet", "unary"),
+    ("etcdserverpb.Auth", "UserGrantRole", "unary"),
+    ("etcdserverpb.Auth", "UserList", "unary"),
+    ("etcdserverpb.Auth", "UserRevokeRole", "unary"),
+    ("etcdserverpb.Cluster", "MemberAdd", "unary"),
+    ("etcdserverpb.Cluster", "MemberList", "unary"),
+    ("etcdserverpb.Cluster", "MemberPromote", "unary"),
+    ("etcdserverpb.Cluster", "MemberRemove", "unary"),
+    ("etcdserverpb.Cluster", "MemberUpdate", "unary"),
+    ("etcdserverpb.KV", "Compact", "unary"),
+    ("etcdserverpb.KV", "DeleteRange", "unary"),
+    ("etcdserverpb.KV", "Put", "unary"),
+    ("etcdserverpb.KV", "Range", "unary"),
+    ("etcdserverpb.KV", "Txn", "unary"),
+    ("etcdserverpb.Lease", "LeaseGrant", "unary"),
+    ("etcdserverpb.Lease", "LeaseKeepAlive", "bidi_stream"),
+    ("etcdserverpb.Lease", "LeaseLeases", "unary"),
+    ("etcdserverpb.Lease", "LeaseRevoke", "unary"),
+    ("etcdserverpb.Lease", "LeaseTimeToLive", "unary"),
+    ("etcdserverpb.Maintenance", "Alarm", "unary"),
+    ("etcdserverpb.Maintenance", "Defragment", "unary"),
+    ("etcdserverpb.Maintenance", "Hash", "unary"),
+    ("etcdserverpb.Maintenance", "HashKV", "unary"),
+    ("etcdserverpb.Maintenance", "MoveLeader", "unary"),
+    ("etcdserverpb.Maintenance", "Snapshot", "server_stream"),
+    ("etcdserverpb.Maintenance", "Status", "unary"),
+    ("etcdserverpb.Watch", "Watch", "bidi_stream"),
+];
+
+/// gRPC status codes by number, named as grpc-go names them.
+const CODES: [&str; 17] = [
+    "OK",
+    "Canceled",
+    "Unknown",
+    "InvalidArgument",
+    "DeadlineExceeded",
+    "NotFound",
+    "AlreadyExists",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "FailedPrecondition",
+    "Aborted",
+    "OutOfRange",
+    "Unimplemented",
+    "Internal",
+    "Unavailable",
+    "DataLoss",
+    "Unauthenticated",
+];
+
+/// The index in [`METHODS`] of a gRPC path (`/etcdserverpb.KV/Put`).
+pub fn method_of(path: &str) -> Option<usize> {
+    let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+    METHODS
+        .iter()
+        .position(|(s, m, _)| *s == service && *m == method)
+}
+
+/// One shard's counters, on cache lines of their own.
+#[repr(align(128))]
+struct Slot {
+    started: Box<[AtomicU64]>,
+    received: Box<[AtomicU64]>,
+    sent: Box<[AtomicU64]>,
+    /// `METHODS.len() * CODES.len()`, method-major.
+    handled: Box<[AtomicU64]>,
+}
+
+fn zeros(n: usize) -> Box<[AtomicU64]> {
+    (0..n).map(|_| AtomicU64::new(0)).collect()
+}
+
+/// The counters of every shard.
+pub struct GrpcCounters {
+    slots: Box<[Slot]>,
+}
+
+static COUNTERS: OnceLock<GrpcCounters> = OnceLock::new();
+
+/// Sets up the process's counters for `shards` shards (once, at start).
+pub fn init(shards: usize) {
+    let _ = COUNTERS.set(GrpcCounters::new(shards));
+}
+
+/// The process's counters, once [`init`] ran.
+pub fn counters() -> Option<&'static GrpcCounters> {
+    COUNTERS.get()
+}
+
+impl GrpcCounters {
+    pub fn new(shards: usize) -> GrpcCounters {
+        let n = METHODS.len();
+        let slots = (0..shards.max(1))
+            .map(|_| Slot {
+                started: zeros(n),
+                received: zeros(n),
+                sent: zeros(n),
+                handled: zeros(n * CODES.len()),
+            })
+            .collect();
+        GrpcCounters { slots }
+    }
+
+    fn slot(&self, shard: usize) -> &Slot {
+        &self.slots[shard % self.slots.len()]
+    }
+
+    pub fn started(&self, shard: usize, method: usize) {
+        self.slot(shard).started[method].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn received(&self, shard: usize, method: usize, messages: u64) {
+        self.slot(shard).received[method].fetch_add(messages, Ordering::Relaxed);
+    }
+
+    pub fn sent(&self, shard: usize, method: usize, messages: u64) {
+        self.slot(shard).sent[method].fetch_add(messages, Ordering::Relaxed);
+    }
+
+    /// An RPC ended with gRPC status `code` (an unknown number counts as
+    /// Unknown, as grpc-go maps it).
+    pub fn handled(&self, shard: usize, method: usize, code: u32) {
+        let code = usize::try_from(code)
+            .ok()
+            .filter(|c| *c < CODES.len())
+            .unwrap_or(2);
+        self.slot(shard).handled[method * CODES.len() + code].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn sum(&self, pick: impl Fn(&Slot) -> &[AtomicU64], i: usize) -> u64 {
+        self.slots
+            .iter()
+            .map(|s| pick(s)[i].load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The four families as go-grpc-prometheus writes them: alphabetical,
+    /// series sorted by their label values.
+    pub fn render(&self, out: &mut String) {
+        let mut by_name: Vec<usize> = (0..METHODS.len()).collect();
+        by_name.sort_by_key(|&i| (METHODS[i].1, METHODS[i].0, METHODS[i].2));
+        let mut codes: Vec<usize> = (0..CODES.len()).collect();
+        codes.sort_by_key(|&c| CODES[c]);
+        let head = |out: &mut String, name: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        };
+        head(
+            out,
+            "grpc_server_handled_total",
+            "Total number of RPCs completed on the server, regardless of success or failure.",
+        );
+        for &c in &codes {
+            for &i in &by_name {
+                let (service, method, kind) = METHODS[i];
+                let value = self.sum(|s| &s.handled, i * CODES.len() + c);
+                let _ = writeln!(
+                    out,
+                    "grpc_server_handled_total{{grpc_code=\"{}\",grpc_method=\"{method}\",grpc_service=\"{service}\",grpc_type=\"{kind}\"}} {}",
+                    CODES[c],
+                    crate::metrics::go_float(value)
+                );
+            }
+        }
+        type Pick = fn(&Slot) -> &[AtomicU64];
+        let families: [(&str, &str, Pick); 3] = [
+            (
+                "grpc_server_msg_received_total",
+                "Total number of RPC stream messages received on the server.",
+                |s| &s.received,
+            ),
+            (
+                "grpc_server_msg_sent_total",
+                "Total number of gRPC stream messages sent by the server.",
+                |s| &s.sent,
+            ),
+            (
+                "grpc_server_started_total",
+                "Total number of RPCs started on the server.",
+                |s| &s.started,
+            ),
+        ];
+        for (name, help, pick) in families {
+            head(out, name, help);
+            for &i in &by_name {
+                let (service, method, kind) = METHODS[i];
+                let _ = writeln!(
+                    out,
+                    "{name}{{grpc_method=\"{method}\",grpc_service=\"{service}\",grpc_type=\"{kind}\"}} {}",
+                    crate::metrics::go_float(self.sum(pick, i))
+                );
+            }
+        }
+    }
+}
+
+/// What a [`Counted`] body counts when it ends.
+#[derive(Clone, Copy)]
+pub enum Count {
+    /// A request's messages: `grpc_server_msg_received_total`.
+    Received,
+    /// A response's messages, and the RPC's end with the status of its
+    /// trailers (`Canceled` when the client went away first).
+    SentAndHandled,
+}
+
+/// gRPC's `Canceled`.
+pub const CANCELED: u32 = 1;
+
+/// Counts the gRPC messages in a body as it passes (each is a 5-byte
+/// prefix, flag and big-endian length, then the message) into the shard's
+/// counters when the body ends. No allocation: the body is wrapped in
+/// place.
+pub struct Counted<B> {
+    body: B,
+    /// Bytes of the current message still to come.
+    in_message: u64,
+    prefix: [u8; 5],
+    prefix_len: usize,
+    messages: u64,
+    /// Where the counts go; `None` once counted (or never counted).
+    target: Option<(ShardCounters, usize, Count)>,
+}
+
+impl<B> Counted<B> {
+    /// `body`, counted into `target` (shard counters, method, what) if any.
+    pub fn new(body: B, target: Option<(ShardCounters, usize, Count)>) -> Counted<B> {
+        Counted {
+            body,
+            in_message: 0,
+            prefix: [0; 5],
+            prefix_len: 0,
+            messages: 0,
+            target,
+        }
+    }
+
+    fn scan(&mut self, mut data: &[u8]) {
+        if self.target.is_none() {
+            return;
+        }
+        while !data.is_empty() {
+            if self.in_message > 0 {
+                let take = usize::try_from(self.in_message)
+                    .unwrap_or(usize::MAX)
+                    .min(data.len());
+                self.in_message -= take as u64;
+                data = &data[take..];
+                continue;
+            }
+            let take = (5 - self.prefix_len).min(data.len());
+            self.prefix[self.prefix_len..self.prefix_len + take].copy_from_slice(&data[..take]);
+            self.prefix_len += take;
+            data = &data[take..];
+            if self.prefix_len == 5 {
+                self.messages += 1;
+                self.prefix_len = 0;
+                let len = [
+                    self.prefix[1],
+                    self.prefix[2],
+                    self.prefix[3],
+                    self.prefix[4],
+                ];
+                self.in_message = u64::from(u32::from_be_bytes(len));
+            }
+        }
+    }
+
+    fn finish(&mut self, status: Option<u32>) {
+        let Some((c, method, count)) = self.target.take() else {
+            return;
+        };
+        match count {
+            Count::Received => c.counters.received(c.shard, method, self.messages),
+            Count::SentAndHandled => {
+                c.counters.sent(c.shard, method, self.messages);
+                c.counters
+                    .handled(c.shard, method, status.unwrap_or(CANCELED));
+            }
+        }
+    }
+}
+
+/// The `grpc-status` of a header map (trailers, or a trailers-only
+/// answer's headers).
+pub fn status_of(headers: &hyper::HeaderMap) -> Option<u32> {
+    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
+
+impl<B> Body for Counted<B>
+where
+    B: Body<Data = bytes::Bytes> + Unpin,
+{
+    type Data = bytes::Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<bytes::Bytes>, B::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.scan(data);
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    self.finish(status_of(trailers));
+                }
+            }
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.finish(None),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl<B> Drop for Counted<B> {
+    /// A stream the client cancelled ends here, without trailers.
+    fn drop(&mut self) {
+        self.finish(None);
+    }
+}
+
+/// Counters of one shard, handed to its router.
+#[derive(Clone, Copy)]
+pub struct ShardCounters {
+    pub counters: &'static GrpcCounters,
+    pub shard: usize,
+}
+
+impl ShardCounters {
+    pub fn of_shard(shard: usize) -> Option<ShardCounters> {
+        counters().map(|counters| ShardCounters { counters, shard })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn messages_are_counted_across_frame_boundaries() {
+        let counters: &'static GrpcCounters = Box::leak(Box::new(GrpcCounters::new(1)));
+        let target = ShardCounters { counters, shard: 0 };
+        let mut c = Counted::new((), Some((target, 0, Count::Received)));
+        // Two messages (3 and 0 bytes) split at awkward places.
+        let wire = [0u8, 0, 0, 0, 3, b'a', b'b', b'c', 0, 0, 0, 0, 0];
+        for chunk in wire.chunks(2) {
+            c.scan(chunk);
+        }
+        assert_eq!(c.messages, 2);
+        assert_eq!((c.in_message, c.prefix_len), (0, 0));
+    }
+
+    #[test]
+    fn the_page_lists_every_method_and_code_in_gos_order() {
+        let c = GrpcCounters::new(2);
+        let put = method_of("/etcdserverpb.KV/Put").unwrap();
+        c.started(0, put);
+        c.started(1, put);
+        c.handled(1, put, 0);
+        c.handled(0, put, 99);
+        let mut page = String::new();
+        c.render(&mut page);
+        assert!(page.contains(
+            "grpc_server_started_total{grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 2\n"
+        ));
+        assert!(page.contains(
+            "grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 1\n"
+        ));
+        assert!(page.contains(
+            "grpc_server_handled_total{grpc_code=\"Unknown\",grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 1\n"
+        ));
+        let handled = page
+            .lines()
+            .filter(|l| l.starts_with("grpc_server_handled_total{"))
+            .count();
+        assert_eq!(handled, METHODS.len() * CODES.len());
+        assert!(page.starts_with("# HELP grpc_server_handled_total"));
+        assert_eq!(method_of("/etcdserverpb.KV/Nope"), None);
+        assert_eq!(method_of("/v3lockpb.Lock/Lock"), None);
+    }
+}
