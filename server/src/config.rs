@@ -147,6 +147,9 @@ pub struct Config {
     /// etcd's `--max-concurrent-streams`: the HTTP/2 streams one client
     /// connection may have open at once (advertised in SETTINGS).
     pub max_concurrent_streams: u32,
+    /// etcd's `--cipher-suites`: the TLS 1.2 suites offered to clients and
+    /// peers (Go's names, comma-separated; empty: every suite).
+    pub cipher_suites: String,
 }
 
 impl Default for Config {
@@ -200,6 +203,7 @@ impl Default for Config {
             bcrypt_cost: 10,
             strict_reconfig_check: true,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            cipher_suites: String::new(),
         }
     }
 }
@@ -220,6 +224,9 @@ pub struct Flags {
     /// TOML config file (keys named as these flags, e.g. `snapshot-count = 10000`).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// etcd's YAML config file; with it the other flags are not read.
+    #[arg(long)]
+    pub config_file: Option<PathBuf>,
     #[arg(long)]
     pub name: Option<String>,
     #[arg(long)]
@@ -324,6 +331,8 @@ pub struct Flags {
     pub strict_reconfig_check: Option<bool>,
     #[arg(long)]
     pub max_concurrent_streams: Option<u32>,
+    #[arg(long)]
+    pub cipher_suites: Option<String>,
 }
 
 /// A flag's value refused, and why.
@@ -387,6 +396,13 @@ impl Config {
 
     /// Builds the config from flags, reading `--config` if given.
     pub fn from_flags(mut flags: Flags) -> Result<Config, ConfigError> {
+        if let Some(file) = flags.config_file.take() {
+            // As etcd: the file replaces the command line.
+            let mut cfg = crate::etcd_config_file::load(&file)?;
+            cfg.make_paths_absolute()?;
+            cfg.validate()?;
+            return Ok(cfg);
+        }
         let mut cfg = match &flags.config {
             Some(path) => Config::from_file(path)?,
             None => Config::default(),
@@ -467,6 +483,7 @@ impl Config {
             bcrypt_cost,
             strict_reconfig_check,
             max_concurrent_streams,
+            cipher_suites,
         );
         cfg.make_paths_absolute()?;
         cfg.validate()?;
@@ -717,6 +734,13 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Err(reason) = crate::tls::tls12_cipher_suites(&self.cipher_suites) {
+            return Err(invalid_flag(
+                "cipher-suites",
+                self.cipher_suites.clone(),
+                reason,
+            ));
+        }
         if let Err(reason) = self.engine.parse::<engine::any::EngineKind>() {
             return Err(invalid_flag("engine", self.engine.clone(), &reason));
         }
@@ -1032,6 +1056,7 @@ impl Config {
             key: self.key_file.as_deref()?,
             trusted_ca: self.trusted_ca_file.as_deref(),
             client_cert_auth: self.client_cert_auth,
+            cipher_suites: &self.cipher_suites,
         })
     }
 
@@ -1042,6 +1067,7 @@ impl Config {
             key: self.peer_key_file.as_deref()?,
             trusted_ca: self.peer_trusted_ca_file.as_deref()?,
             client_cert_auth: self.peer_client_cert_auth,
+            cipher_suites: &self.cipher_suites,
         })
     }
 

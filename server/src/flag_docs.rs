@@ -210,6 +210,13 @@ pub const FLAGS: &[FlagDoc] = &[
     ),
     flag(
         "Security",
+        "cipher-suites",
+        "<names>",
+        "(every suite)",
+        "TLS 1.2 cipher suites offered to clients and peers, Go's names comma-separated (ECDHE with AES-GCM or ChaCha20-Poly1305); TLS 1.3's are always offered, as in Go.",
+    ),
+    flag(
+        "Security",
         "peer-trusted-ca-file",
         "<path>",
         "(none)",
@@ -281,6 +288,13 @@ pub const FLAGS: &[FlagDoc] = &[
         "Progress notifications for watchers that ask (0s = off).",
     ),
     // metcd's own
+    flag(
+        "Member",
+        "config-file",
+        "<path>",
+        "(none)",
+        "etcd's YAML config file (its keys); with it every other flag is ignored, as in etcd.",
+    ),
     flag(
         "metcd",
         "config",

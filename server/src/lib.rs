@@ -14,6 +14,7 @@ pub mod compactor;
 pub mod config;
 pub(crate) mod der;
 pub mod error;
+pub mod etcd_config_file;
 pub mod etcd_db;
 pub mod flag_docs;
 #[doc(hidden)]

@@ -49,10 +49,85 @@ pub struct PeerTlsFiles<'a> {
     pub trusted_ca: &'a Path,
     /// Require connecting peers to present a certificate of the CA.
     pub client_cert_auth: bool,
+    /// `--cipher-suites` (Go's names, comma-separated; empty: all).
+    pub cipher_suites: &'a str,
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+/// ring's suites, restricted to etcd's `--cipher-suites` (Go's names)
+/// when given. As in Go, the list only restricts TLS 1.2: TLS 1.3's
+/// suites are not configurable and always offered.
+fn provider(cipher_suites: &str) -> Result<Arc<rustls::crypto::CryptoProvider>, String> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    let wanted = tls12_cipher_suites(cipher_suites)?;
+    if !wanted.is_empty() {
+        provider
+            .cipher_suites
+            .retain(|s| s.version() == &rustls::version::TLS13 || wanted.contains(&s.suite()));
+    }
+    Ok(Arc::new(provider))
+}
+
+/// Go's names of the TLS 1.2 suites rustls implements (ECDHE with AEAD).
+const GO_CIPHER_SUITES: &[(&str, rustls::CipherSuite)] = &[
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+        rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+        rustls::CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+        rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+        rustls::CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305",
+        rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+        rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
+        rustls::CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+        rustls::CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+];
+
+/// `--cipher-suites` (comma-separated Go names) as rustls suites; empty:
+/// no restriction. A suite Go knows that rustls does not implement (CBC,
+/// RSA key exchange, 3DES, RC4) is refused by name.
+pub fn tls12_cipher_suites(names: &str) -> Result<Vec<rustls::CipherSuite>, String> {
+    names
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|name| {
+            GO_CIPHER_SUITES
+                .iter()
+                .find(|(go, _)| *go == name)
+                .map(|(_, suite)| *suite)
+                .ok_or_else(|| {
+                    format!(
+                        "unsupported TLS cipher suite {name:?} (metcd offers the ECDHE AEAD suites: {})",
+                        GO_CIPHER_SUITES
+                            .iter()
+                            .map(|(go, _)| *go)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })
+        })
+        .collect()
 }
 
 fn invalid(what: &str, path: &Path, e: impl std::fmt::Display) -> String {
@@ -169,6 +244,8 @@ pub struct ClientTlsFiles<'a> {
     pub trusted_ca: Option<&'a Path>,
     /// Require clients to present a certificate of the trusted CA.
     pub client_cert_auth: bool,
+    /// `--cipher-suites` (Go's names, comma-separated; empty: all).
+    pub cipher_suites: &'a str,
 }
 
 /// The TLS acceptor of the client URLs. It offers HTTP/2 (gRPC) and
@@ -181,17 +258,19 @@ pub fn client_url_acceptor(files: &ClientTlsFiles<'_>) -> Result<TlsAcceptor, St
     let client_verifier = match (files.client_cert_auth, files.trusted_ca) {
         (_, Some(ca)) => {
             let roots = load_roots("--trusted-ca-file", ca)?;
-            let webpki =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider())
-                    .build()
-                    .map_err(|e| invalid("--trusted-ca-file", ca, e))?;
+            let webpki = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots,
+                provider(files.cipher_suites)?,
+            )
+            .build()
+            .map_err(|e| invalid("--trusted-ca-file", ca, e))?;
             let roots = load_chain("--trusted-ca-file", ca)?;
             Arc::new(RootsAsClientCertificates { webpki, roots })
         }
         (true, None) => return Err("--client-cert-auth needs --trusted-ca-file".into()),
         (false, None) => rustls::server::WebPkiClientVerifier::no_client_auth(),
     };
-    let mut server = rustls::ServerConfig::builder_with_provider(provider())
+    let mut server = rustls::ServerConfig::builder_with_provider(provider(files.cipher_suites)?)
         .with_protocol_versions(rustls::DEFAULT_VERSIONS)
         .map_err(|e| e.to_string())?
         .with_client_cert_verifier(client_verifier)
@@ -209,19 +288,22 @@ impl PeerTls {
         let roots = load_roots("--peer-trusted-ca-file", files.trusted_ca)?;
         let versions = rustls::DEFAULT_VERSIONS;
         let client_verifier = if files.client_cert_auth {
-            rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
-                .build()
-                .map_err(|e| invalid("--peer-trusted-ca-file", files.trusted_ca, e))?
+            rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots.clone(),
+                provider(files.cipher_suites)?,
+            )
+            .build()
+            .map_err(|e| invalid("--peer-trusted-ca-file", files.trusted_ca, e))?
         } else {
             rustls::server::WebPkiClientVerifier::no_client_auth()
         };
-        let server = rustls::ServerConfig::builder_with_provider(provider())
+        let server = rustls::ServerConfig::builder_with_provider(provider(files.cipher_suites)?)
             .with_protocol_versions(versions)
             .map_err(|e| e.to_string())?
             .with_client_cert_verifier(client_verifier)
             .with_single_cert(chain.clone(), key.clone_key())
             .map_err(|e| invalid("--peer-key-file", files.key, e))?;
-        let client = rustls::ClientConfig::builder_with_provider(provider())
+        let client = rustls::ClientConfig::builder_with_provider(provider(files.cipher_suites)?)
             .with_protocol_versions(versions)
             .map_err(|e| e.to_string())?
             .with_root_certificates(roots)

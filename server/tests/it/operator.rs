@@ -526,3 +526,75 @@ fn max_concurrent_streams_is_advertised() {
     assert_eq!(advertised(&["--max-concurrent-streams", "3"]), Some(3));
     assert_eq!(advertised(&[]), Some(4096));
 }
+
+/// An operator's etcd config file (`--config-file`, etcd's YAML keys)
+/// starts metcd unchanged: its name, relative data dir, ports and limits
+/// are taken, etcd-only logging keys are ignored, other flags are not read
+/// (as etcd), and a key metcd cannot honour refuses the start.
+#[test]
+fn an_etcd_config_file_starts_a_member() {
+    let cwd = tempfile::tempdir().unwrap();
+    let (client, peer) = (free_port(), free_port());
+    let yaml = format!(
+        "name: infra1\ndata-dir: infra1.etcd\nlisten-client-urls: http://127.0.0.1:{client}\n\
+         advertise-client-urls: http://127.0.0.1:{client}\n\
+         listen-peer-urls: http://127.0.0.1:{peer}\ninitial-advertise-peer-urls: http://127.0.0.1:{peer}\n\
+         initial-cluster: infra1=http://127.0.0.1:{peer}\ninitial-cluster-state: new\n\
+         max-txn-ops: 2\nlogger: zap\nlog-level: info\n"
+    );
+    std::fs::write(cwd.path().join("etcd.yaml"), yaml).unwrap();
+    let log = cwd.path().join("metcd.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_metcd"))
+        .current_dir(cwd.path())
+        .args([
+            "--config-file",
+            "etcd.yaml",
+            "--name",
+            "ignored",
+            "--shards",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let ep = format!("127.0.0.1:{client}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let list = loop {
+        let o = crate::etcd_peer::etcdctl(&ep, &["member", "list"]);
+        if o.status.success() {
+            break String::from_utf8_lossy(&o.stdout).into_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(list.contains(", started, infra1, "), "{list}");
+    assert!(cwd.path().join("infra1.etcd/member/wal").is_dir());
+    let txn = crate::etcd_peer::etcdctl_stdin(&ep, &["txn"], b"\nput a 1\nput b 2\nput c 3\n\n\n");
+    assert!(
+        String::from_utf8_lossy(&txn.stderr).contains("too many operations in txn request"),
+        "{txn:?}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("ignoring logger (etcd's own)"), "{text}");
+
+    std::fs::write(
+        cwd.path().join("bad.yaml"),
+        "name: x\nwal-dir: /var/lib/wal\n",
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_metcd"))
+        .current_dir(cwd.path())
+        .args(["--config-file", "bad.yaml"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("wal-dir is not supported by metcd"), "{err}");
+}

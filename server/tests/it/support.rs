@@ -42,6 +42,11 @@ pub fn free_ports(n: usize) -> Vec<u16> {
 /// Runs `metcd` on `data_dir` with fresh ports to completion, for starts
 /// that are expected to fail (a locked or corrupt data dir).
 pub fn run_metcd_to_exit(data_dir: &Path) -> std::process::Output {
+    run_metcd_to_exit_with(data_dir, &[])
+}
+
+/// As [`run_metcd_to_exit`], with more flags.
+pub fn run_metcd_to_exit_with(data_dir: &Path, extra: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_metcd"))
         .arg("--data-dir")
         .arg(data_dir)
@@ -49,6 +54,7 @@ pub fn run_metcd_to_exit(data_dir: &Path) -> std::process::Output {
         .arg(format!("http://127.0.0.1:{}", free_port()))
         .arg("--listen-client-urls")
         .arg(format!("http://127.0.0.1:{}", free_port()))
+        .args(extra)
         .output()
         .unwrap()
 }
