@@ -150,6 +150,10 @@ pub struct Config {
     /// etcd's `--cipher-suites`: the TLS 1.2 suites offered to clients and
     /// peers (Go's names, comma-separated; empty: every suite).
     pub cipher_suites: String,
+    /// etcd's `--client-crl-file`: client certificates revoked (PEM or DER).
+    pub client_crl_file: Option<PathBuf>,
+    /// etcd's `--peer-crl-file`: peer certificates revoked.
+    pub peer_crl_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -204,6 +208,8 @@ impl Default for Config {
             strict_reconfig_check: true,
             max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
             cipher_suites: String::new(),
+            client_crl_file: None,
+            peer_crl_file: None,
         }
     }
 }
@@ -333,6 +339,10 @@ pub struct Flags {
     pub max_concurrent_streams: Option<u32>,
     #[arg(long)]
     pub cipher_suites: Option<String>,
+    #[arg(long)]
+    pub client_crl_file: Option<PathBuf>,
+    #[arg(long)]
+    pub peer_crl_file: Option<PathBuf>,
 }
 
 /// A flag's value refused, and why.
@@ -423,6 +433,8 @@ impl Config {
             (&mut flags.cert_file, &mut cfg.cert_file),
             (&mut flags.key_file, &mut cfg.key_file),
             (&mut flags.trusted_ca_file, &mut cfg.trusted_ca_file),
+            (&mut flags.client_crl_file, &mut cfg.client_crl_file),
+            (&mut flags.peer_crl_file, &mut cfg.peer_crl_file),
         ] {
             if let Some(path) = from.take() {
                 *to = Some(path);
@@ -509,6 +521,8 @@ impl Config {
             ("cert-file", &mut self.cert_file),
             ("key-file", &mut self.key_file),
             ("trusted-ca-file", &mut self.trusted_ca_file),
+            ("client-crl-file", &mut self.client_crl_file),
+            ("peer-crl-file", &mut self.peer_crl_file),
             (
                 "experimental-peer-fault-file",
                 &mut self.experimental_peer_fault_file,
@@ -1057,6 +1071,7 @@ impl Config {
             trusted_ca: self.trusted_ca_file.as_deref(),
             client_cert_auth: self.client_cert_auth,
             cipher_suites: &self.cipher_suites,
+            crl: self.client_crl_file.as_deref(),
         })
     }
 
@@ -1068,6 +1083,7 @@ impl Config {
             trusted_ca: self.peer_trusted_ca_file.as_deref()?,
             client_cert_auth: self.peer_client_cert_auth,
             cipher_suites: &self.cipher_suites,
+            crl: self.peer_crl_file.as_deref(),
         })
     }
 

@@ -210,6 +210,20 @@ pub const FLAGS: &[FlagDoc] = &[
     ),
     flag(
         "Security",
+        "client-crl-file",
+        "<path>",
+        "(none)",
+        "Certificate revocation list (PEM or DER): client certificates it lists are refused.",
+    ),
+    flag(
+        "Security",
+        "peer-crl-file",
+        "<path>",
+        "(none)",
+        "Certificate revocation list for peer certificates (with peer-client-cert-auth).",
+    ),
+    flag(
+        "Security",
         "cipher-suites",
         "<names>",
         "(every suite)",

@@ -51,6 +51,8 @@ pub struct PeerTlsFiles<'a> {
     pub client_cert_auth: bool,
     /// `--cipher-suites` (Go's names, comma-separated; empty: all).
     pub cipher_suites: &'a str,
+    /// `--peer-crl-file`: peer certificates revoked.
+    pub crl: Option<&'a Path>,
 }
 
 /// ring's suites, restricted to etcd's `--cipher-suites` (Go's names)
@@ -235,6 +237,49 @@ impl rustls::server::danger::ClientCertVerifier for RootsAsClientCertificates {
     }
 }
 
+/// The certificate revocation lists of a file (PEM, or one DER list, as
+/// Go's `x509.ParseCRL` takes either).
+fn load_crls(
+    flag: &str,
+    path: &Path,
+) -> Result<Vec<rustls::pki_types::CertificateRevocationListDer<'static>>, String> {
+    use rustls::pki_types::CertificateRevocationListDer;
+    let bytes = std::fs::read(path).map_err(|e| invalid(flag, path, e))?;
+    let pem: Vec<CertificateRevocationListDer<'static>> =
+        CertificateRevocationListDer::pem_slice_iter(&bytes)
+            .collect::<Result<_, _>>()
+            .map_err(|e| invalid(flag, path, e))?;
+    if !pem.is_empty() {
+        return Ok(pem);
+    }
+    if bytes.first() == Some(&0x30) {
+        return Ok(vec![CertificateRevocationListDer::from(bytes)]);
+    }
+    Err(invalid(flag, path, "no certificate revocation list"))
+}
+
+/// A webpki client verifier for `roots`, refusing certificates the CRL
+/// file lists (etcd's `--client-crl-file`, `--peer-crl-file`); a
+/// certificate whose issuer has no list there passes, as in etcd, which
+/// only looks for revoked serial numbers.
+fn client_verifier(
+    roots: Arc<rustls::RootCertStore>,
+    cipher_suites: &str,
+    crl: Option<(&str, &Path)>,
+    (ca_flag, ca): (&str, &Path),
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, String> {
+    let mut builder = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        roots,
+        provider(cipher_suites)?,
+    );
+    if let Some((flag, path)) = crl {
+        builder = builder
+            .with_crls(load_crls(flag, path)?)
+            .allow_unknown_revocation_status();
+    }
+    builder.build().map_err(|e| invalid(ca_flag, ca, e))
+}
+
 /// Where the client URLs' TLS material lives (etcd's `--cert-file`,
 /// `--key-file`, `--trusted-ca-file`, `--client-cert-auth`).
 #[derive(Debug, Clone)]
@@ -246,6 +291,8 @@ pub struct ClientTlsFiles<'a> {
     pub client_cert_auth: bool,
     /// `--cipher-suites` (Go's names, comma-separated; empty: all).
     pub cipher_suites: &'a str,
+    /// `--client-crl-file`: client certificates revoked.
+    pub crl: Option<&'a Path>,
 }
 
 /// The TLS acceptor of the client URLs. It offers HTTP/2 (gRPC) and
@@ -258,12 +305,9 @@ pub fn client_url_acceptor(files: &ClientTlsFiles<'_>) -> Result<TlsAcceptor, St
     let client_verifier = match (files.client_cert_auth, files.trusted_ca) {
         (_, Some(ca)) => {
             let roots = load_roots("--trusted-ca-file", ca)?;
-            let webpki = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                roots,
-                provider(files.cipher_suites)?,
-            )
-            .build()
-            .map_err(|e| invalid("--trusted-ca-file", ca, e))?;
+            let crl = files.crl.map(|path| ("--client-crl-file", path));
+            let webpki =
+                client_verifier(roots, files.cipher_suites, crl, ("--trusted-ca-file", ca))?;
             let roots = load_chain("--trusted-ca-file", ca)?;
             Arc::new(RootsAsClientCertificates { webpki, roots })
         }
@@ -288,12 +332,12 @@ impl PeerTls {
         let roots = load_roots("--peer-trusted-ca-file", files.trusted_ca)?;
         let versions = rustls::DEFAULT_VERSIONS;
         let client_verifier = if files.client_cert_auth {
-            rustls::server::WebPkiClientVerifier::builder_with_provider(
+            client_verifier(
                 roots.clone(),
-                provider(files.cipher_suites)?,
-            )
-            .build()
-            .map_err(|e| invalid("--peer-trusted-ca-file", files.trusted_ca, e))?
+                files.cipher_suites,
+                files.crl.map(|path| ("--peer-crl-file", path)),
+                ("--peer-trusted-ca-file", files.trusted_ca),
+            )?
         } else {
             rustls::server::WebPkiClientVerifier::no_client_auth()
         };

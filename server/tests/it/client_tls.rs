@@ -421,3 +421,98 @@ fn cipher_suites_restrict_tls12() {
         "{err}"
     );
 }
+
+/// `--client-crl-file` (etcd's flag): a client certificate the list
+/// revokes is refused at the handshake, another of the same CA is served.
+#[test]
+fn revoked_client_certificates_are_refused() {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertificateRevocationListParams, IsCa, Issuer,
+        KeyIdMethod, KeyPair, RevokedCertParams, SerialNumber,
+    };
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let ca = write("ca.pem", ca_cert.pem());
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf = |name: &str, san: &str, serial: u64| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec![san.to_string()]).unwrap();
+        params.serial_number = Some(SerialNumber::from(serial));
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        (
+            write(&format!("{name}.pem"), cert.pem()),
+            write(&format!("{name}-key.pem"), key.serialize_pem()),
+        )
+    };
+    let server = leaf("server", "127.0.0.1", 1);
+    let good = leaf("good", "client", 2);
+    let revoked = leaf("revoked", "client", 3);
+    let crl = CertificateRevocationListParams {
+        this_update: rcgen::date_time_ymd(2020, 1, 1),
+        next_update: rcgen::date_time_ymd(2099, 1, 1),
+        crl_number: SerialNumber::from(1u64),
+        issuing_distribution_point: None,
+        revoked_certs: vec![RevokedCertParams {
+            serial_number: SerialNumber::from(3u64),
+            revocation_time: rcgen::date_time_ymd(2021, 1, 1),
+            reason_code: None,
+            invalidity_date: None,
+        }],
+        key_identifier_method: KeyIdMethod::Sha256,
+    }
+    .signed_by(&issuer)
+    .unwrap();
+    let crl = write("revoked.crl", crl.pem().unwrap());
+    let member = Server::start_https(
+        &dir.path().join("m"),
+        &[
+            "--cert-file",
+            s(&server.0),
+            "--key-file",
+            s(&server.1),
+            "--trusted-ca-file",
+            s(&ca),
+            "--client-cert-auth",
+            "--client-crl-file",
+            s(&crl),
+        ],
+    );
+    let ep = format!("https://{}", member.client_endpoint());
+    let put = |cert: &(PathBuf, PathBuf)| {
+        etcdctl(
+            &ep,
+            &[
+                "--cacert",
+                s(&ca),
+                "--cert",
+                s(&cert.0),
+                "--key",
+                s(&cert.1),
+                "put",
+                "k",
+                "v",
+            ],
+        )
+    };
+    let o = put(&good);
+    assert!(o.status.success(), "{o:?}");
+    let o = put(&revoked);
+    assert!(
+        !o.status.success(),
+        "a revoked certificate was served: {o:?}"
+    );
+    assert!(
+        member.log_text().lines().count() > 0,
+        "{}",
+        member.log_text()
+    );
+}
