@@ -510,9 +510,4 @@ fn revoked_client_certificates_are_refused() {
         !o.status.success(),
         "a revoked certificate was served: {o:?}"
     );
-    assert!(
-        member.log_text().lines().count() > 0,
-        "{}",
-        member.log_text()
-    );
 }
