@@ -154,6 +154,12 @@ pub struct Config {
     pub client_crl_file: Option<PathBuf>,
     /// etcd's `--peer-crl-file`: peer certificates revoked.
     pub peer_crl_file: Option<PathBuf>,
+    /// etcd's `--peer-cert-allowed-cn`: peers' certificates must carry
+    /// this common name (empty: any).
+    pub peer_cert_allowed_cn: String,
+    /// etcd's `--peer-cert-allowed-hostname`: peers' certificates must be
+    /// valid for this host name (empty: any).
+    pub peer_cert_allowed_hostname: String,
 }
 
 impl Default for Config {
@@ -210,6 +216,8 @@ impl Default for Config {
             cipher_suites: String::new(),
             client_crl_file: None,
             peer_crl_file: None,
+            peer_cert_allowed_cn: String::new(),
+            peer_cert_allowed_hostname: String::new(),
         }
     }
 }
@@ -343,6 +351,10 @@ pub struct Flags {
     pub client_crl_file: Option<PathBuf>,
     #[arg(long)]
     pub peer_crl_file: Option<PathBuf>,
+    #[arg(long)]
+    pub peer_cert_allowed_cn: Option<String>,
+    #[arg(long)]
+    pub peer_cert_allowed_hostname: Option<String>,
 }
 
 /// A flag's value refused, and why.
@@ -496,6 +508,8 @@ impl Config {
             strict_reconfig_check,
             max_concurrent_streams,
             cipher_suites,
+            peer_cert_allowed_cn,
+            peer_cert_allowed_hostname,
         );
         cfg.make_paths_absolute()?;
         cfg.validate()?;
@@ -1084,6 +1098,8 @@ impl Config {
             client_cert_auth: self.peer_client_cert_auth,
             cipher_suites: &self.cipher_suites,
             crl: self.peer_crl_file.as_deref(),
+            allowed_cn: &self.peer_cert_allowed_cn,
+            allowed_hostname: &self.peer_cert_allowed_hostname,
         })
     }
 

@@ -224,6 +224,20 @@ pub const FLAGS: &[FlagDoc] = &[
     ),
     flag(
         "Security",
+        "peer-cert-allowed-cn",
+        "<name>",
+        "(any)",
+        "Peers' certificates must carry this common name (checked both ways; peers must present one).",
+    ),
+    flag(
+        "Security",
+        "peer-cert-allowed-hostname",
+        "<host>",
+        "(any)",
+        "Peers' certificates must be valid for this host name (their SANs).",
+    ),
+    flag(
+        "Security",
         "cipher-suites",
         "<names>",
         "(every suite)",

@@ -53,6 +53,10 @@ pub struct PeerTlsFiles<'a> {
     pub cipher_suites: &'a str,
     /// `--peer-crl-file`: peer certificates revoked.
     pub crl: Option<&'a Path>,
+    /// `--peer-cert-allowed-cn` (empty: any).
+    pub allowed_cn: &'a str,
+    /// `--peer-cert-allowed-hostname` (empty: any).
+    pub allowed_hostname: &'a str,
 }
 
 /// ring's suites, restricted to etcd's `--cipher-suites` (Go's names)
@@ -324,6 +328,146 @@ pub fn client_url_acceptor(files: &ClientTlsFiles<'_>) -> Result<TlsAcceptor, St
     Ok(TlsAcceptor::from(Arc::new(server)))
 }
 
+/// etcd's `--peer-cert-allowed-cn` and `--peer-cert-allowed-hostname`:
+/// a peer's verified certificate must also carry this common name, or be
+/// valid for this host name (its SANs, as Go's `VerifyHostname`). Checked
+/// on both ends of a peer connection, as etcd's `VerifyPeerCertificate`.
+#[derive(Debug, Clone, Default)]
+struct PeerIdentity {
+    cn: Option<String>,
+    hostname: Option<ServerName<'static>>,
+}
+
+impl PeerIdentity {
+    fn is_set(&self) -> bool {
+        self.cn.is_some() || self.hostname.is_some()
+    }
+
+    fn check(&self, cert: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+        if let Some(cn) = &self.cn {
+            if crate::der::certificate_common_name(cert).as_deref() != Some(cn.as_str()) {
+                return Err(rustls::Error::General(
+                    "CommonName authentication failed".into(),
+                ));
+            }
+        }
+        if let Some(name) = &self.hostname {
+            let parsed = rustls::server::ParsedCertificate::try_from(cert)?;
+            rustls::client::verify_server_name(&parsed, name)
+                .map_err(|_| rustls::Error::General("HostName authentication failed".into()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The peer listener's verifier of connecting members: webpki, then the
+/// allowed name.
+#[derive(Debug)]
+struct PeerClientVerifier {
+    webpki: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    identity: PeerIdentity,
+}
+
+impl rustls::server::danger::ClientCertVerifier for PeerClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.webpki.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.webpki.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.webpki.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verified = self
+            .webpki
+            .verify_client_cert(end_entity, intermediates, now)?;
+        self.identity.check(end_entity)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// The verifier of the members this one connects to: webpki (by the IP
+/// dialled), then the allowed name.
+#[derive(Debug)]
+struct PeerServerVerifier {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    identity: PeerIdentity,
+}
+
+impl rustls::client::danger::ServerCertVerifier for PeerServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let verified = self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        self.identity.check(end_entity)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
 impl PeerTls {
     /// Loads the certificate chain, key and CA; errors name the file.
     pub fn load(files: &PeerTlsFiles<'_>) -> Result<PeerTls, String> {
@@ -331,13 +475,29 @@ impl PeerTls {
         let key = load_key("--peer-key-file", files.key)?;
         let roots = load_roots("--peer-trusted-ca-file", files.trusted_ca)?;
         let versions = rustls::DEFAULT_VERSIONS;
-        let client_verifier = if files.client_cert_auth {
-            client_verifier(
+        let identity = PeerIdentity {
+            cn: (!files.allowed_cn.is_empty()).then(|| files.allowed_cn.to_string()),
+            hostname: match files.allowed_hostname {
+                "" => None,
+                name => Some(
+                    ServerName::try_from(name.to_string())
+                        .map_err(|e| format!("--peer-cert-allowed-hostname {name:?}: {e}"))?,
+                ),
+            },
+        };
+        // As etcd: an allowed name can only be checked on a certificate,
+        // so it makes connecting members present one.
+        let client_verifier = if files.client_cert_auth || identity.is_set() {
+            let webpki = client_verifier(
                 roots.clone(),
                 files.cipher_suites,
                 files.crl.map(|path| ("--peer-crl-file", path)),
                 ("--peer-trusted-ca-file", files.trusted_ca),
-            )?
+            )?;
+            Arc::new(PeerClientVerifier {
+                webpki,
+                identity: identity.clone(),
+            })
         } else {
             rustls::server::WebPkiClientVerifier::no_client_auth()
         };
@@ -347,10 +507,20 @@ impl PeerTls {
             .with_client_cert_verifier(client_verifier)
             .with_single_cert(chain.clone(), key.clone_key())
             .map_err(|e| invalid("--peer-key-file", files.key, e))?;
+        let server_verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            roots,
+            provider(files.cipher_suites)?,
+        )
+        .build()
+        .map_err(|e| invalid("--peer-trusted-ca-file", files.trusted_ca, e))?;
         let client = rustls::ClientConfig::builder_with_provider(provider(files.cipher_suites)?)
             .with_protocol_versions(versions)
             .map_err(|e| e.to_string())?
-            .with_root_certificates(roots)
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(PeerServerVerifier {
+                webpki: server_verifier,
+                identity,
+            }))
             .with_client_auth_cert(chain, key)
             .map_err(|e| invalid("--peer-key-file", files.key, e))?;
         let client = Arc::new(client);

@@ -1593,18 +1593,36 @@ fn watchers_on_a_follower_see_the_events_a_snapshot_covered() {
 /// A CA and, per member, a certificate for 127.0.0.1 signed by it, as
 /// PEM files in `dir`; returns the flags of member i.
 fn peer_certificates(dir: &std::path::Path, tag: &str, n: usize) -> Vec<Vec<String>> {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    peer_certificates_named(dir, tag, &vec![(tag, "127.0.0.1"); n])
+}
+
+/// As [`peer_certificates`], one member per (common name, SAN) in
+/// `members`, all of one CA.
+fn peer_certificates_named(
+    dir: &std::path::Path,
+    tag: &str,
+    members: &[(&str, &str)],
+) -> Vec<Vec<String>> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca_cert = ca_params.self_signed(&ca_key).unwrap();
     let ca_path = dir.join(format!("{tag}-ca.pem"));
     std::fs::write(&ca_path, ca_cert.pem()).unwrap();
+    std::fs::write(
+        dir.join(format!("{tag}-ca-key.pem")),
+        ca_key.serialize_pem(),
+    )
+    .unwrap();
     let issuer = Issuer::new(ca_params, ca_key);
-    (0..n)
-        .map(|i| {
+    members
+        .iter()
+        .enumerate()
+        .map(|(i, (cn, san))| {
             let key = KeyPair::generate().unwrap();
-            let params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+            let mut params = CertificateParams::new(vec![san.to_string()]).unwrap();
+            params.distinguished_name.push(DnType::CommonName, *cn);
             let cert = params.signed_by(&key, &issuer).unwrap();
             let cert_path = dir.join(format!("{tag}-n{i}.pem"));
             let key_path = dir.join(format!("{tag}-n{i}-key.pem"));
@@ -1966,5 +1984,58 @@ fn strict_reconfig_check_can_be_turned_off() {
                 "{flag}: {text}"
             );
         }
+    }
+}
+
+/// etcd's `--peer-cert-allowed-cn` and `--peer-cert-allowed-hostname`: a
+/// member whose certificate (of the same, trusted CA) carries another
+/// common name, or is not valid for the allowed host name, is refused by
+/// the others and gets nothing; the two allowed members keep a quorum.
+#[test]
+fn peer_certificates_must_carry_the_allowed_name() {
+    let certs_dir = tempfile::tempdir().unwrap();
+    let local = "127.0.0.1";
+    let by_cn = peer_certificates_named(
+        certs_dir.path(),
+        "cn",
+        &[("member", local), ("member", local), ("intruder", local)],
+    );
+    let by_host = peer_certificates_named(
+        certs_dir.path(),
+        "host",
+        &[
+            ("member", local),
+            ("member", local),
+            ("member", "elsewhere.example"),
+        ],
+    );
+    for flags in [
+        ["--peer-cert-allowed-cn", "member"],
+        ["--peer-cert-allowed-hostname", "127.0.0.1"],
+    ] {
+        let hostname_check = flags[0] == "--peer-cert-allowed-hostname";
+        let certs = if hostname_check { &by_host } else { &by_cn };
+        let mut cluster = Cluster::start_full(3, &flags, "https", |i| certs[i].clone(), false);
+        cluster.members[0].wait_healthy();
+        cluster.members[1].wait_healthy();
+        runtime().block_on(async {
+            let mut c = connect(&cluster.members[0]).await;
+            within("put", c.put("allowed/k", "v", None)).await.unwrap();
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        let refused = if hostname_check {
+            "HostName authentication failed"
+        } else {
+            "CommonName authentication failed"
+        };
+        let logs: String = cluster.members.iter().map(|m| m.log_text()).collect();
+        assert!(logs.contains(refused), "{flags:?}: {logs}");
+        assert!(
+            !cluster.members[2]
+                .log_text()
+                .contains("ready to serve client requests"),
+            "{flags:?}: the refused member joined: {}",
+            cluster.members[2].log_text()
+        );
     }
 }
