@@ -160,6 +160,14 @@ pub struct Config {
     /// etcd's `--peer-cert-allowed-hostname`: peers' certificates must be
     /// valid for this host name (empty: any).
     pub peer_cert_allowed_hostname: String,
+    /// etcd's `--auto-tls`: https:// client URLs without `--cert-file` use
+    /// a self-signed certificate made at the first start
+    /// (`<data-dir>/fixtures/client`).
+    pub auto_tls: bool,
+    /// etcd's `--peer-auto-tls`: https:// peer URLs without
+    /// `--peer-cert-file` use a self-signed certificate
+    /// (`<data-dir>/fixtures/peer`); peers then check no certificate.
+    pub peer_auto_tls: bool,
 }
 
 impl Default for Config {
@@ -218,6 +226,8 @@ impl Default for Config {
             peer_crl_file: None,
             peer_cert_allowed_cn: String::new(),
             peer_cert_allowed_hostname: String::new(),
+            auto_tls: false,
+            peer_auto_tls: false,
         }
     }
 }
@@ -355,6 +365,12 @@ pub struct Flags {
     pub peer_cert_allowed_cn: Option<String>,
     #[arg(long)]
     pub peer_cert_allowed_hostname: Option<String>,
+    /// `--auto-tls` alone means true, as in etcd.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub auto_tls: Option<bool>,
+    /// `--peer-auto-tls` alone means true, as in etcd.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub peer_auto_tls: Option<bool>,
 }
 
 /// A flag's value refused, and why.
@@ -510,6 +526,8 @@ impl Config {
             cipher_suites,
             peer_cert_allowed_cn,
             peer_cert_allowed_hostname,
+            auto_tls,
+            peer_auto_tls,
         );
         cfg.make_paths_absolute()?;
         cfg.validate()?;
@@ -965,6 +983,11 @@ impl Config {
             ("peer-trusted-ca-file", &self.peer_trusted_ca_file),
         ];
         let given = files.iter().filter(|(_, f)| f.is_some()).count();
+        let auto = given == 0
+            && self.peer_auto_tls
+            && split_list(&self.initial_advertise_peer_urls)
+                .first()
+                .is_some_and(|u| u.starts_with("https://"));
         if given != 0 && given != files.len() {
             let (flag, _) = files
                 .iter()
@@ -979,7 +1002,7 @@ impl Config {
                         .into(),
             });
         }
-        let tls = given != 0;
+        let tls = given != 0 || auto;
         let mut urls: Vec<(&'static str, &str)> = split_list(&self.initial_advertise_peer_urls)
             .into_iter()
             .map(|u| ("initial-advertise-peer-urls", u))
@@ -1021,7 +1044,14 @@ impl Config {
     fn validate_client_tls(&self) -> Result<(), ConfigError> {
         let tls = match (&self.cert_file, &self.key_file) {
             (Some(_), Some(_)) => true,
-            (None, None) => false,
+            // With --auto-tls the URLs say: https:// ones get a made
+            // certificate, http:// ones stay plaintext (auto-tls unused).
+            (None, None) => {
+                self.auto_tls
+                    && split_list(&self.listen_client_urls)
+                        .first()
+                        .is_some_and(|u| u.starts_with("https://"))
+            }
             (None, Some(_)) => {
                 return Err(invalid_flag(
                     "cert-file",
@@ -1069,7 +1099,7 @@ impl Config {
                     if tls {
                         "with --cert-file every listen client URL must be https://"
                     } else {
-                        "https:// client URLs need --cert-file and --key-file"
+                        "https:// client URLs need --cert-file and --key-file (or --auto-tls)"
                     },
                 ));
             }
@@ -1094,7 +1124,7 @@ impl Config {
         Some(crate::tls::PeerTlsFiles {
             cert: self.peer_cert_file.as_deref()?,
             key: self.peer_key_file.as_deref()?,
-            trusted_ca: self.peer_trusted_ca_file.as_deref()?,
+            trusted_ca: self.peer_trusted_ca_file.as_deref(),
             client_cert_auth: self.peer_client_cert_auth,
             cipher_suites: &self.cipher_suites,
             crl: self.peer_crl_file.as_deref(),
@@ -1195,7 +1225,10 @@ mod tests {
         let cfg = load(&[&https[..], &files[..], &["--peer-client-cert-auth"]].concat()).unwrap();
         assert!(cfg.peer_client_cert_auth);
         let cwd = std::env::current_dir().unwrap();
-        assert_eq!(cfg.peer_tls_files().unwrap().trusted_ca, cwd.join("ca.pem"));
+        assert_eq!(
+            cfg.peer_tls_files().unwrap().trusted_ca,
+            Some(cwd.join("ca.pem").as_path())
+        );
         assert!(load(&["--listen-client-urls", "https://127.0.0.1:2379"]).is_err());
     }
 

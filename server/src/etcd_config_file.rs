@@ -190,22 +190,14 @@ pub fn load(file: &Path) -> Result<Config, ConfigError> {
     // and several members on one host would all want 3379.
     cfg.listen_http_urls = y.listen_http_urls.unwrap_or_default();
     if let Some(s) = y.client_transport_security {
-        if s.auto_tls {
-            return Err(parse(
-                "client-transport-security auto-tls is not supported by metcd".into(),
-            ));
-        }
+        cfg.auto_tls = s.auto_tls;
         cfg.cert_file = path(s.cert_file);
         cfg.key_file = path(s.key_file);
         cfg.trusted_ca_file = path(s.trusted_ca_file);
         cfg.client_cert_auth = s.client_cert_auth;
     }
     if let Some(s) = y.peer_transport_security {
-        if s.auto_tls {
-            return Err(parse(
-                "peer-transport-security auto-tls is not supported by metcd".into(),
-            ));
-        }
+        cfg.peer_auto_tls = s.auto_tls;
         cfg.peer_cert_file = path(s.cert_file);
         cfg.peer_key_file = path(s.key_file);
         cfg.peer_trusted_ca_file = path(s.trusted_ca_file);

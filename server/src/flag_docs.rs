@@ -210,6 +210,20 @@ pub const FLAGS: &[FlagDoc] = &[
     ),
     flag(
         "Security",
+        "auto-tls",
+        "<bool>",
+        "false",
+        "https:// client URLs without cert-file get a self-signed certificate (made once in <data-dir>/fixtures/client).",
+    ),
+    flag(
+        "Security",
+        "peer-auto-tls",
+        "<bool>",
+        "false",
+        "https:// peer URLs without peer-cert-file get a self-signed certificate (<data-dir>/fixtures/peer); peers then verify none, as in etcd.",
+    ),
+    flag(
+        "Security",
         "client-crl-file",
         "<path>",
         "(none)",

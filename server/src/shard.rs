@@ -563,7 +563,7 @@ fn default_shards(cores: usize) -> usize {
 
 /// Starts every shard and blocks until they exit (they serve forever unless
 /// start-up fails, in which case the process exits with the error).
-pub fn run(cfg: Config) -> Result<()> {
+pub fn run(mut cfg: Config) -> Result<()> {
     let shards = shard_count(&cfg);
     crate::api::grpc::metrics::init(shards);
     let addrs = cfg
@@ -576,6 +576,7 @@ pub fn run(cfg: Config) -> Result<()> {
         probe_port(*addr)?;
     }
     let _lock = crate::node::lock_data_dir(&cfg.data_dir())?;
+    crate::tls::auto_tls(&mut cfg).map_err(ServerError::Startup)?;
     let (cluster_id, member_id) = crate::node::resolve_identity(&cfg)?;
     let client_tls = match cfg.client_tls_files() {
         Some(files) => Some(crate::tls::client_url_acceptor(&files).map_err(ServerError::Startup)?),

@@ -46,7 +46,9 @@ impl std::fmt::Debug for PeerTls {
 pub struct PeerTlsFiles<'a> {
     pub cert: &'a Path,
     pub key: &'a Path,
-    pub trusted_ca: &'a Path,
+    /// `None` with `--peer-auto-tls`: members present self-signed
+    /// certificates and check none, as etcd's auto TLS peers do.
+    pub trusted_ca: Option<&'a Path>,
     /// Require connecting peers to present a certificate of the CA.
     pub client_cert_auth: bool,
     /// `--cipher-suites` (Go's names, comma-separated; empty: all).
@@ -284,6 +286,84 @@ fn client_verifier(
     builder.build().map_err(|e| invalid(ca_flag, ca, e))
 }
 
+/// etcd's `--auto-tls` and `--peer-auto-tls`: https:// client (peer)
+/// URLs without `--cert-file` (`--peer-cert-file`) get a self-signed
+/// certificate for their hosts, made once in `<data-dir>/fixtures/client`
+/// (`.../peer`, etcd's places) and reused by later starts; the config
+/// then names it. Clients must skip verifying it (`etcdctl
+/// --insecure-transport=false --insecure-skip-tls-verify`), as with etcd;
+/// auto TLS peers check no certificate ([`PeerTls`]).
+pub fn auto_tls(cfg: &mut crate::config::Config) -> Result<(), String> {
+    let https = |urls: &str| urls.split(',').any(|u| u.trim().starts_with("https://"));
+    if cfg.auto_tls && cfg.cert_file.is_none() && https(&cfg.listen_client_urls) {
+        let hosts = cfg.client_listen_addrs().map_err(|e| e.to_string())?;
+        let dir = cfg.data_dir().join("fixtures").join("client");
+        let (cert, key) = self_signed(&dir, &hosts, "--auto-tls")?;
+        cfg.cert_file = Some(cert);
+        cfg.key_file = Some(key);
+    }
+    if cfg.peer_auto_tls && cfg.peer_cert_file.is_none() && https(&cfg.initial_advertise_peer_urls)
+    {
+        let mut hosts = cfg.peer_listen_addrs().map_err(|e| e.to_string())?;
+        if hosts.is_empty() {
+            hosts = crate::config::parse_peer_urls(
+                "initial-advertise-peer-urls",
+                &cfg.initial_advertise_peer_urls,
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        let dir = cfg.data_dir().join("fixtures").join("peer");
+        let (cert, key) = self_signed(&dir, &hosts, "--peer-auto-tls")?;
+        cfg.peer_cert_file = Some(cert);
+        cfg.peer_key_file = Some(key);
+    }
+    Ok(())
+}
+
+/// `dir/cert.pem` and `dir/key.pem`, made for `hosts` unless both exist.
+fn self_signed(
+    dir: &Path,
+    hosts: &[std::net::SocketAddr],
+    flag: &str,
+) -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    if cert.exists() && key.exists() {
+        return Ok((cert, key));
+    }
+    let hosts: Vec<String> = hosts.iter().map(|a| a.ip().to_string()).collect();
+    let made = |e: rcgen::Error| format!("{flag}: {e}");
+    let pair = rcgen::KeyPair::generate().map_err(made)?;
+    let mut params = rcgen::CertificateParams::new(hosts).map_err(made)?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "etcd");
+    let certificate = params.self_signed(&pair).map_err(made)?;
+    std::fs::create_dir_all(dir).map_err(|e| invalid(flag, dir, e))?;
+    write_private(&key, pair.serialize_pem().as_bytes())?;
+    std::fs::write(&cert, certificate.pem()).map_err(|e| invalid(flag, &cert, e))?;
+    eprintln!(
+        "metcd: {flag}: made a self-signed certificate in {}",
+        dir.display()
+    );
+    Ok((cert, key))
+}
+
+/// Writes a key file readable by its owner only.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| invalid("key", path, e))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| invalid("key", path, e))
+}
+
 /// Where the client URLs' TLS material lives (etcd's `--cert-file`,
 /// `--key-file`, `--trusted-ca-file`, `--client-cert-auth`).
 #[derive(Debug, Clone)]
@@ -357,6 +437,56 @@ impl PeerIdentity {
                 .map_err(|_| rustls::Error::General("HostName authentication failed".into()))?;
         }
         Ok(())
+    }
+}
+
+/// Takes any server certificate (`--peer-auto-tls` only), checking the
+/// handshake's signatures with it.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -473,8 +603,11 @@ impl PeerTls {
     pub fn load(files: &PeerTlsFiles<'_>) -> Result<PeerTls, String> {
         let chain = load_chain("--peer-cert-file", files.cert)?;
         let key = load_key("--peer-key-file", files.key)?;
-        let roots = load_roots("--peer-trusted-ca-file", files.trusted_ca)?;
         let versions = rustls::DEFAULT_VERSIONS;
+        let Some(trusted_ca) = files.trusted_ca else {
+            return PeerTls::unverified(files, chain, key);
+        };
+        let roots = load_roots("--peer-trusted-ca-file", trusted_ca)?;
         let identity = PeerIdentity {
             cn: (!files.allowed_cn.is_empty()).then(|| files.allowed_cn.to_string()),
             hostname: match files.allowed_hostname {
@@ -492,7 +625,7 @@ impl PeerTls {
                 roots.clone(),
                 files.cipher_suites,
                 files.crl.map(|path| ("--peer-crl-file", path)),
-                ("--peer-trusted-ca-file", files.trusted_ca),
+                ("--peer-trusted-ca-file", trusted_ca),
             )?;
             Arc::new(PeerClientVerifier {
                 webpki,
@@ -512,7 +645,7 @@ impl PeerTls {
             provider(files.cipher_suites)?,
         )
         .build()
-        .map_err(|e| invalid("--peer-trusted-ca-file", files.trusted_ca, e))?;
+        .map_err(|e| invalid("--peer-trusted-ca-file", trusted_ca, e))?;
         let client = rustls::ClientConfig::builder_with_provider(provider(files.cipher_suites)?)
             .with_protocol_versions(versions)
             .map_err(|e| e.to_string())?
@@ -521,6 +654,37 @@ impl PeerTls {
                 webpki: server_verifier,
                 identity,
             }))
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| invalid("--peer-key-file", files.key, e))?;
+        let client = Arc::new(client);
+        Ok(PeerTls {
+            connector: TlsConnector::from(client.clone()),
+            acceptor: TlsAcceptor::from(Arc::new(server)),
+            client,
+        })
+    }
+
+    /// `--peer-auto-tls`: encrypted, not authenticated (etcd's auto TLS
+    /// peers skip verifying each other): no client certificates asked,
+    /// any server certificate taken, the handshake signatures still
+    /// checked.
+    fn unverified(
+        files: &PeerTlsFiles<'_>,
+        chain: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<PeerTls, String> {
+        let provider = provider(files.cipher_suites)?;
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(rustls::DEFAULT_VERSIONS)
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(|e| invalid("--peer-key-file", files.key, e))?;
+        let client = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(rustls::DEFAULT_VERSIONS)
+            .map_err(|e| e.to_string())?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
             .with_client_auth_cert(chain, key)
             .map_err(|e| invalid("--peer-key-file", files.key, e))?;
         let client = Arc::new(client);

@@ -511,3 +511,34 @@ fn revoked_client_certificates_are_refused() {
         "a revoked certificate was served: {o:?}"
     );
 }
+
+/// etcd's `--auto-tls`: https:// client URLs without a certificate get a
+/// self-signed one, made once in `<data-dir>/fixtures/client` and kept
+/// across restarts; clients that skip verification are served, others
+/// refuse the server.
+#[test]
+fn auto_tls_makes_and_keeps_a_self_signed_certificate() {
+    require_etcd();
+    // etcdctl 3.4 speaks TLS only when told, and then may skip checks.
+    const SKIP: [&str; 2] = ["--insecure-transport=false", "--insecure-skip-tls-verify"];
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_https(&dir.path().join("m"), &["--auto-tls"]);
+    let ep = format!("https://{}", server.client_endpoint());
+    let cert = dir.path().join("m/fixtures/client/cert.pem");
+    let made = std::fs::read(&cert).unwrap();
+    let o = etcdctl(&ep, &[SKIP[0], SKIP[1], "put", "k", "v"]);
+    assert!(o.status.success(), "{o:?}");
+    let o = etcdctl(&ep, &["--insecure-transport=false", "get", "k"]);
+    assert!(
+        !o.status.success(),
+        "an unverifiable server was trusted: {o:?}"
+    );
+    server.restart();
+    assert_eq!(
+        std::fs::read(&cert).unwrap(),
+        made,
+        "the certificate is kept"
+    );
+    let o = etcdctl(&ep, &[SKIP[0], SKIP[1], "get", "k", "--print-value-only"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "v\n", "{o:?}");
+}

@@ -2039,3 +2039,35 @@ fn peer_certificates_must_carry_the_allowed_name() {
         );
     }
 }
+
+/// etcd's `--peer-auto-tls`: https:// peer URLs without certificates get
+/// self-signed ones (each member's own, in `<data-dir>/fixtures/peer`);
+/// the members form a cluster over TLS without checking them, as etcd's.
+#[test]
+fn peer_auto_tls_forms_a_cluster_over_tls() {
+    let cluster = Cluster::start_full(3, &["--peer-auto-tls"], "https", |_| Vec::new(), true);
+    runtime().block_on(async {
+        let (leader, _) = leader_and_ids(&cluster.members).await;
+        let mut c = connect(&cluster.members[leader]).await;
+        within("put", c.put("auto/k", "v", None)).await.unwrap();
+        for m in &cluster.members {
+            let mut c = connect(m).await;
+            let got = within("get", c.get("auto/k", None)).await.unwrap();
+            assert_eq!(got.kvs()[0].value(), b"v", "{}", m.client_endpoint());
+        }
+    });
+    for m in &cluster.members {
+        let cert = m.data_dir.join("fixtures/peer/cert.pem");
+        assert!(cert.exists(), "{}", m.log_text());
+    }
+    // The peer port speaks TLS, with the member's made certificate.
+    let peer = cluster.initial.split(',').next().unwrap();
+    let addr = peer.split("https://").nth(1).unwrap();
+    let o = std::process::Command::new("openssl")
+        .args(["s_client", "-connect", addr])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("O = etcd"), "{out}");
+}
