@@ -47,25 +47,38 @@ pub(crate) fn der(tag: u8, contents: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The fields of an X.509 certificate's TBSCertificate after its optional
+/// version: serialNumber, signature, issuer, validity, subject,
+/// subjectPublicKeyInfo, ... (each a DER element, in that order).
+fn tbs_fields(der: &[u8]) -> Option<&[u8]> {
+    let (SEQUENCE, certificate, _) = tlv(der)? else {
+        return None;
+    };
+    let (SEQUENCE, tbs, _) = tlv(certificate)? else {
+        return None;
+    };
+    const VERSION: u8 = 0xa0;
+    if tbs.first() == Some(&VERSION) {
+        return Some(tlv(tbs)?.2);
+    }
+    Some(tbs)
+}
+
+/// The TBSCertificate's fields from the `n`-th on (0: serialNumber).
+fn tbs_field(der: &[u8], n: usize) -> Option<&[u8]> {
+    let mut fields = tbs_fields(der)?;
+    for _ in 0..n {
+        fields = tlv(fields)?.2;
+    }
+    Some(fields)
+}
+
 /// The SubjectPublicKeyInfo element (header included) of an X.509
 /// certificate: `Certificate ::= SEQUENCE { tbsCertificate SEQUENCE {
 /// [0] version OPTIONAL, serialNumber, signature, issuer, validity,
 /// subject, subjectPublicKeyInfo, ... }, ... }`.
 pub(crate) fn certificate_spki(der: &[u8]) -> Option<&[u8]> {
-    let (SEQUENCE, certificate, _) = tlv(der)? else {
-        return None;
-    };
-    let (SEQUENCE, mut tbs, _) = tlv(certificate)? else {
-        return None;
-    };
-    const VERSION: u8 = 0xa0;
-    if tbs.first() == Some(&VERSION) {
-        tbs = tlv(tbs)?.2;
-    }
-    // serialNumber, signature, issuer, validity, subject.
-    for _ in 0..5 {
-        tbs = tlv(tbs)?.2;
-    }
+    let tbs = tbs_field(der, 5)?;
     let (SEQUENCE, _, rest) = tlv(tbs)? else {
         return None;
     };
@@ -76,20 +89,7 @@ pub(crate) fn certificate_spki(der: &[u8]) -> Option<&[u8]> {
 /// (`Subject.CommonName`: the last CN attribute; UTF8String,
 /// PrintableString, IA5String or T61String). `None` when there is none.
 pub(crate) fn certificate_common_name(der: &[u8]) -> Option<String> {
-    let (SEQUENCE, certificate, _) = tlv(der)? else {
-        return None;
-    };
-    let (SEQUENCE, mut tbs, _) = tlv(certificate)? else {
-        return None;
-    };
-    const VERSION: u8 = 0xa0;
-    if tbs.first() == Some(&VERSION) {
-        tbs = tlv(tbs)?.2;
-    }
-    // serialNumber, signature, issuer, validity.
-    for _ in 0..4 {
-        tbs = tlv(tbs)?.2;
-    }
+    let tbs = tbs_field(der, 4)?;
     let (SEQUENCE, mut rdns, _) = tlv(tbs)? else {
         return None;
     };
@@ -123,20 +123,7 @@ pub(crate) fn certificate_common_name(der: &[u8]) -> Option<String> {
 
 /// A certificate's validity (notBefore, notAfter) in Unix seconds.
 pub(crate) fn certificate_validity(der: &[u8]) -> Option<(i64, i64)> {
-    let (SEQUENCE, certificate, _) = tlv(der)? else {
-        return None;
-    };
-    let (SEQUENCE, mut tbs, _) = tlv(certificate)? else {
-        return None;
-    };
-    const VERSION: u8 = 0xa0;
-    if tbs.first() == Some(&VERSION) {
-        tbs = tlv(tbs)?.2;
-    }
-    // serialNumber, signature, issuer.
-    for _ in 0..3 {
-        tbs = tlv(tbs)?.2;
-    }
+    let tbs = tbs_field(der, 3)?;
     let (SEQUENCE, validity, _) = tlv(tbs)? else {
         return None;
     };

@@ -171,19 +171,23 @@ fn load_roots(flag: &str, path: &Path) -> Result<Arc<rustls::RootCertStore>, Str
     Ok(Arc::new(roots))
 }
 
-/// etcd (Go's x509) also takes a client certificate that is itself one of
-/// the trusted CA certificates (a self-signed `CN=root` CA presented as the
-/// client's own), which webpki refuses as a CA used as an end entity: such
-/// a certificate is accepted when it is byte for byte one of the trusted
-/// roots and within its validity; everything else is the webpki
-/// verifier's decision.
+/// The verifier of client (and connecting peer) certificates: webpki, and
+/// two of etcd's rules on top.
+///
+/// - etcd (Go's x509) also takes a client certificate that is itself one
+///   of the trusted CA certificates (a self-signed `CN=root` CA presented
+///   as the client's own), which webpki refuses as a CA used as an end
+///   entity: such a certificate is accepted when it is byte for byte one
+///   of `trusted_leaves` and within its validity.
+/// - Peers: the allowed common name or host name (`identity`).
 #[derive(Debug)]
-struct RootsAsClientCertificates {
+struct CheckedClientVerifier {
     webpki: Arc<dyn rustls::server::danger::ClientCertVerifier>,
-    roots: Vec<CertificateDer<'static>>,
+    trusted_leaves: Vec<CertificateDer<'static>>,
+    identity: PeerIdentity,
 }
 
-impl rustls::server::danger::ClientCertVerifier for RootsAsClientCertificates {
+impl rustls::server::danger::ClientCertVerifier for CheckedClientVerifier {
     fn offer_client_auth(&self) -> bool {
         self.webpki.offer_client_auth()
     }
@@ -202,22 +206,27 @@ impl rustls::server::danger::ClientCertVerifier for RootsAsClientCertificates {
         intermediates: &[CertificateDer<'_>],
         now: rustls::pki_types::UnixTime,
     ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
-        let refused = match self
+        let verified = match self
             .webpki
             .verify_client_cert(end_entity, intermediates, now)
         {
-            Ok(verified) => return Ok(verified),
-            Err(e) => e,
+            Ok(verified) => verified,
+            Err(refused) => {
+                let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+                let is_root = self
+                    .trusted_leaves
+                    .iter()
+                    .any(|r| r.as_ref() == end_entity.as_ref());
+                let valid = crate::der::certificate_validity(end_entity)
+                    .is_some_and(|(from, until)| from <= now && now <= until);
+                if !(is_root && valid) {
+                    return Err(refused);
+                }
+                rustls::server::danger::ClientCertVerified::assertion()
+            }
         };
-        let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
-        let is_root = self.roots.iter().any(|r| r.as_ref() == end_entity.as_ref());
-        let valid = crate::der::certificate_validity(end_entity)
-            .is_some_and(|(from, until)| from <= now && now <= until);
-        if is_root && valid {
-            Ok(rustls::server::danger::ClientCertVerified::assertion())
-        } else {
-            Err(refused)
-        }
+        self.identity.check(end_entity)?;
+        Ok(verified)
     }
 
     fn verify_tls12_signature(
@@ -393,7 +402,11 @@ pub fn client_url_acceptor(files: &ClientTlsFiles<'_>) -> Result<TlsAcceptor, St
             let webpki =
                 client_verifier(roots, files.cipher_suites, crl, ("--trusted-ca-file", ca))?;
             let roots = load_chain("--trusted-ca-file", ca)?;
-            Arc::new(RootsAsClientCertificates { webpki, roots })
+            Arc::new(CheckedClientVerifier {
+                webpki,
+                trusted_leaves: roots,
+                identity: PeerIdentity::default(),
+            })
         }
         (true, None) => return Err("--client-cert-auth needs --trusted-ca-file".into()),
         (false, None) => rustls::server::WebPkiClientVerifier::no_client_auth(),
@@ -490,63 +503,6 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
     }
 }
 
-/// The peer listener's verifier of connecting members: webpki, then the
-/// allowed name.
-#[derive(Debug)]
-struct PeerClientVerifier {
-    webpki: Arc<dyn rustls::server::danger::ClientCertVerifier>,
-    identity: PeerIdentity,
-}
-
-impl rustls::server::danger::ClientCertVerifier for PeerClientVerifier {
-    fn offer_client_auth(&self) -> bool {
-        self.webpki.offer_client_auth()
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        self.webpki.client_auth_mandatory()
-    }
-
-    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
-        self.webpki.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
-        let verified = self
-            .webpki
-            .verify_client_cert(end_entity, intermediates, now)?;
-        self.identity.check(end_entity)?;
-        Ok(verified)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.webpki.supported_verify_schemes()
-    }
-}
-
 /// The verifier of the members this one connects to: webpki (by the IP
 /// dialled), then the allowed name.
 #[derive(Debug)]
@@ -627,8 +583,9 @@ impl PeerTls {
                 files.crl.map(|path| ("--peer-crl-file", path)),
                 ("--peer-trusted-ca-file", trusted_ca),
             )?;
-            Arc::new(PeerClientVerifier {
+            Arc::new(CheckedClientVerifier {
                 webpki,
+                trusted_leaves: Vec::new(),
                 identity: identity.clone(),
             })
         } else {

@@ -124,6 +124,19 @@ async fn leader_and_ids(members: &[Server]) -> (usize, Vec<u64>) {
     (leader.expect("no member leads"), ids)
 }
 
+/// Puts `key` through the leader, then reads it (linearizable) through
+/// every member.
+async fn put_and_read_on_every_member(members: &[Server], key: &str) {
+    let (leader, _) = leader_and_ids(members).await;
+    let mut c = connect(&members[leader]).await;
+    within("put", c.put(key, "v", None)).await.unwrap();
+    for m in members {
+        let mut c = connect(m).await;
+        let got = within("get", c.get(key, None)).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), b"v", "{}", m.client_endpoint());
+    }
+}
+
 /// Waits (bounded) until every member reports the same revision; returns it.
 async fn converged_revision(members: &[Server], limit: Duration) -> i64 {
     let deadline = Instant::now() + limit;
@@ -1651,14 +1664,8 @@ fn peer_tls_with_client_certificates() {
     let good = peer_certificates(certs_dir.path(), "good", 3);
     let cluster = Cluster::start_full(3, &[], "https", |i| good[i].clone(), true);
     runtime().block_on(async {
-        let (leader, _) = leader_and_ids(&cluster.members).await;
-        let mut c = connect(&cluster.members[leader]).await;
-        within("put", c.put("tls/k", "v", None)).await.unwrap();
-        for m in &cluster.members {
-            let mut c = connect(m).await;
-            let got = within("get", c.get("tls/k", None)).await.unwrap();
-            assert_eq!(got.kvs()[0].value(), b"v", "{}", m.client_endpoint());
-        }
+        put_and_read_on_every_member(&cluster.members, "tls/k").await;
+        let mut c = connect(&cluster.members[0]).await;
         let members = within("members", c.member_list()).await.unwrap();
         assert!(members
             .members()
@@ -1820,24 +1827,7 @@ fn a_three_member_cluster_is_restored_from_one_backup() {
 #[test]
 fn a_leader_stopped_with_sigterm_hands_leadership_over_and_loses_nothing() {
     let mut cluster = Cluster::start(3);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let ids: Vec<u64> = loop {
-        let seen: Vec<Option<(u64, u64)>> = cluster
-            .members
-            .iter()
-            .map(|m| ctl_status(&m.client_endpoint()))
-            .collect();
-        if seen
-            .iter()
-            .all(|s| s.is_some_and(|(_, leader)| leader != 0))
-        {
-            break seen.iter().map(|s| s.unwrap().0).collect();
-        }
-        assert!(Instant::now() < deadline, "no leader: {seen:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let leader_id = ctl_status(&cluster.members[0].client_endpoint()).unwrap().1;
-    let leader = ids.iter().position(|id| *id == leader_id).unwrap();
+    let (leader, _) = runtime().block_on(leader_and_ids(&cluster.members));
     let writer = cluster.members[leader].put_until_refused("/handover/", 100_000);
     std::thread::sleep(Duration::from_millis(500));
     cluster.members[leader].signal(libc::SIGTERM);
@@ -1881,24 +1871,8 @@ fn a_leader_stopped_with_sigterm_hands_leadership_over_and_loses_nothing() {
 #[test]
 fn a_restarted_member_never_answers_below_what_it_answered_before() {
     let mut cluster = Cluster::start(3);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (leader, follower) = loop {
-        let status: Vec<Option<(u64, u64)>> = cluster
-            .members
-            .iter()
-            .map(|m| ctl_status(&m.client_endpoint()))
-            .collect();
-        if let Some(Some((_, leader_id))) = status.first().filter(|s| s.is_some_and(|s| s.1 != 0)) {
-            let leader = status
-                .iter()
-                .position(|s| s.is_some_and(|(id, _)| id == *leader_id));
-            if let Some(leader) = leader {
-                break (leader, (leader + 1) % 3);
-            }
-        }
-        assert!(Instant::now() < deadline, "no leader: {status:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let (leader, _) = runtime().block_on(leader_and_ids(&cluster.members));
+    let follower = (leader + 1) % 3;
     let read_revision = |m: &Server| -> Option<i64> {
         let mut conn = crate::support::HttpConn::connect(&m.addr()).ok()?;
         let r = conn
@@ -1945,19 +1919,7 @@ fn strict_reconfig_check_can_be_turned_off() {
     for strict in [true, false] {
         let flag = format!("--strict-reconfig-check={strict}");
         let mut cluster = Cluster::start_with(3, &[&flag]);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let ids: Vec<u64> = loop {
-            let seen: Vec<Option<(u64, u64)>> = cluster
-                .members
-                .iter()
-                .map(|m| ctl_status(&m.client_endpoint()))
-                .collect();
-            if seen.iter().all(|s| s.is_some_and(|(_, l)| l != 0)) {
-                break seen.iter().map(|s| s.unwrap().0).collect();
-            }
-            assert!(Instant::now() < deadline, "no leader: {seen:?}");
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        let (_, ids) = runtime().block_on(leader_and_ids(&cluster.members));
         let ep = cluster.members[0].client_endpoint();
         cluster.members[2].kill9();
         // The leader among the two left removes the other one.
@@ -2046,16 +2008,7 @@ fn peer_certificates_must_carry_the_allowed_name() {
 #[test]
 fn peer_auto_tls_forms_a_cluster_over_tls() {
     let cluster = Cluster::start_full(3, &["--peer-auto-tls"], "https", |_| Vec::new(), true);
-    runtime().block_on(async {
-        let (leader, _) = leader_and_ids(&cluster.members).await;
-        let mut c = connect(&cluster.members[leader]).await;
-        within("put", c.put("auto/k", "v", None)).await.unwrap();
-        for m in &cluster.members {
-            let mut c = connect(m).await;
-            let got = within("get", c.get("auto/k", None)).await.unwrap();
-            assert_eq!(got.kvs()[0].value(), b"v", "{}", m.client_endpoint());
-        }
-    });
+    runtime().block_on(put_and_read_on_every_member(&cluster.members, "auto/k"));
     for m in &cluster.members {
         let cert = m.data_dir.join("fixtures/peer/cert.pem");
         assert!(cert.exists(), "{}", m.log_text());
