@@ -28,6 +28,35 @@ fn wait_health(port: u16, log: &std::path::Path) {
     }
 }
 
+/// A one-shard member on fresh ports with its data in `dir/d` and its
+/// log in `dir/metcd.log`, started through `wrapper` (e.g. `taskset -c
+/// 1`) if any: the command, its HTTP port and the log's path.
+fn one_member(dir: &std::path::Path, wrapper: &[&str]) -> (Command, u16, std::path::PathBuf) {
+    let (http, client) = (free_port(), free_port());
+    let log = dir.join("metcd.log");
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg(env!("CARGO_BIN_EXE_metcd"));
+            cmd
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_metcd")),
+    };
+    cmd.args([
+        "--data-dir",
+        dir.join("d").to_str().unwrap(),
+        "--listen-http-urls",
+        &format!("http://127.0.0.1:{http}"),
+        "--listen-client-urls",
+        &format!("http://127.0.0.1:{client}"),
+        "--shards",
+        "1",
+    ])
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log).unwrap());
+    (cmd, http, log)
+}
+
 /// `--data-dir` relative to the working directory (and the default,
 /// `<name>.metcd`) is where the files go, printed absolute; a restart from
 /// the same directory finds the data again.
@@ -261,21 +290,7 @@ fn sigterm_stops_a_member_cleanly_and_loses_nothing_acknowledged() {
 fn sigint_stops_a_member_whose_parent_ignored_it() {
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
-    let (http, client) = (free_port(), free_port());
-    let log = dir.path().join("metcd.log");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_metcd"));
-    cmd.args([
-        "--data-dir",
-        dir.path().join("d").to_str().unwrap(),
-        "--listen-http-urls",
-        &format!("http://127.0.0.1:{http}"),
-        "--listen-client-urls",
-        &format!("http://127.0.0.1:{client}"),
-        "--shards",
-        "1",
-    ])
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(&log).unwrap());
+    let (mut cmd, http, log) = one_member(dir.path(), &[]);
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(|| {
@@ -437,24 +452,8 @@ fn shards_are_pinned_to_the_cpus_the_process_was_given() {
     }
     let last = (cpus - 1).to_string();
     let dir = tempfile::tempdir().unwrap();
-    let (http, client) = (free_port(), free_port());
-    let log = dir.path().join("metcd.log");
-    let mut child = Command::new("taskset")
-        .args(["-c", &last, env!("CARGO_BIN_EXE_metcd")])
-        .args([
-            "--data-dir",
-            dir.path().join("d").to_str().unwrap(),
-            "--listen-http-urls",
-            &format!("http://127.0.0.1:{http}"),
-            "--listen-client-urls",
-            &format!("http://127.0.0.1:{client}"),
-            "--shards",
-            "1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut cmd, http, log) = one_member(dir.path(), &["taskset", "-c", &last]);
+    let mut child = cmd.spawn().unwrap();
     wait_health(http, &log);
     let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap();
     let mut seen = Vec::new();
