@@ -237,6 +237,8 @@ impl Default for Config {
 #[command(
     name = "metcd",
     disable_version_flag = true,
+    // As Go's flag package (etcd's): a flag given twice takes the last value.
+    args_override_self = true,
     about = "An etcd-compatible, Raft-replicated key-value server",
     after_help = "Every flag can also be a key of the --config file. Backups: \
                   `metcd snapshot restore|status` (docs/operations.md)."
@@ -1270,6 +1272,23 @@ mod tests {
         let off = ["--listen-http-urls", ""];
         let cfg = load(&[&https[..], &files[..], &ca[..], &off[..]].concat()).unwrap();
         assert!(cfg.http_listen_addrs().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_its_last_value_as_in_etcd() {
+        // etcd's own e2e harness passes `--client-cert-auth` twice.
+        let flags = Flags::parse_from([
+            "metcd",
+            "--name",
+            "a",
+            "--name",
+            "b",
+            "--strict-reconfig-check",
+            "--strict-reconfig-check=false",
+        ]);
+        let cfg = Config::from_flags(flags).unwrap();
+        assert_eq!(cfg.name, "b");
+        assert!(!cfg.strict_reconfig_check);
     }
 
     #[test]
