@@ -417,11 +417,14 @@ pub enum AutoCompaction {
     Revision(i64),
 }
 
+/// Sets each named field of `$cfg` that `$from` (flags, or etcd's config
+/// file) gives: `$from.$field` is the `Option` of the same name.
 macro_rules! overlay {
-    ($cfg:ident, $flags:ident, $($field:ident),* $(,)?) => {
-        $( if let Some(v) = $flags.$field.take() { $cfg.$field = v; } )*
+    ($cfg:ident, $from:ident, $($field:ident),* $(,)?) => {
+        $( if let Some(v) = $from.$field.take() { $cfg.$field = v; } )*
     };
 }
+pub(crate) use overlay;
 
 impl Config {
     /// The backend quota in force: None when disabled (a negative flag),
@@ -975,6 +978,12 @@ fn parse_retention_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(secs))
 }
 
+fn first_is_https(urls: &str) -> bool {
+    split_list(urls)
+        .first()
+        .is_some_and(|u| u.starts_with("https://"))
+}
+
 impl Config {
     /// Peer TLS is all three files or none, and then every peer URL is
     /// https:// (and without them, none is).
@@ -985,11 +994,7 @@ impl Config {
             ("peer-trusted-ca-file", &self.peer_trusted_ca_file),
         ];
         let given = files.iter().filter(|(_, f)| f.is_some()).count();
-        let auto = given == 0
-            && self.peer_auto_tls
-            && split_list(&self.initial_advertise_peer_urls)
-                .first()
-                .is_some_and(|u| u.starts_with("https://"));
+        let auto = given == 0 && self.peer_auto_tls_applies();
         if given != 0 && given != files.len() {
             let (flag, _) = files
                 .iter()
@@ -1048,12 +1053,7 @@ impl Config {
             (Some(_), Some(_)) => true,
             // With --auto-tls the URLs say: https:// ones get a made
             // certificate, http:// ones stay plaintext (auto-tls unused).
-            (None, None) => {
-                self.auto_tls
-                    && split_list(&self.listen_client_urls)
-                        .first()
-                        .is_some_and(|u| u.starts_with("https://"))
-            }
+            (None, None) => self.client_auto_tls(),
             (None, Some(_)) => {
                 return Err(invalid_flag(
                     "cert-file",
@@ -1107,6 +1107,19 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// `--auto-tls` makes a certificate: asked for, none given, and the
+    /// client URLs are https:// (the validation keeps them all alike).
+    pub fn client_auto_tls(&self) -> bool {
+        self.auto_tls && self.cert_file.is_none() && first_is_https(&self.listen_client_urls)
+    }
+
+    /// `--peer-auto-tls` makes a certificate (as [`Config::client_auto_tls`]).
+    pub fn peer_auto_tls_applies(&self) -> bool {
+        self.peer_auto_tls
+            && self.peer_cert_file.is_none()
+            && first_is_https(&self.initial_advertise_peer_urls)
     }
 
     /// The client TLS files, when configured.

@@ -130,7 +130,7 @@ pub fn load(file: &Path) -> Result<Config, ConfigError> {
         path: file.to_path_buf(),
         message,
     };
-    let y: EtcdYaml = serde_yaml::from_str(&text).map_err(|e| parse(e.to_string()))?;
+    let mut y: EtcdYaml = serde_yaml::from_str(&text).map_err(|e| parse(e.to_string()))?;
     let mut cfg = Config::default();
     for key in y.rest.keys() {
         if REFUSED.contains(&key.as_str()) {
@@ -145,12 +145,9 @@ pub fn load(file: &Path) -> Result<Config, ConfigError> {
             );
         }
     }
-    macro_rules! take {
-        ($($field:ident),* $(,)?) => {
-            $( if let Some(v) = y.$field { cfg.$field = v; } )*
-        };
-    }
-    take!(
+    crate::config::overlay!(
+        cfg,
+        y,
         name,
         listen_client_urls,
         initial_advertise_peer_urls,

@@ -6,6 +6,25 @@
 //! SO_REUSEPORT is only for the listeners every shard opens on one port.
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// How long a busy port is retried at start: a member killed a moment ago
+/// can still hold its listener while io_uring tears its rings down.
+pub const BUSY_PORT_RETRY: Duration = Duration::from_secs(5);
+
+/// Runs `bind` until it does not fail with `AddrInUse`, for at most
+/// [`BUSY_PORT_RETRY`]; its last answer.
+pub fn retry_while_in_use<T>(mut bind: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let deadline = Instant::now() + BUSY_PORT_RETRY;
+    loop {
+        match bind() {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            answer => return answer,
+        }
+    }
+}
 
 /// Whether other sockets of this process bind the same address too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -304,8 +304,6 @@ const MAX_LEARNERS: usize = 1;
 const READ_INDEX_RETRY: Duration = Duration::from_millis(500);
 /// etcd's request timeout: 5 s plus two election timeouts (added at start).
 const REQUEST_TIMEOUT_BASE: Duration = Duration::from_secs(5);
-/// How long a busy peer port is retried at start.
-const PEER_PORT_RETRY: Duration = Duration::from_secs(5);
 
 struct Proposal {
     id: u64,
@@ -971,26 +969,11 @@ impl Node {
             query,
         });
         for addr in peer_addrs {
-            // A member killed a moment ago on this port can still hold its
-            // listener while io_uring tears its rings down: retry briefly,
-            // as the client ports' probe does (shard.rs, probe_port).
-            let deadline = Instant::now() + PEER_PORT_RETRY;
-            loop {
-                match peer::listen(addr, id, cluster_id, inbound.clone(), tls.clone()) {
-                    Ok(()) => break,
-                    Err(e)
-                        if e.kind() == std::io::ErrorKind::AddrInUse
-                            && Instant::now() < deadline =>
-                    {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    Err(e) => {
-                        return Err(ServerError::Startup(format!(
-                            "cannot listen for peers on {addr}: {e}"
-                        )))
-                    }
-                }
-            }
+            // A member killed a moment ago may still hold the port.
+            crate::net::retry_while_in_use(|| {
+                peer::listen(addr, id, cluster_id, inbound.clone(), tls.clone())
+            })
+            .map_err(|e| ServerError::Startup(format!("cannot listen for peers on {addr}: {e}")))?;
         }
         let looped = node.clone();
         glommio::spawn_local(async move {

@@ -714,23 +714,9 @@ pub fn run(mut cfg: Config) -> Result<()> {
 /// still hold its listener for a little while (io_uring tears rings down
 /// asynchronously), so a busy port is retried for a few seconds first.
 fn probe_port(addr: std::net::SocketAddr) -> Result<()> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        match std::net::TcpListener::bind(addr) {
-            Ok(_) => return Ok(()),
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AddrInUse
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => {
-                return Err(ServerError::Startup(format!(
-                    "cannot listen on {addr}: {e}"
-                )))
-            }
-        }
-    }
+    crate::net::retry_while_in_use(|| std::net::TcpListener::bind(addr))
+        .map(drop)
+        .map_err(|e| ServerError::Startup(format!("cannot listen on {addr}: {e}")))
 }
 
 /// What every shard listens on.

@@ -303,16 +303,14 @@ fn client_verifier(
 /// --insecure-transport=false --insecure-skip-tls-verify`), as with etcd;
 /// auto TLS peers check no certificate ([`PeerTls`]).
 pub fn auto_tls(cfg: &mut crate::config::Config) -> Result<(), String> {
-    let https = |urls: &str| urls.split(',').any(|u| u.trim().starts_with("https://"));
-    if cfg.auto_tls && cfg.cert_file.is_none() && https(&cfg.listen_client_urls) {
+    if cfg.client_auto_tls() {
         let hosts = cfg.client_listen_addrs().map_err(|e| e.to_string())?;
         let dir = cfg.data_dir().join("fixtures").join("client");
         let (cert, key) = self_signed(&dir, &hosts, "--auto-tls")?;
         cfg.cert_file = Some(cert);
         cfg.key_file = Some(key);
     }
-    if cfg.peer_auto_tls && cfg.peer_cert_file.is_none() && https(&cfg.initial_advertise_peer_urls)
-    {
+    if cfg.peer_auto_tls_applies() {
         let mut hosts = cfg.peer_listen_addrs().map_err(|e| e.to_string())?;
         if hosts.is_empty() {
             hosts = crate::config::parse_peer_urls(

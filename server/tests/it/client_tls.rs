@@ -66,6 +66,19 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// etcdctl over TLS: the server checked against `ca`, the client
+/// presenting `cert` (certificate, key).
+fn etcdctl_as(
+    ep: &str,
+    ca: &Path,
+    cert: &(PathBuf, PathBuf),
+    args: &[&str],
+) -> std::process::Output {
+    let mut all = vec!["--cacert", s(ca), "--cert", s(&cert.0), "--key", s(&cert.1)];
+    all.extend_from_slice(args);
+    etcdctl(ep, &all)
+}
+
 #[test]
 fn client_urls_over_tls_with_client_certificates() {
     require_etcd();
@@ -84,18 +97,7 @@ fn client_urls_over_tls_with_client_certificates() {
         ],
     );
     let ep = format!("https://{}", server.client_endpoint());
-    let with_cert = |cert: &(PathBuf, PathBuf), args: &[&str]| {
-        let mut all = vec![
-            "--cacert",
-            s(&p.ca),
-            "--cert",
-            s(&cert.0),
-            "--key",
-            s(&cert.1),
-        ];
-        all.extend_from_slice(args);
-        etcdctl(&ep, &all)
-    };
+    let with_cert = |cert: &(PathBuf, PathBuf), args: &[&str]| etcdctl_as(&ep, &p.ca, cert, args);
 
     let put = with_cert(&p.client, &["put", "secret", "v1"]);
     assert!(put.status.success(), "{put:?}");
@@ -134,20 +136,7 @@ fn a_trusted_ca_requires_client_certificates_and_none_serves_anyone() {
     let ep = format!("https://{}", with_ca.client_endpoint());
     let anonymous = etcdctl(&ep, &["--cacert", s(&p.ca), "put", "k", "v"]);
     assert!(!anonymous.status.success(), "{anonymous:?}");
-    let trusted = etcdctl(
-        &ep,
-        &[
-            "--cacert",
-            s(&p.ca),
-            "--cert",
-            s(&p.client.0),
-            "--key",
-            s(&p.client.1),
-            "put",
-            "k",
-            "v",
-        ],
-    );
+    let trusted = etcdctl_as(&ep, &p.ca, &p.client, &["put", "k", "v"]);
     assert!(trusted.status.success(), "{trusted:?}");
 
     let open = Server::start_https(&dir.path().join("open"), &server_files);
@@ -183,16 +172,7 @@ fn the_client_certificate_names_the_user_with_client_cert_auth() {
     );
     let ep = format!("https://{}", server.client_endpoint());
     let run = |ep: &str, cert: &(PathBuf, PathBuf), args: &[&str]| {
-        let mut all = vec![
-            "--cacert",
-            s(&p.ca),
-            "--cert",
-            s(&cert.0),
-            "--key",
-            s(&cert.1),
-        ];
-        all.extend_from_slice(args);
-        let o = etcdctl(ep, &all);
+        let o = etcdctl_as(ep, &p.ca, cert, args);
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&o.stdout),
@@ -343,18 +323,7 @@ fn a_trusted_ca_certificate_is_taken_as_a_client_certificate() {
         ],
     );
     let ep = format!("https://{}", server.client_endpoint());
-    let run = |cert: &(PathBuf, PathBuf), args: &[&str]| {
-        let mut all = vec![
-            "--cacert",
-            s(&p.ca),
-            "--cert",
-            s(&cert.0),
-            "--key",
-            s(&cert.1),
-        ];
-        all.extend_from_slice(args);
-        etcdctl(&ep, &all)
-    };
+    let run = |cert: &(PathBuf, PathBuf), args: &[&str]| etcdctl_as(&ep, &p.ca, cert, args);
     for args in [&["user", "add", "root:rootpw"][..], &["auth", "enable"]] {
         let o = run(&trusted_root, args);
         assert!(o.status.success(), "{args:?}: {o:?}");
@@ -487,22 +456,7 @@ fn revoked_client_certificates_are_refused() {
         ],
     );
     let ep = format!("https://{}", member.client_endpoint());
-    let put = |cert: &(PathBuf, PathBuf)| {
-        etcdctl(
-            &ep,
-            &[
-                "--cacert",
-                s(&ca),
-                "--cert",
-                s(&cert.0),
-                "--key",
-                s(&cert.1),
-                "put",
-                "k",
-                "v",
-            ],
-        )
-    };
+    let put = |cert: &(PathBuf, PathBuf)| etcdctl_as(&ep, &ca, cert, &["put", "k", "v"]);
     let o = put(&good);
     assert!(o.status.success(), "{o:?}");
     let o = put(&revoked);

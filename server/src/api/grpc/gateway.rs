@@ -390,9 +390,14 @@ fn grpc_frame<M: Message>(msg: &M) -> Bytes {
 /// the unary error shape.
 fn stream_error(status: &Status) -> Response<StreamOutput> {
     let (http, json) = error_json(status);
+    error_alone(http, Bytes::from(json))
+}
+
+/// A streaming route's answer that is one error body and nothing else.
+fn error_alone(http: StatusCode, body: Bytes) -> Response<StreamOutput> {
     let mut resp = Response::new(StreamOutput {
         lines: None,
-        error: Some(Bytes::from(json)),
+        error: Some(body),
     });
     *resp.status_mut() = http;
     resp.headers_mut()
@@ -411,16 +416,7 @@ fn stream_output<Resp: Serialize + Send + 'static>(
 ) -> Response<StreamOutput> {
     let stream = match answer {
         Ok(stream) => stream,
-        Err(status) => {
-            let mut resp = Response::new(StreamOutput {
-                lines: None,
-                error: Some(error_line(&status)),
-            });
-            *resp.status_mut() = http_status(status.code());
-            resp.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            return resp;
-        }
+        Err(status) => return error_alone(http_status(status.code()), error_line(&status)),
     };
     let lines = futures_lite::StreamExt::map(stream.into_inner(), |item| match item {
         Ok(resp) => result_line(&resp),
