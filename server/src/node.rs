@@ -3027,7 +3027,7 @@ impl Node {
     /// MemberRemove.
     pub async fn member_remove(&self, id: u64) -> Result<Vec<MemberRecord>> {
         self.may_remove_member(id)?;
-        let record = self.known_member(id)?;
+        let record = self.known_member(id).await?;
         self.change_membership(ConfChangeType::RemoveNode, &record)
             .await
     }
@@ -3035,7 +3035,7 @@ impl Node {
     /// MemberPromote: a learner becomes a voter once it has caught up (etcd's
     /// rule: its log within 10% of the leader's). Decided on the leader.
     pub async fn member_promote(&self, id: u64) -> Result<Vec<MemberRecord>> {
-        let record = self.known_member(id)?;
+        let record = self.known_member(id).await?;
         if !record.is_learner {
             return Err(ServerError::Membership(
                 "etcdserver: can only promote a learner member",
@@ -3075,7 +3075,7 @@ impl Node {
         old: u64,
         peer_urls: Vec<String>,
     ) -> Result<(MemberRecord, Vec<MemberRecord>)> {
-        let leaving = self.known_member(old)?;
+        let leaving = self.known_member(old).await?;
         if leaving.is_learner {
             return Err(ServerError::Membership(
                 "etcdserver: can only replace a voting member",
@@ -3102,7 +3102,7 @@ impl Node {
         id: u64,
         peer_urls: Vec<String>,
     ) -> Result<Vec<MemberRecord>> {
-        let mut record = self.known_member(id)?;
+        let mut record = self.known_member(id).await?;
         if peer_urls.is_empty()
             || crate::config::parse_peer_urls("peer-urls", &peer_urls.join(",")).is_err()
         {
@@ -3236,12 +3236,18 @@ impl Node {
         Ok(())
     }
 
-    fn known_member(&self, id: u64) -> Result<MemberRecord> {
-        self.registry
-            .borrow()
-            .get(id)
-            .cloned()
-            .ok_or(ServerError::Membership("etcdserver: member not found"))
+    /// The member `id` as the cluster knows it now: a member this one has
+    /// not heard of yet may have been added by an entry it has still to
+    /// apply (a MemberAdd answered by another member a moment ago), so it
+    /// looks again after a read barrier before answering "not found".
+    async fn known_member(&self, id: u64) -> Result<MemberRecord> {
+        let lookup = || self.registry.borrow().get(id).cloned();
+        if let Some(record) = lookup() {
+            return Ok(record);
+        }
+        // A failed barrier (no leader, a learner) leaves the local answer.
+        let _ = self.read_barrier().await;
+        lookup().ok_or(ServerError::Membership("etcdserver: member not found"))
     }
 
     async fn change_membership(
