@@ -87,6 +87,10 @@ pub struct Config {
     /// served by the owner) cost microseconds instead of a wake-up, at the
     /// price of CPU burnt while idle. 0 sleeps at once.
     pub spin_before_park_us: u64,
+    /// CPU shares of range work (index walks, value loading, response
+    /// encoding) against the write path's 1000 on every shard (1..=1000):
+    /// while both have work, reads get shares / (shares + 1000) of a core.
+    pub range_cpu_shares: usize,
     /// etcd's backend quota: a write that would take the store past it is
     /// refused and raises the NOSPACE alarm. 0 means etcd's default
     /// (2 GiB), a negative value disables the quota.
@@ -200,6 +204,7 @@ impl Default for Config {
             max_pending_proposals: 100_000,
             io_memory_bytes: 1 << 20,
             spin_before_park_us: 0,
+            range_cpu_shares: 250,
             quota_backend_bytes: 0,
             experimental_watch_progress_notify_interval: "10m".into(),
             experimental_peer_fault_file: None,
@@ -309,6 +314,8 @@ pub struct Flags {
     pub io_memory_bytes: Option<usize>,
     #[arg(long)]
     pub spin_before_park_us: Option<u64>,
+    #[arg(long)]
+    pub range_cpu_shares: Option<usize>,
     #[arg(long, allow_negative_numbers = true)]
     pub quota_backend_bytes: Option<i64>,
     #[arg(long)]
@@ -518,6 +525,7 @@ impl Config {
             max_pending_proposals,
             io_memory_bytes,
             spin_before_park_us,
+            range_cpu_shares,
             quota_backend_bytes,
             experimental_watch_progress_notify_interval,
             experimental_snapshot_catchup_entries,
@@ -785,6 +793,13 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=crate::sched::WRITE_PATH_SHARES).contains(&self.range_cpu_shares) {
+            return Err(invalid_flag(
+                "range-cpu-shares",
+                self.range_cpu_shares.to_string(),
+                "expected 1 to 1000",
+            ));
+        }
         if let Err(reason) = crate::tls::tls12_cipher_suites(&self.cipher_suites) {
             return Err(invalid_flag(
                 "cipher-suites",
@@ -1355,6 +1370,26 @@ mod tests {
         // directory at start-up.
         let cwd = std::env::current_dir().unwrap();
         assert_eq!(cfg.data_dir(), cwd.join("n1.metcd"));
+    }
+
+    #[test]
+    fn range_cpu_shares_are_checked_and_read_from_a_profile() {
+        assert_eq!(load(&[]).unwrap().range_cpu_shares, 250);
+        assert_eq!(
+            load(&["--range-cpu-shares", "1000"])
+                .unwrap()
+                .range_cpu_shares,
+            1000
+        );
+        for bad in ["0", "1001"] {
+            let err = load(&["--range-cpu-shares", bad]).unwrap_err();
+            assert!(err.contains("range-cpu-shares"), "{err}");
+            assert!(err.contains("expected 1 to 1000"), "{err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "range-cpu-shares = 100\n").unwrap();
+        assert_eq!(Config::from_file(&file).unwrap().range_cpu_shares, 100);
     }
 
     #[test]

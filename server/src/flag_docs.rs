@@ -409,6 +409,13 @@ pub const FLAGS: &[FlagDoc] = &[
         "0",
         "An idle shard spins this long before it sleeps.",
     ),
+    flag(
+        "metcd",
+        "range-cpu-shares",
+        "<1-1000>",
+        "250",
+        "CPU shares of range work against the write path's 1000 on each shard.",
+    ),
 ];
 
 /// The documentation of `name`, if it is a documented flag.

@@ -73,6 +73,10 @@ pub enum Applied {
 
 /// What goes into the log: `[u64 origin member][u64 proposal id][u8 tag][body]`.
 /// Only the member that proposed an entry answers its client.
+/// Index keys one slice of a range's walk examines: tens of microseconds
+/// of work, the longest a ready write waits behind a walk.
+pub const RANGE_WALK_SLICE: usize = 2048;
+
 const HEADER_BYTES: usize = 17;
 const TAG_KV: u8 = 1;
 const TAG_LEASE_GRANT: u8 = 2;
@@ -1647,11 +1651,17 @@ impl Node {
     /// The owner's half of a range (index walk and a snapshot); the caller
     /// loads the values, on its own core. Every write that was acknowledged
     /// is already applied, so on a single member this is linearizable.
-    pub fn start_range(
+    /// The walk goes in slices of [`RANGE_WALK_SLICE`] keys, letting the
+    /// write path run in between (see [`crate::sched`]).
+    pub async fn start_range(
         &self,
         req: mvcc::RangeRequest,
     ) -> Result<mvcc::RangeStart<engine::any::AnySnapshot>> {
-        Ok(self.mvcc.borrow().start_range(req)?)
+        let mut walk = self.mvcc.borrow().begin_range(req)?;
+        while !self.mvcc.borrow().walk_range(&mut walk, RANGE_WALK_SLICE)? {
+            crate::sched::end_of_slice().await;
+        }
+        Ok(walk.finish())
     }
 
     /// Writes a consistent snapshot of the whole store (keys, revisions,

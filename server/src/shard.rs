@@ -114,6 +114,17 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// Whether the owner runs this in its reads queue ([`crate::sched`]):
+    /// work that grows with the keys it reads.
+    fn is_read_work(&self) -> bool {
+        matches!(
+            self,
+            Command::Range(..) | Command::ReadTxn(..) | Command::WatchHistory { .. }
+        )
+    }
+}
+
 /// The owner's answer; `term` is the Raft term when it was produced (for
 /// etcd's response headers).
 #[derive(Debug)]
@@ -258,7 +269,7 @@ impl Backend {
         loop {
             match plan.load(RANGE_LOAD_CHUNK) {
                 Ok(true) => break,
-                Ok(false) => futures_lite::future::yield_now().await,
+                Ok(false) => crate::sched::end_of_slice().await,
                 Err(e) => return (Err(e.into()), term),
             }
         }
@@ -278,16 +289,18 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             } else {
                 node.read_barrier().await
             };
-            let result = barrier
-                .and_then(|()| {
-                    node.authorize(token.as_deref(), || {
-                        crate::auth::Requirement::Keys(vec![crate::auth::Need::read(
-                            &req.key,
-                            &req.range_end,
-                        )])
-                    })
+            let result = barrier.and_then(|()| {
+                node.authorize(token.as_deref(), || {
+                    crate::auth::Requirement::Keys(vec![crate::auth::Need::read(
+                        &req.key,
+                        &req.range_end,
+                    )])
                 })
-                .and_then(|()| node.start_range(req));
+            });
+            let result = match result {
+                Ok(()) => node.start_range(req).await,
+                Err(e) => Err(e),
+            };
             Reply::Range(result, node.status().term)
         }
         Command::ReadTxn(req, token) => {
@@ -510,11 +523,16 @@ async fn serve_remote(
     while let Some((id, cmd)) = requests.recv().await {
         let node = node.clone();
         let replies = replies.clone();
-        glommio::spawn_local(async move {
+        let reads = cmd.is_read_work();
+        let work = async move {
             let reply = execute(&node, cmd).await;
             let _ = replies.send((id, reply)).await;
-        })
-        .detach();
+        };
+        if reads {
+            crate::sched::spawn_read(work);
+        } else {
+            glommio::spawn_local(work).detach();
+        }
     }
 }
 
@@ -627,7 +645,9 @@ pub fn run(mut cfg: Config) -> Result<()> {
         .name("metcd-shard-0")
         .io_memory(cfg.io_memory_bytes)
         .spin_before_park(Duration::from_micros(cfg.spin_before_park_us))
+        .preempt_timer(crate::sched::PREEMPT_TIMER)
         .spawn(move || async move {
+            crate::sched::install(owner_cfg.range_cpu_shares);
             let node = match Node::start(&owner_cfg).await {
                 Ok(node) => node,
                 Err(e) => {
@@ -658,11 +678,14 @@ pub fn run(mut cfg: Config) -> Result<()> {
     for (i, (requests, replies, events)) in remote_side.into_iter().enumerate() {
         let shard = i + 1;
         let listeners = listeners.clone();
+        let range_cpu_shares = cfg.range_cpu_shares;
         let handle = LocalExecutorBuilder::new(placement(shard))
             .name(&format!("metcd-shard-{shard}"))
             .io_memory(cfg.io_memory_bytes)
             .spin_before_park(Duration::from_micros(cfg.spin_before_park_us))
+            .preempt_timer(crate::sched::PREEMPT_TIMER)
             .spawn(move || async move {
+                crate::sched::install(range_cpu_shares);
                 let remote = Rc::new(Remote {
                     to_owner: requests.connect().await,
                     waiting: RefCell::new(HashMap::new()),
@@ -920,7 +943,96 @@ async fn serve_all(listeners: &Listeners, shard: usize, backend: Backend, hub: R
 
 #[cfg(test)]
 mod tests {
-    use super::default_shards;
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+
+    /// A member of its own on this executor, serving, with `keys` keys
+    /// under `k/`.
+    async fn member_with_keys(cfg: &Config, keys: usize) -> Backend {
+        let node = Node::start(cfg).await.unwrap();
+        while !node.serving() {
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+        let backend = Backend::Local(node);
+        let puts: Vec<_> = (0..keys)
+            .map(|i| {
+                mvcc::RequestOp::Put(mvcc::PutRequest {
+                    key: bytes::Bytes::from(format!("k/{i:06}")),
+                    value: bytes::Bytes::from_static(b"v"),
+                    ..mvcc::PutRequest::default()
+                })
+            })
+            .collect();
+        for ops in puts.chunks(cfg.max_txn_ops) {
+            let txn = mvcc::TxnRequest {
+                success: ops.to_vec(),
+                ..mvcc::TxnRequest::default()
+            };
+            let reply = backend
+                .call(Command::Write(mvcc::Request::Txn(txn), None))
+                .await;
+            assert!(matches!(reply, Reply::Write(Ok(_), _)), "{reply:?}");
+        }
+        backend
+    }
+
+    /// A range's index walk runs in slices in the reads queue: work the
+    /// write path has ready meanwhile runs between two slices, not after
+    /// the whole walk. (A count-only range loads no values: the walk is
+    /// all its work, and without slices it is one synchronous call.)
+    #[test]
+    fn a_range_walk_lets_ready_write_path_work_run_between_slices() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config {
+            data_dir: Some(dir.path().to_path_buf()),
+            listen_peer_urls: Some("http://127.0.0.1:0".into()),
+            ..Config::default()
+        };
+        let keys = 5 * crate::node::RANGE_WALK_SLICE;
+        LocalExecutorBuilder::new(Placement::Unbound)
+            .preempt_timer(crate::sched::PREEMPT_TIMER)
+            .make()
+            .unwrap()
+            .run(async move {
+                crate::sched::install(cfg.range_cpu_shares);
+                let backend = member_with_keys(&cfg, keys).await;
+                // Write-path work that is always ready: it counts its turns.
+                let turns = Rc::new(Cell::new(0u64));
+                let stop = Rc::new(Cell::new(false));
+                let ticker = glommio::spawn_local({
+                    let (turns, stop) = (turns.clone(), stop.clone());
+                    async move {
+                        while !stop.get() {
+                            turns.set(turns.get() + 1);
+                            futures_lite::future::yield_now().await;
+                        }
+                    }
+                });
+                let req = mvcc::RangeRequest {
+                    key: bytes::Bytes::from_static(b"k/"),
+                    range_end: bytes::Bytes::from_static(b"k0"),
+                    count_only: true,
+                    serializable: true,
+                    ..mvcc::RangeRequest::default()
+                };
+                let seen = turns.clone();
+                let (reply, turns_during_walk) = crate::sched::off_the_write_path(async move {
+                    let before = seen.get();
+                    let reply = backend.range(req, None).await;
+                    (reply, seen.get() - before)
+                })
+                .await
+                .unwrap();
+                stop.set(true);
+                ticker.await;
+                let (response, _) = reply;
+                assert_eq!(response.unwrap().count, keys as i64);
+                assert!(
+                    turns_during_walk >= 1,
+                    "the write path never ran during a walk of {keys} keys"
+                );
+            });
+    }
 
     #[test]
     fn the_default_leaves_one_core_to_the_rest_of_the_machine() {

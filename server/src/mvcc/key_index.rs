@@ -186,6 +186,49 @@ impl KeyIndex {
         }
     }
 
+    /// Visits the keys of `range` visible at `at` that come after `after`
+    /// (from the start when `None`), examining at most `max_keys` keys,
+    /// visible or not. Returns the last key examined when the slice ended
+    /// before the range did: the `after` of the next slice.
+    pub(crate) fn visit_slice(
+        &self,
+        range: KeyRange<'_>,
+        at: i64,
+        after: Option<&[u8]>,
+        max_keys: usize,
+        mut f: impl FnMut(&Bytes, Rev),
+    ) -> Option<Bytes> {
+        let (start, end): (&[u8], Bound<&[u8]>) = match range {
+            KeyRange::Empty => return None,
+            KeyRange::Single(key) => {
+                if after.is_none() {
+                    if let Some((k, h)) = self.keys.get_key_value(key) {
+                        if let Some(r) = visible(&h.revs, at) {
+                            f(k, r);
+                        }
+                    }
+                }
+                return None;
+            }
+            KeyRange::From(key) => (key, Bound::Unbounded),
+            KeyRange::Between(key, end) => (key, Bound::Excluded(end)),
+        };
+        let start = match after {
+            Some(last) => Bound::Excluded(last),
+            None => Bound::Included(start),
+        };
+        let mut keys = self.keys.range::<[u8], _>((start, end)).peekable();
+        let mut last = None;
+        for _ in 0..max_keys.max(1) {
+            let (k, h) = keys.next()?;
+            if let Some(r) = visible(&h.revs, at) {
+                f(k, r);
+            }
+            last = Some(k);
+        }
+        keys.peek().and(last.cloned())
+    }
+
     /// Number of keys of `range` visible at `at`.
     pub(crate) fn count(&self, range: KeyRange<'_>, at: i64) -> i64 {
         let mut n = 0i64;

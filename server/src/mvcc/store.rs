@@ -207,7 +207,13 @@ pub struct MvccStore<E: Engine> {
     /// Operations counted as etcd's metrics count them (a Cell: reads
     /// count through `&self`).
     ops: std::cell::Cell<OpCounts>,
+    /// Which store this is (unique in the process): a [`RangeWalk`] begun
+    /// on another store (one replaced by a snapshot install) starts over.
+    instance: u64,
 }
+
+/// Source of [`MvccStore::instance`].
+static NEXT_INSTANCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Ranges, puts, deletes and txns seen by this member, counted as etcd's
 /// `metricsTxnWrite` counts them: each read of the store (a Range, a
@@ -353,6 +359,7 @@ impl<E: Engine> MvccStore<E> {
             compact_rev,
             read_prev_for_watchers: true,
             ops: std::cell::Cell::new(OpCounts::default()),
+            instance: NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -588,23 +595,74 @@ impl<E: Engine> MvccStore<E> {
         self.view(&snap).range(req, self.current_rev)
     }
 
-    /// The index half of `req` (cheap: no values are read), and a snapshot
-    /// to load the values from elsewhere; see [`RangePlan`].
+    /// The index half of `req` and a snapshot to load the values from
+    /// elsewhere (see [`RangePlan`]), in one go. The server walks in
+    /// slices instead ([`MvccStore::begin_range`]).
     pub fn start_range(&self, req: RangeRequest) -> Result<RangeStart<E::Snapshot>, MvccError> {
+        let mut walk = self.begin_range(req)?;
+        while !self.walk_range(&mut walk, usize::MAX)? {}
+        Ok(walk.finish())
+    }
+
+    /// Begins a range's key-index walk: checks its revision and takes the
+    /// engine snapshot its values will be read from. Continue it with
+    /// [`MvccStore::walk_range`]; between two slices the store may apply
+    /// anything.
+    pub fn begin_range(&self, req: RangeRequest) -> Result<RangeWalk<E::Snapshot>, MvccError> {
         self.count_range();
-        let snap = self.engine.snapshot();
+        self.new_walk(req)
+    }
+
+    fn new_walk(&self, req: RangeRequest) -> Result<RangeWalk<E::Snapshot>, MvccError> {
         let cur_rev = self.current_rev;
-        match self.view(&snap).index_range(&req, cur_rev)? {
-            IndexRange::Counted(response) => Ok(RangeStart::Done(response)),
-            IndexRange::Revisions { revs, count } => Ok(RangeStart::Plan(RangePlan {
-                kvs: Vec::with_capacity(revs.len()),
-                revs: revs.into_iter(),
-                snap,
-                req,
-                cur_rev,
-                count,
-            })),
+        let at = read_revision(req.revision, cur_rev, self.compact_rev)?;
+        Ok(RangeWalk {
+            snap: self.engine.snapshot(),
+            at,
+            cur_rev,
+            instance: self.instance,
+            fetch_limit: fetch_limit(&req),
+            req,
+            after: None,
+            revs: Vec::new(),
+            count: 0,
+        })
+    }
+
+    /// Walks up to `max_keys` more keys of the index for `walk`; true once
+    /// the walk has seen its whole range.
+    ///
+    /// A walk stays a read at its revision across slices: later writes add
+    /// only newer events, which it skips, and keys leave the index only by
+    /// compaction. A compaction past the walk's revision, or a store
+    /// replaced meanwhile, makes it start over at the current revision
+    /// when the request named none (the answer is then the one a range
+    /// begun now gives), and fails it as etcd's `ErrCompacted` otherwise.
+    pub fn walk_range(
+        &self,
+        walk: &mut RangeWalk<E::Snapshot>,
+        max_keys: usize,
+    ) -> Result<bool, MvccError> {
+        if walk.instance != self.instance || walk.at < self.compact_rev {
+            if walk.req.revision > 0 {
+                return Err(MvccError::Compacted);
+            }
+            *walk = self.new_walk(std::mem::take(&mut walk.req))?;
         }
+        let range = KeyRange::new(&walk.req.key, &walk.req.range_end);
+        let count_only = walk.req.count_only;
+        let (revs, count, fetch_limit) = (&mut walk.revs, &mut walk.count, walk.fetch_limit);
+        let next =
+            self.index
+                .visit_slice(range, walk.at, walk.after.as_deref(), max_keys, |_, r| {
+                    *count += 1;
+                    if !count_only && revs.len() < fetch_limit {
+                        revs.push(r);
+                    }
+                });
+        let done = next.is_none();
+        walk.after = next;
+        Ok(done)
     }
 
     /// Executes a read-only txn (every op of both branches a Range, see
@@ -817,6 +875,39 @@ enum IndexRange {
     Revisions { revs: Vec<Rev>, count: i64 },
 }
 
+/// The revision a range with `revision` reads at, as etcd checks it:
+/// `<= 0` is the current one; a future one or one compacted away fails.
+fn read_revision(revision: i64, cur_rev: i64, compact_rev: i64) -> Result<i64, MvccError> {
+    if revision > cur_rev {
+        return Err(MvccError::FutureRevision);
+    }
+    let rev = if revision <= 0 { cur_rev } else { revision };
+    if rev < compact_rev {
+        return Err(MvccError::Compacted);
+    }
+    Ok(rev)
+}
+
+/// How many revisions a range loads. etcd fetches everything when it will
+/// sort or filter, otherwise limit + 1 keys (the extra one decides
+/// `more`). Note the original sort order decides this: a non-key target
+/// with order NONE sorts only the fetched limit + 1 keys, exactly like
+/// etcd.
+fn fetch_limit(req: &RangeRequest) -> usize {
+    let fetch_all = req.sort_order != SortOrder::None
+        || req.min_mod_revision != 0
+        || req.max_mod_revision != 0
+        || req.min_create_revision != 0
+        || req.max_create_revision != 0;
+    if fetch_all || req.limit <= 0 {
+        usize::MAX
+    } else {
+        usize::try_from(req.limit)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1)
+    }
+}
+
 /// The key revision `rev` as stored in `snap`.
 fn load_rev<S: EngineSnapshot>(snap: &S, rev: Rev) -> Result<KeyValue, MvccError> {
     let value = snap
@@ -904,6 +995,54 @@ pub struct RangePlan<S> {
     kvs: Vec<KeyValue>,
 }
 
+/// A range's key-index walk in progress ([`MvccStore::begin_range`]): the
+/// revision it reads at, the snapshot its values come from, the key it
+/// stopped after, and what it collected so far.
+pub struct RangeWalk<S> {
+    req: RangeRequest,
+    at: i64,
+    cur_rev: i64,
+    snap: S,
+    instance: u64,
+    fetch_limit: usize,
+    after: Option<Bytes>,
+    revs: Vec<Rev>,
+    count: i64,
+}
+
+impl<S> RangeWalk<S> {
+    /// The walked range: the whole answer when it needs no values
+    /// (`count_only`), a plan to load them otherwise.
+    pub fn finish(self) -> RangeStart<S> {
+        if self.req.count_only {
+            return RangeStart::Done(RangeResponse {
+                header: header(self.cur_rev),
+                kvs: Vec::new(),
+                more: false,
+                count: self.count,
+            });
+        }
+        RangeStart::Plan(RangePlan {
+            kvs: Vec::with_capacity(self.revs.len()),
+            revs: self.revs.into_iter(),
+            snap: self.snap,
+            req: self.req,
+            cur_rev: self.cur_rev,
+            count: self.count,
+        })
+    }
+}
+
+impl<S> std::fmt::Debug for RangeWalk<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RangeWalk")
+            .field("at", &self.at)
+            .field("after", &self.after)
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A range as the owner core answers it: done, or a plan to finish.
 pub enum RangeStart<S> {
     Done(RangeResponse),
@@ -987,16 +1126,7 @@ impl<S: EngineSnapshot> View<'_, S> {
     /// The index half of a range: the revisions whose values it returns
     /// and the count, or the whole answer when it needs no values.
     fn index_range(&self, req: &RangeRequest, cur_rev: i64) -> Result<IndexRange, MvccError> {
-        let mut rev = req.revision;
-        if rev > cur_rev {
-            return Err(MvccError::FutureRevision);
-        }
-        if rev <= 0 {
-            rev = cur_rev;
-        }
-        if rev < self.compact_rev {
-            return Err(MvccError::Compacted);
-        }
+        let rev = read_revision(req.revision, cur_rev, self.compact_rev)?;
         let range = KeyRange::new(&req.key, &req.range_end);
         if req.count_only {
             return Ok(IndexRange::Counted(RangeResponse {
@@ -1006,23 +1136,7 @@ impl<S: EngineSnapshot> View<'_, S> {
                 count: self.index.count(range, rev),
             }));
         }
-
-        // etcd fetches everything when it will sort or filter, otherwise
-        // limit + 1 keys (the extra one decides `more`). Note the original
-        // sort order decides this: a non-key target with order NONE sorts
-        // only the fetched limit + 1 keys, exactly like etcd.
-        let fetch_all = req.sort_order != SortOrder::None
-            || req.min_mod_revision != 0
-            || req.max_mod_revision != 0
-            || req.min_create_revision != 0
-            || req.max_create_revision != 0;
-        let fetch_limit = if fetch_all || req.limit <= 0 {
-            usize::MAX
-        } else {
-            usize::try_from(req.limit)
-                .unwrap_or(usize::MAX)
-                .saturating_add(1)
-        };
+        let fetch_limit = fetch_limit(req);
         let mut revs = Vec::new();
         // `count` is every key in range at `rev`, regardless of limit and of
         // the revision filters applied later.

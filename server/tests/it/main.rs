@@ -9,6 +9,7 @@ mod engines;
 mod etcd_client;
 mod etcd_peer;
 mod etcdctl;
+mod expensive_ranges;
 mod go_clientv3;
 mod http_api;
 mod lease_restart;

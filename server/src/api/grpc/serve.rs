@@ -142,9 +142,13 @@ impl Router {
             c.counters.started(c.shard, method);
         }
         let req = req.map(|body| Counted::new(body, counted.map(|(c, m)| (c, m, Count::Received))));
-        let resp = match self.dispatch(req).await {
-            Ok(r) => r,
-            Err(never) => match never {},
+        let resp = if req.uri().path() == RANGE_PATH {
+            range_off_the_write_path(self.dispatch(req)).await
+        } else {
+            match self.dispatch(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            }
         };
         let resp = match counted {
             // A refusal before any answer: its status is in the headers.
@@ -197,6 +201,35 @@ impl Router {
             )))
         }
     }
+}
+
+const RANGE_PATH: &str = "/etcdserverpb.KV/Range";
+
+/// A Range call run in the shard's reads queue ([`crate::sched`]) to the
+/// end of its encoding: the service (index walk, values, conversion) and
+/// tonic's protobuf encoding of the answer, collected there, so that
+/// neither a big range's walk nor its encoding runs on the write path.
+/// The connection's task only sends the encoded bytes.
+async fn range_off_the_write_path(
+    call: std::pin::Pin<
+        Box<dyn Future<Output = Result<hyper::Response<tonic::body::Body>, Infallible>> + Send>,
+    >,
+) -> hyper::Response<tonic::body::Body> {
+    let encoded = crate::sched::off_the_write_path(async move {
+        let resp = match call.await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        };
+        let (parts, body) = resp.into_parts();
+        match body.collect().await {
+            Ok(collected) => hyper::Response::from_parts(parts, tonic::body::Body::new(collected)),
+            Err(status) => status.into_http(),
+        }
+    })
+    .await;
+    encoded.unwrap_or_else(|| {
+        tonic::Status::internal("etcdserver: range work could not be scheduled").into_http()
+    })
 }
 
 /// Serves the gRPC API on `listener`: one task per connection, hyper
