@@ -159,6 +159,15 @@ pub struct Inbound {
     pub is_removed: Rc<dyn Fn(u64) -> bool>,
 }
 
+/// An I/O error as logged, with Go's wording of a TLS alert the other end
+/// sent (what etcd logs, and what operators grep for).
+fn described(e: &std::io::Error) -> String {
+    match crate::tls::go_remote_alert(e) {
+        Some(go) => format!("{e} ({go})"),
+        None => e.to_string(),
+    }
+}
+
 fn log(msg: std::fmt::Arguments<'_>) {
     eprintln!("metcd: peer: {msg}");
 }
@@ -291,6 +300,7 @@ impl Transport {
     async fn run_link(self: Rc<Self>, peer: u64, link: Rc<Link>) {
         let mut backoff = BACKOFF_MIN;
         let mut logged_down = false;
+        let mut last_reason: Option<String> = None;
         let mut buf = Vec::with_capacity(64 << 10);
         while self.is_current(peer, &link) {
             match self.connect(MAGIC, peer, &link.addrs).await {
@@ -304,13 +314,20 @@ impl Transport {
                     let err = self.pump(peer, &link, &mut stream, &mut buf).await;
                     link.connected_since.set(None);
                     if let Err(e) = err {
-                        log(format_args!("lost connection to {peer:x}: {e}"));
+                        log(format_args!(
+                            "lost connection to {peer:x}: {}",
+                            described(&e)
+                        ));
                     }
                 }
                 Err(e) => {
-                    if !logged_down {
-                        log(format_args!("cannot reach {peer:x}: {e}; retrying"));
+                    // Once per outage, and again when the reason changes
+                    // (a peer that was down now refuses our certificate).
+                    let why = described(&e);
+                    if !logged_down || last_reason.as_deref() != Some(why.as_str()) {
+                        log(format_args!("cannot reach {peer:x}: {why}; retrying"));
                         logged_down = true;
+                        last_reason = Some(why);
                     }
                 }
             }
@@ -334,7 +351,10 @@ impl Transport {
                     let _ = tcp.set_nodelay(true);
                     let mut stream = match &self.tls {
                         Some(tls) => tls.connect(addr, tcp).await.map_err(|e| {
-                            std::io::Error::other(format!("TLS handshake with {addr}: {e}"))
+                            std::io::Error::other(format!(
+                                "TLS handshake with {addr}: {}",
+                                described(&e)
+                            ))
                         })?,
                         None => PeerStream::Plain(tcp),
                     };

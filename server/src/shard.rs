@@ -645,7 +645,6 @@ pub fn run(mut cfg: Config) -> Result<()> {
         .name("metcd-shard-0")
         .io_memory(cfg.io_memory_bytes)
         .spin_before_park(Duration::from_micros(cfg.spin_before_park_us))
-        .preempt_timer(crate::sched::PREEMPT_TIMER)
         .spawn(move || async move {
             crate::sched::install(owner_cfg.range_cpu_shares);
             let node = match Node::start(&owner_cfg).await {
@@ -683,7 +682,6 @@ pub fn run(mut cfg: Config) -> Result<()> {
             .name(&format!("metcd-shard-{shard}"))
             .io_memory(cfg.io_memory_bytes)
             .spin_before_park(Duration::from_micros(cfg.spin_before_park_us))
-            .preempt_timer(crate::sched::PREEMPT_TIMER)
             .spawn(move || async move {
                 crate::sched::install(range_cpu_shares);
                 let remote = Rc::new(Remote {
@@ -990,13 +988,14 @@ mod tests {
         };
         let keys = 5 * crate::node::RANGE_WALK_SLICE;
         LocalExecutorBuilder::new(Placement::Unbound)
-            .preempt_timer(crate::sched::PREEMPT_TIMER)
             .make()
             .unwrap()
             .run(async move {
                 crate::sched::install(cfg.range_cpu_shares);
                 let backend = member_with_keys(&cfg, keys).await;
-                // Write-path work that is always ready: it counts its turns.
+                // Write-path work that is always ready again after a short
+                // turn (as a connection with requests queued): it counts
+                // its turns.
                 let turns = Rc::new(Cell::new(0u64));
                 let stop = Rc::new(Cell::new(false));
                 let ticker = glommio::spawn_local({
@@ -1004,7 +1003,7 @@ mod tests {
                     async move {
                         while !stop.get() {
                             turns.set(turns.get() + 1);
-                            futures_lite::future::yield_now().await;
+                            glommio::executor().yield_task_queue_now().await;
                         }
                     }
                 });

@@ -434,18 +434,25 @@ impl PeerIdentity {
         self.cn.is_some() || self.hostname.is_some()
     }
 
+    /// A refusal is a certificate error, so the peer is sent TLS's
+    /// `bad_certificate` alert, as Go's `VerifyPeerCertificate` refusal
+    /// does (etcd's e2e test waits for the refused member to log
+    /// `remote error: tls: bad certificate`).
     fn check(&self, cert: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+        let refused = |why: &str| {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
+                Arc::new(std::io::Error::other(why.to_string())),
+            )))
+        };
         if let Some(cn) = &self.cn {
             if crate::der::certificate_common_name(cert).as_deref() != Some(cn.as_str()) {
-                return Err(rustls::Error::General(
-                    "CommonName authentication failed".into(),
-                ));
+                return Err(refused("CommonName authentication failed"));
             }
         }
         if let Some(name) = &self.hostname {
             let parsed = rustls::server::ParsedCertificate::try_from(cert)?;
             rustls::client::verify_server_name(&parsed, name)
-                .map_err(|_| rustls::Error::General("HostName authentication failed".into()))?;
+                .map_err(|_| refused("HostName authentication failed"))?;
         }
         Ok(())
     }
@@ -733,4 +740,28 @@ impl AsyncWrite for PeerStream {
             PeerStream::Server(s) => Pin::new(s.as_mut()).poll_close(cx),
         }
     }
+}
+
+/// Go's wording of a TLS alert the other end sent (`remote error: tls:
+/// bad certificate`), for logs operators and etcd's tests grep; `None` for
+/// any other error.
+pub fn go_remote_alert(e: &std::io::Error) -> Option<&'static str> {
+    use rustls::AlertDescription as A;
+    let mut source: Option<&(dyn std::error::Error + 'static)> =
+        e.get_ref().map(|inner| inner as _);
+    while let Some(err) = source {
+        if let Some(rustls::Error::AlertReceived(alert)) = err.downcast_ref::<rustls::Error>() {
+            return Some(match alert {
+                A::BadCertificate => "remote error: tls: bad certificate",
+                A::UnknownCA => "remote error: tls: unknown certificate authority",
+                A::CertificateExpired => "remote error: tls: expired certificate",
+                A::CertificateRevoked => "remote error: tls: revoked certificate",
+                A::HandshakeFailure => "remote error: tls: handshake failure",
+                A::CertificateRequired => "remote error: tls: certificate required",
+                _ => "remote error: tls: alert",
+            });
+        }
+        source = err.source();
+    }
+    None
 }

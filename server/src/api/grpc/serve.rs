@@ -222,7 +222,7 @@ async fn range_off_the_write_path(
         };
         let (parts, body) = resp.into_parts();
         match body.collect().await {
-            Ok(collected) => hyper::Response::from_parts(parts, tonic::body::Body::new(collected)),
+            Ok(collected) => hyper::Response::from_parts(parts, encoded_body(collected)),
             Err(status) => status.into_http(),
         }
     })
@@ -230,6 +230,27 @@ async fn range_off_the_write_path(
     encoded.unwrap_or_else(|| {
         tonic::Status::internal("etcdserver: range work could not be scheduled").into_http()
     })
+}
+
+/// A collected gRPC answer as a body again. One with neither data nor
+/// trailers (an error answered in the headers, gRPC's "trailers-only")
+/// must stay an ended body, so the headers go out with END_STREAM: a Go
+/// client reads the status there only then.
+fn encoded_body(collected: http_body_util::Collected<Bytes>) -> tonic::body::Body {
+    let trailers = collected.trailers().cloned();
+    let data = collected.to_bytes();
+    if data.is_empty() && trailers.is_none() {
+        return tonic::body::Body::empty();
+    }
+    let frames: Vec<Result<_, Infallible>> = (!data.is_empty())
+        .then(|| hyper::body::Frame::data(data))
+        .into_iter()
+        .chain(trailers.map(hyper::body::Frame::trailers))
+        .map(Ok)
+        .collect();
+    tonic::body::Body::new(http_body_util::StreamBody::new(futures_lite::stream::iter(
+        frames,
+    )))
 }
 
 /// Serves the gRPC API on `listener`: one task per connection, hyper
