@@ -639,6 +639,21 @@ async fn get(
         ..Default::default()
     };
     mvcc::validate_range(&req)?;
+    let backend = backend.clone();
+    // In the shard's reads queue, JSON encoding included (crate::sched).
+    crate::sched::off_the_write_path(
+        async move { range_answer(&backend, req, token, is_range).await },
+    )
+    .await
+    .unwrap_or(Err(ServerError::Stopped))
+}
+
+async fn range_answer(
+    backend: &Backend,
+    req: mvcc::RangeRequest,
+    token: Option<String>,
+    is_range: bool,
+) -> Result<HttpResponse, ServerError> {
     let resp = backend.range(req, token).await.0?;
     let rev = resp.header.revision;
     if is_range {

@@ -222,12 +222,14 @@ impl Gateway {
             body,
             authorization,
         };
+        if route == "kv/range" {
+            return Some(range_off_the_write_path(self.kv.clone(), body).await);
+        }
         let (kv, lease, cluster) = (&self.kv, &self.lease, &self.cluster);
         let (maintenance, auth) = (&self.maintenance, &self.auth);
         let (lock, election) = (&self.lock, &self.election);
         let b = &body;
         Some(match route {
-            "kv/range" => unary(b, |r| Kv::range(kv, r)).await,
             "kv/put" => unary(b, |r| Kv::put(kv, r)).await,
             "kv/deleterange" => unary(b, |r| Kv::delete_range(kv, r)).await,
             "kv/txn" => unary(b, |r| Kv::txn(kv, r)).await,
@@ -300,6 +302,23 @@ fn with_token<T>(
 
 /// Decodes the JSON request (an empty body is the default request, as the
 /// gateway treats EOF), runs the RPC and encodes its answer.
+/// A gateway Range in the shard's reads queue ([`crate::sched`]), JSON
+/// encoding included, as gRPC ranges are.
+async fn range_off_the_write_path(kv: KvService, request: GatewayRequest<'_>) -> HttpResponse {
+    let request = GatewayRequest {
+        route: "kv/range",
+        body: request.body,
+        authorization: request.authorization,
+    };
+    crate::sched::off_the_write_path(async move { unary(&request, |r| Kv::range(&kv, r)).await })
+        .await
+        .unwrap_or_else(|| {
+            error_response(&Status::internal(
+                "etcdserver: range work could not be scheduled",
+            ))
+        })
+}
+
 async fn unary<Req, Resp, F, Fut>(request: &GatewayRequest<'_>, rpc: F) -> HttpResponse
 where
     Req: DeserializeOwned + Default,
