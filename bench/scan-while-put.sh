@@ -23,7 +23,7 @@ run_case() { # name, then the server command line
   for _ in $(seq 100); do ETCDCTL_API=3 etcdctl --endpoints $EP endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
   $B mixed-expensive --endpoint $EP --conns 10 --clients 10 --scan-clients 0 --prefill "$KEYS" --total 100 --duration 5 >/dev/null
   echo "## $name: puts idle, then while $SCANNERS clients scan $KEYS keys"
-  $B put --endpoint $EP --conns 10 --clients 100 --total 1000000 --duration "$SECS" | head -1
+  $B put --endpoint $EP --conns 10 --clients 100 --total 1000000 --duration "$SECS" | sed -n 1p
   local scans=()
   for i in $(seq "$SCANNERS"); do
     $B range --endpoint $EP --key /registry/pods/ --end /registry/pods0 --conns 1 --clients 1 \
@@ -31,9 +31,9 @@ run_case() { # name, then the server command line
     scans+=($!)
   done
   sleep 1
-  $B put --endpoint $EP --conns 10 --clients 100 --total 1000000 --duration "$SECS" | head -1
+  $B put --endpoint $EP --conns 10 --clients 100 --total 1000000 --duration "$SECS" | sed -n 1p
   wait "${scans[@]}"
-  for i in $(seq "$SCANNERS"); do head -1 "$WORK/scan.$i"; done
+  for i in $(seq "$SCANNERS"); do sed -n 1p "$WORK/scan.$i"; done
   kill $pid; wait $pid 2>/dev/null || true
 }
 
