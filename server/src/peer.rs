@@ -571,7 +571,8 @@ pub fn listen(
                                 Ok(stream) => stream,
                                 Err(e) => {
                                     log(format_args!(
-                                        "TLS handshake with {peer_addr:?} refused: {e}"
+                                        "TLS handshake with {peer_addr:?} refused: {}",
+                                        described(&e)
                                     ));
                                     return;
                                 }

@@ -434,15 +434,15 @@ impl PeerIdentity {
         self.cn.is_some() || self.hostname.is_some()
     }
 
-    /// A refusal is a certificate error, so the peer is sent TLS's
-    /// `bad_certificate` alert, as Go's `VerifyPeerCertificate` refusal
-    /// does (etcd's e2e test waits for the refused member to log
-    /// `remote error: tls: bad certificate`).
+    /// A refusal is logged here (with the reason) and answered as a name
+    /// mismatch, so the peer is sent TLS's `bad_certificate` alert, as
+    /// Go's `VerifyPeerCertificate` refusal is (etcd's e2e test waits for
+    /// the refused member to log `remote error: tls: bad certificate`).
     fn check(&self, cert: &CertificateDer<'_>) -> Result<(), rustls::Error> {
         let refused = |why: &str| {
-            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
-                Arc::new(std::io::Error::other(why.to_string())),
-            )))
+            let cn = crate::der::certificate_common_name(cert).unwrap_or_default();
+            eprintln!("metcd: peer: certificate with CN {cn:?} refused: {why}");
+            rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
         };
         if let Some(cn) = &self.cn {
             if crate::der::certificate_common_name(cert).as_deref() != Some(cn.as_str()) {
