@@ -210,7 +210,8 @@ impl pb::kv_server::Kv for KvService {
         let (out, responses) =
             futures_channel::mpsc::channel::<Result<pb::RangeResponse, Status>>(2);
         let task = SendWrapper::new(stream_range(self.0.clone(), req, token, out));
-        glommio::spawn_local(task).detach();
+        // Its ranges in the reads queue, as every range (crate::sched).
+        crate::sched::spawn_read(task);
         Ok(Response::new(Box::pin(responses)))
     }
 
