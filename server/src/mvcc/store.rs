@@ -634,19 +634,23 @@ impl<E: Engine> MvccStore<E> {
     ///
     /// A walk stays a read at its revision across slices: later writes add
     /// only newer events, which it skips, and keys leave the index only by
-    /// compaction. A compaction past the walk's revision, or a store
-    /// replaced meanwhile, makes it start over at the current revision
-    /// when the request named none (the answer is then the one a range
-    /// begun now gives), and fails it as etcd's `ErrCompacted` otherwise.
+    /// compaction. A compaction past the walk's revision fails a walk at a
+    /// named revision as etcd's `ErrCompacted`, and starts one at "now"
+    /// over at the current revision (the answer is then the one a range
+    /// begun now gives); a store replaced meanwhile (snapshot install)
+    /// starts it over in the new store.
     pub fn walk_range(
         &self,
         walk: &mut RangeWalk<E::Snapshot>,
         max_keys: usize,
     ) -> Result<bool, MvccError> {
-        if walk.instance != self.instance || walk.at < self.compact_rev {
-            if walk.req.revision > 0 {
+        let compacted = walk.at < self.compact_rev;
+        if compacted || walk.instance != self.instance {
+            if compacted && walk.req.revision > 0 {
                 return Err(MvccError::Compacted);
             }
+            // Over again: at "now", or at the named revision in the
+            // replacing store (checked there as any range's).
             *walk = self.new_walk(std::mem::take(&mut walk.req))?;
         }
         let range = KeyRange::new(&walk.req.key, &walk.req.range_end);
