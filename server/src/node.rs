@@ -71,12 +71,12 @@ pub enum Applied {
     Alarms(Vec<crate::alarm::AlarmMember>),
 }
 
-/// What goes into the log: `[u64 origin member][u64 proposal id][u8 tag][body]`.
-/// Only the member that proposed an entry answers its client.
 /// Index keys one slice of a range's walk examines: tens of microseconds
 /// of work, the longest a ready write waits behind a walk.
 pub const RANGE_WALK_SLICE: usize = 2048;
 
+/// What goes into the log: `[u64 origin member][u64 proposal id][u8 tag][body]`.
+/// Only the member that proposed an entry answers its client.
 const HEADER_BYTES: usize = 17;
 const TAG_KV: u8 = 1;
 const TAG_LEASE_GRANT: u8 = 2;

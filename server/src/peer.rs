@@ -299,16 +299,15 @@ impl Transport {
 
     async fn run_link(self: Rc<Self>, peer: u64, link: Rc<Link>) {
         let mut backoff = BACKOFF_MIN;
-        let mut logged_down = false;
-        let mut last_reason: Option<String> = None;
+        // Why this peer is down, as last logged (None: not down).
+        let mut down_because: Option<String> = None;
         let mut buf = Vec::with_capacity(64 << 10);
         while self.is_current(peer, &link) {
             match self.connect(MAGIC, peer, &link.addrs).await {
                 Ok(mut stream) => {
-                    if logged_down {
+                    if down_because.take().is_some() {
                         log(format_args!("connected to {peer:x}"));
                     }
-                    logged_down = false;
                     backoff = BACKOFF_MIN;
                     link.connected_since.set(Some(Instant::now()));
                     let err = self.pump(peer, &link, &mut stream, &mut buf).await;
@@ -324,10 +323,9 @@ impl Transport {
                     // Once per outage, and again when the reason changes
                     // (a peer that was down now refuses our certificate).
                     let why = described(&e);
-                    if !logged_down || last_reason.as_deref() != Some(why.as_str()) {
+                    if down_because.as_deref() != Some(why.as_str()) {
                         log(format_args!("cannot reach {peer:x}: {why}; retrying"));
-                        logged_down = true;
-                        last_reason = Some(why);
+                        down_because = Some(why);
                     }
                 }
             }

@@ -10,8 +10,8 @@
 //!   response. It has `--range-cpu-shares` (default 250), so while both
 //!   have work the write path gets 4/5 of the core, and reads take what
 //!   the write path leaves idle (waiting for the disk or the network).
-//!   Range work yields its queue every slice ([`end_of_slice`]), so a put
-//!   that becomes ready waits for at most one slice, not a whole scan.
+//!   Range work ends every slice with [`end_of_slice`], so a put that
+//!   becomes ready waits for at most one slice, not a whole scan.
 //!
 //! glommio reaps network and disk completions only between two passes of
 //! its task queues, so a slice ends with a timer wait that parks the range

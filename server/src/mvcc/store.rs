@@ -621,7 +621,6 @@ impl<E: Engine> MvccStore<E> {
             at,
             cur_rev,
             instance: self.instance,
-            fetch_limit: fetch_limit(&req),
             req,
             after: None,
             revs: Vec::new(),
@@ -653,20 +652,16 @@ impl<E: Engine> MvccStore<E> {
             // replacing store (checked there as any range's).
             *walk = self.new_walk(std::mem::take(&mut walk.req))?;
         }
-        let range = KeyRange::new(&walk.req.key, &walk.req.range_end);
-        let count_only = walk.req.count_only;
-        let (revs, count, fetch_limit) = (&mut walk.revs, &mut walk.count, walk.fetch_limit);
-        let next =
-            self.index
-                .visit_slice(range, walk.at, walk.after.as_deref(), max_keys, |_, r| {
-                    *count += 1;
-                    if !count_only && revs.len() < fetch_limit {
-                        revs.push(r);
-                    }
-                });
-        let done = next.is_none();
-        walk.after = next;
-        Ok(done)
+        walk.after = collect_range(
+            &self.index,
+            &walk.req,
+            walk.at,
+            walk.after.as_deref(),
+            max_keys,
+            &mut walk.revs,
+            &mut walk.count,
+        );
+        Ok(walk.after.is_none())
     }
 
     /// Executes a read-only txn (every op of both branches a Range, see
@@ -912,6 +907,40 @@ fn fetch_limit(req: &RangeRequest) -> usize {
     }
 }
 
+/// One pass of a range over the index at `at`, from after `after`, over at
+/// most `max_keys` keys (see [`KeyIndex::visit_slice`]): `count` counts
+/// every visible key, regardless of limit and of the revision filters
+/// applied later; `revs` keeps the first [`fetch_limit`] of them (none for
+/// `count_only`). Returns where the next pass resumes.
+fn collect_range(
+    index: &KeyIndex,
+    req: &RangeRequest,
+    at: i64,
+    after: Option<&[u8]>,
+    max_keys: usize,
+    revs: &mut Vec<Rev>,
+    count: &mut i64,
+) -> Option<Bytes> {
+    let keep = if req.count_only { 0 } else { fetch_limit(req) };
+    let range = KeyRange::new(&req.key, &req.range_end);
+    index.visit_slice(range, at, after, max_keys, |_, r| {
+        *count += 1;
+        if revs.len() < keep {
+            revs.push(r);
+        }
+    })
+}
+
+/// The answer of a `count_only` range.
+fn counted_response(cur_rev: i64, count: i64) -> RangeResponse {
+    RangeResponse {
+        header: header(cur_rev),
+        kvs: Vec::new(),
+        more: false,
+        count,
+    }
+}
+
 /// The key revision `rev` as stored in `snap`.
 fn load_rev<S: EngineSnapshot>(snap: &S, rev: Rev) -> Result<KeyValue, MvccError> {
     let value = snap
@@ -1008,7 +1037,6 @@ pub struct RangeWalk<S> {
     cur_rev: i64,
     snap: S,
     instance: u64,
-    fetch_limit: usize,
     after: Option<Bytes>,
     revs: Vec<Rev>,
     count: i64,
@@ -1019,12 +1047,7 @@ impl<S> RangeWalk<S> {
     /// (`count_only`), a plan to load them otherwise.
     pub fn finish(self) -> RangeStart<S> {
         if self.req.count_only {
-            return RangeStart::Done(RangeResponse {
-                header: header(self.cur_rev),
-                kvs: Vec::new(),
-                more: false,
-                count: self.count,
-            });
+            return RangeStart::Done(counted_response(self.cur_rev, self.count));
         }
         RangeStart::Plan(RangePlan {
             kvs: Vec::with_capacity(self.revs.len()),
@@ -1133,25 +1156,19 @@ impl<S: EngineSnapshot> View<'_, S> {
         let rev = read_revision(req.revision, cur_rev, self.compact_rev)?;
         let range = KeyRange::new(&req.key, &req.range_end);
         if req.count_only {
-            return Ok(IndexRange::Counted(RangeResponse {
-                header: header(cur_rev),
-                kvs: Vec::new(),
-                more: false,
-                count: self.index.count(range, rev),
-            }));
+            let count = self.index.count(range, rev);
+            return Ok(IndexRange::Counted(counted_response(cur_rev, count)));
         }
-        let fetch_limit = fetch_limit(req);
-        let mut revs = Vec::new();
-        // `count` is every key in range at `rev`, regardless of limit and of
-        // the revision filters applied later.
-        let mut count = 0i64;
-        self.index.visit(range, rev, |_, r| {
-            count += 1;
-            if revs.len() < fetch_limit {
-                revs.push(r);
-            }
-            true
-        });
+        let (mut revs, mut count) = (Vec::new(), 0);
+        collect_range(
+            self.index,
+            req,
+            rev,
+            None,
+            usize::MAX,
+            &mut revs,
+            &mut count,
+        );
         Ok(IndexRange::Revisions { revs, count })
     }
 

@@ -300,8 +300,6 @@ fn with_token<T>(
     request
 }
 
-/// Decodes the JSON request (an empty body is the default request, as the
-/// gateway treats EOF), runs the RPC and encodes its answer.
 /// A gateway Range in the shard's reads queue ([`crate::sched`]), JSON
 /// encoding included, as gRPC ranges are.
 async fn range_off_the_write_path(kv: KvService, request: GatewayRequest<'_>) -> HttpResponse {
@@ -319,6 +317,8 @@ async fn range_off_the_write_path(kv: KvService, request: GatewayRequest<'_>) ->
         })
 }
 
+/// Decodes the JSON request (an empty body is the default request, as the
+/// gateway treats EOF), runs the RPC and encodes its answer.
 async fn unary<Req, Resp, F, Fut>(request: &GatewayRequest<'_>, rpc: F) -> HttpResponse
 where
     Req: DeserializeOwned + Default,
