@@ -686,6 +686,28 @@ impl Wal {
         self.tail
             .extend_from_slice(&buf.as_bytes()[tail_start..tail_end]);
         let path = self.segment.path.clone();
+        // Disk faults for the fault suite (`FAILPOINTS=wal::write=return(enospc)`
+        // or `return(torn)`): a full disk, or a torn write whose frame's
+        // second half never reached the disk. Neither frame was synced, so
+        // nothing acknowledged depends on it; the WAL is poisoned after.
+        if let Some(kind) = fail::eval("wal::write", |kind| kind.unwrap_or_default()) {
+            if kind == "torn" {
+                let keep = in_block + FRAME_HEADER + self.pending.len() / 2;
+                let mut torn = buf;
+                torn.as_bytes_mut()[keep..].fill(0);
+                let _ = self.file.write_at(torn, base).await;
+                return Err(Error::io(
+                    "write",
+                    &path,
+                    std::io::Error::other("injected torn write"),
+                ));
+            }
+            return Err(Error::io(
+                "write",
+                &path,
+                std::io::Error::from_raw_os_error(28), // ENOSPC
+            ));
+        }
         let written = self
             .file
             .write_at(buf, base)
@@ -698,6 +720,12 @@ impl Wal {
                 std::io::Error::other(format!("short write: {written} of {write_len} bytes")),
             ));
         }
+        // The frame's sync failing (with O_DSYNC the write is the sync).
+        fail::fail_point!("wal::fdatasync", |_| Err(Error::io(
+            "fdatasync",
+            &path,
+            std::io::Error::from_raw_os_error(5), // EIO
+        )));
         if !self.opts.dsync {
             self.file
                 .fdatasync()

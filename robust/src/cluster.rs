@@ -113,6 +113,16 @@ impl Cluster {
 
     /// Starts member `i`'s process (a restart keeps its data dir and ports).
     pub fn spawn(&mut self, i: usize) -> Result<(), ClusterError> {
+        self.spawn_with_failpoints(i, None)
+    }
+
+    /// As [`Cluster::spawn`], with the engine's disk faults armed by
+    /// `FAILPOINTS` (the `fail` crate's syntax).
+    pub fn spawn_with_failpoints(
+        &mut self,
+        i: usize,
+        failpoints: Option<&str>,
+    ) -> Result<(), ClusterError> {
         let m = &mut self.members[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -138,6 +148,7 @@ impl Cluster {
             .arg("--experimental-peer-fault-file")
             .arg(&m.faults_file)
             .args(&self.extra)
+            .envs(failpoints.map(|f| ("FAILPOINTS", f)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
@@ -217,6 +228,32 @@ impl Cluster {
             std::fs::write(&m.faults_file, blocked.join("\n"))?;
         }
         Ok(())
+    }
+
+    /// Waits (bounded) for member `i` to exit by itself; its status.
+    pub fn wait_exit(&mut self, i: usize, limit: Duration) -> Option<String> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let m = &mut self.members[i];
+            if let Some(child) = m.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    m.child = None;
+                    return Some(status.to_string());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// Member `i`'s log from byte `from` on.
+    pub fn log_since(&self, i: usize, from: u64) -> String {
+        let text = std::fs::read(&self.members[i].log).unwrap_or_default();
+        String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default()).into_owned()
+    }
+
+    pub fn log_len(&self, i: usize) -> u64 {
+        std::fs::metadata(&self.members[i].log).map_or(0, |m| m.len())
     }
 
     /// Every member's exit status, if any exited by itself (a crash).

@@ -33,8 +33,9 @@ struct Args {
     /// Keys the clients share (more contention with fewer).
     #[arg(long, default_value_t = 8)]
     keys: u32,
-    /// Faults to inject, comma-separated: kill, pause, partition (none: "").
-    #[arg(long, default_value = "kill,pause,partition")]
+    /// Faults to inject, comma-separated: kill, pause, partition, disk
+    /// (none: "").
+    #[arg(long, default_value = "kill,pause,partition,disk")]
     faults: String,
     /// The metcd binary (default: `metcd` beside this program).
     #[arg(long)]
@@ -118,7 +119,8 @@ fn run_once(args: &Args) -> Result<bool, String> {
         seed: args.seed,
         max_ops_per_client: args.max_ops_per_client,
         faults,
-        fault_every_ms: (1000, 4000),
+        engine: args.engine.clone(),
+        fault_every_ms: (300, 2000),
     };
     let started = Instant::now();
     let outcome = run(cluster, &settings);
@@ -191,6 +193,14 @@ fn run_once(args: &Args) -> Result<bool, String> {
     println!("faults: {}", outcome.faults.len());
     for (kind, (n, leader)) in &by_kind {
         println!("  {kind}: {n} ({leader} on the leader)");
+    }
+    for f in outcome.faults.iter().filter(|f| !f.detail.is_empty()) {
+        println!(
+            "  at {:.1} s on member {}: {}",
+            f.at as f64 / 1e9,
+            f.member,
+            f.detail
+        );
     }
     println!(
         "checked {} keys for linearizability in {check_s:.1} s{}",

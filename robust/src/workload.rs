@@ -55,6 +55,8 @@ pub struct Settings {
     /// Most operations one client issues.
     pub max_ops_per_client: u64,
     pub faults: Vec<FaultKind>,
+    /// The members' engine (chooses the disk faults that apply).
+    pub engine: String,
     /// Pause between faults (uniform in the range).
     pub fault_every_ms: (u64, u64),
 }
@@ -64,6 +66,10 @@ pub enum FaultKind {
     Kill,
     Pause,
     Partition,
+    /// Restarted with a disk fault armed (WAL fsync EIO, WAL write ENOSPC,
+    /// a torn WAL write, a btree commit's fsync): it must stop by itself,
+    /// and after a clean restart catch up with nothing acknowledged lost.
+    Disk,
 }
 
 impl FaultKind {
@@ -72,6 +78,7 @@ impl FaultKind {
             "kill" => Some(FaultKind::Kill),
             "pause" | "stop" => Some(FaultKind::Pause),
             "partition" => Some(FaultKind::Partition),
+            "disk" => Some(FaultKind::Disk),
             _ => None,
         }
     }
@@ -81,6 +88,7 @@ impl FaultKind {
             FaultKind::Kill => "kill -9 + restart",
             FaultKind::Pause => "SIGSTOP + SIGCONT",
             FaultKind::Partition => "partition + heal",
+            FaultKind::Disk => "disk fault + clean restart",
         }
     }
 }
@@ -93,6 +101,8 @@ pub struct Fault {
     pub was_leader: bool,
     pub at: Nanos,
     pub lasted: Duration,
+    /// What happened, where it varies (a disk fault: fired or not).
+    pub detail: String,
 }
 
 pub struct Run {
@@ -497,8 +507,10 @@ async fn nemesis(
             FaultKind::Kill => rng.between_ms(200, 2000),
             FaultKind::Pause => rng.between_ms(500, 4000),
             FaultKind::Partition => rng.between_ms(1000, 5000),
+            FaultKind::Disk => DISK_FAULT_EXIT_LIMIT,
         };
         let result = match kind {
+            FaultKind::Disk => Ok(Ok(())),
             FaultKind::Kill => {
                 if let Ok(mut c) = cluster.lock() {
                     c.kill9(member);
@@ -528,6 +540,25 @@ async fn nemesis(
                     .map(|c| c.isolate(None, &ids).map_err(|e| e.to_string()))
             }
         };
+        let mut detail = String::new();
+        let result = if kind == FaultKind::Disk {
+            let armed = disk_fault(&mut rng, &settings.engine);
+            let outcome = tokio::task::spawn_blocking({
+                let cluster = cluster.clone();
+                move || disk_fault_on(&cluster, member, &armed)
+            })
+            .await;
+            match outcome {
+                Ok(Ok(d)) => {
+                    detail = d;
+                    Ok(Ok(()))
+                }
+                Ok(Err(e)) => Ok(Err(e)),
+                Err(e) => Ok(Err(e.to_string())),
+            }
+        } else {
+            result
+        };
         match result {
             Ok(Ok(())) => {}
             Ok(Err(e)) => errors.push(e),
@@ -539,6 +570,7 @@ async fn nemesis(
             was_leader,
             at,
             lasted,
+            detail,
         });
         // Let the member rejoin before the next fault: one fault at a time.
         let member_back = tokio::task::spawn_blocking({
@@ -561,6 +593,64 @@ async fn nemesis(
         }
     }
     (faults, errors)
+}
+
+/// How long a member restarted with a disk fault may keep running before
+/// the fault fires and it stops.
+const DISK_FAULT_EXIT_LIMIT: Duration = Duration::from_secs(15);
+
+/// A disk fault to arm (`FAILPOINTS`), firing after a seeded number of
+/// passes so the member first rejoins and takes writes.
+fn disk_fault(rng: &mut Rng, engine: &str) -> String {
+    let after = 20 + rng.below(400);
+    let mut choices = vec![
+        "wal::fdatasync=return",
+        "wal::write=return(enospc)",
+        "wal::write=return(torn)",
+    ];
+    if engine == "btree" {
+        choices.push("btree::commit::after_data_sync=return");
+    }
+    let (point, action) = choices[rng.below(choices.len() as u64) as usize]
+        .split_once('=')
+        .unwrap_or(("wal::fdatasync", "return"));
+    format!("{point}={after}*off->{action}")
+}
+
+/// Restarts `member` with `armed`; it must stop by itself once the fault
+/// fires (a poisoned WAL or engine serves nothing more); then it restarts
+/// clean.
+fn disk_fault_on(cluster: &Mutex<Cluster>, member: usize, armed: &str) -> Result<String, String> {
+    let mut c = cluster
+        .lock()
+        .map_err(|_| "cluster lock poisoned".to_string())?;
+    c.kill9(member);
+    let from = c.log_len(member);
+    c.spawn_with_failpoints(member, Some(armed))
+        .map_err(|e| e.to_string())?;
+    let exited = c.wait_exit(member, DISK_FAULT_EXIT_LIMIT);
+    let log = c.log_since(member, from);
+    let fired = log.contains("injected") || log.contains("fatal:");
+    let result = match exited {
+        None if fired => Err(format!(
+            "member {member} kept running {} s after its disk failed ({armed})",
+            DISK_FAULT_EXIT_LIMIT.as_secs()
+        )),
+        Some(_) if log.contains("panicked") => Err(format!(
+            "member {member} panicked on a disk fault ({armed}):\n{log}"
+        )),
+        Some(status) => Ok(format!(
+            "{armed}: stopped ({status}): {}",
+            log.lines()
+                .find(|l| l.contains("fatal:"))
+                .unwrap_or("no reason logged")
+        )),
+        // Not fired in time (a quiet member): no fault, just a restart.
+        None => Ok(format!("{armed}: did not fire")),
+    };
+    c.kill9(member);
+    c.spawn(member).map_err(|e| e.to_string())?;
+    result
 }
 
 /// Each member's serializable view of the keys, once every member is at

@@ -47,6 +47,12 @@ fn main() {
             std::process::exit(1);
         }
     }
+    // Test-only disk faults (the fault suite's): `FAILPOINTS=wal::fdatasync=
+    // 200*off->return` fails the 201st WAL fsync. Unset, nothing is armed.
+    let _failpoints = std::env::var_os("FAILPOINTS").map(|_| {
+        eprintln!("metcd: FAILPOINTS is set: injecting the faults it names (tests only)");
+        fail::FailScenario::setup()
+    });
     if let Err(e) = server::stop::install() {
         eprintln!("metcd: cannot install signal handlers: {e}");
         std::process::exit(1);
