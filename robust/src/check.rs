@@ -712,15 +712,18 @@ fn check_real_time(h: &History, effects: &Effects, out: &mut Anomalies) {
 }
 
 /// One client's answers never go back (its operations are sequential),
-/// nor do one member's serializable reads, across its restarts.
+/// nor do one member's serializable reads, across its restarts. A slot whose
+/// member was replaced (a membership change) holds another member after:
+/// its answers start again.
 fn check_monotonic(h: &History, out: &mut Anomalies) {
-    let mut last_by_client: HashMap<u32, OpId> = HashMap::new();
+    let mut last_by_client: HashMap<(u32, u32), OpId> = HashMap::new();
     let mut order: Vec<OpId> = (0..h.ops.len()).collect();
     order.sort_by_key(|&id| h.ops[id].invoke);
     for &id in &order {
         let op = &h.ops[id];
         let Some(resp) = op.ok() else { continue };
-        if let Some(&prev) = last_by_client.get(&op.client) {
+        let who = (op.client, op.incarnation);
+        if let Some(&prev) = last_by_client.get(&who) {
             let before = h.ops[prev].ok().map_or(0, Response::revision);
             if resp.revision() < before {
                 out.push(
@@ -733,9 +736,10 @@ fn check_monotonic(h: &History, out: &mut Anomalies) {
                 );
             }
         }
-        last_by_client.insert(op.client, id);
+        last_by_client.insert(who, id);
     }
 
+    let member = |id: OpId| (h.ops[id].member, h.ops[id].incarnation);
     let mut serializable: Vec<OpId> = (0..h.ops.len())
         .filter(|&id| {
             h.ops[id].ok().is_some()
@@ -748,23 +752,23 @@ fn check_monotonic(h: &History, out: &mut Anomalies) {
                 )
         })
         .collect();
-    serializable.sort_by_key(|&id| (h.ops[id].member, h.ops[id].invoke));
+    serializable.sort_by_key(|&id| (member(id), h.ops[id].invoke));
     let mut by_ret = serializable.clone();
-    by_ret.sort_by_key(|&id| (h.ops[id].member, h.ops[id].ret));
+    by_ret.sort_by_key(|&id| (member(id), h.ops[id].ret));
     let rev = |id: OpId| h.ops[id].ok().map_or(0, Response::revision);
     let mut i = 0;
     let mut highest: Option<OpId> = None;
-    let mut member = usize::MAX;
+    let mut current = (usize::MAX, u32::MAX);
     for &b in &serializable {
-        if h.ops[b].member != member {
-            member = h.ops[b].member;
+        if member(b) != current {
+            current = member(b);
             highest = None;
-            while i < by_ret.len() && h.ops[by_ret[i]].member < member {
+            while i < by_ret.len() && member(by_ret[i]) < current {
                 i += 1;
             }
         }
         while i < by_ret.len()
-            && h.ops[by_ret[i]].member == member
+            && member(by_ret[i]) == current
             && h.ops[by_ret[i]].ret < h.ops[b].invoke
         {
             let a = by_ret[i];
@@ -778,7 +782,8 @@ fn check_monotonic(h: &History, out: &mut Anomalies) {
                 out.push(
                     "member-revision-went-back",
                     format!(
-                        "member {member}: {} answered below {}, which returned before it started",
+                        "member {}: {} answered below {}, which returned before it started",
+                        current.0,
                         h.describe(b),
                         h.describe(a)
                     ),

@@ -22,9 +22,20 @@ pub struct Member {
     log: PathBuf,
     child: Option<Child>,
     paused: bool,
+    /// Joins an existing cluster (`--initial-cluster-state existing`): a
+    /// member added by a membership change.
+    joining: bool,
+    /// Bumped each time the slot gets a new member (a wiped data dir and a
+    /// new member ID): answers from different incarnations are from
+    /// different members.
+    pub incarnation: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Member {
+    pub fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
@@ -88,6 +99,8 @@ impl Cluster {
                 name,
                 child: None,
                 paused: false,
+                joining: false,
+                incarnation: Default::default(),
             });
         }
         let initial = members
@@ -128,7 +141,7 @@ impl Cluster {
             .create(true)
             .append(true)
             .open(&m.log)?;
-        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let peer = m.peer_url();
         let child = Command::new(&self.metcd)
             .arg("--name")
             .arg(&m.name)
@@ -144,6 +157,12 @@ impl Cluster {
             .arg(&self.initial)
             .arg("--initial-cluster-token")
             .arg("robust")
+            .args(
+                m.joining
+                    .then_some(["--initial-cluster-state", "existing"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
             .arg("--experimental-peer-fault-file")
             .arg(&m.faults_file)
@@ -189,6 +208,21 @@ impl Cluster {
             let _ = child.wait();
         }
         m.paused = false;
+    }
+
+    /// Member `i` (stopped) becomes a new member: its data dir wiped, the
+    /// next start joins the existing cluster, answers count as another
+    /// member's.
+    pub fn wipe_for_rejoin(&mut self, i: usize) -> Result<(), ClusterError> {
+        let m = &mut self.members[i];
+        assert!(m.child.is_none(), "wipe a stopped member only");
+        if m.data_dir.exists() {
+            std::fs::remove_dir_all(&m.data_dir)?;
+        }
+        m.joining = true;
+        m.incarnation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 
     pub fn pause(&mut self, i: usize) {

@@ -170,8 +170,11 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Op {
     pub client: u32,
-    /// The member the client sent it to.
+    /// The member slot the client sent it to.
     pub member: usize,
+    /// Which member held the slot when it was sent (a membership change
+    /// replaces a slot's member with a new one).
+    pub incarnation: u32,
     pub invoke: Nanos,
     pub ret: Nanos,
     pub request: Request,

@@ -19,7 +19,7 @@
 //! // One client put v1 and read it back; no watcher recorded anything, so
 //! // the acknowledged put is missing from the log: a lost write.
 //! let put = Op {
-//!     client: 0, member: 0, invoke: 0, ret: 10,
+//!     client: 0, member: 0, incarnation: 0, invoke: 0, ret: 10,
 //!     request: Request::Put { key: "key/00".into(), value: 1, lease: 0 },
 //!     outcome: Outcome::Ok(Response::Put { revision: 2 }),
 //! };

@@ -33,9 +33,9 @@ struct Args {
     /// Keys the clients share (more contention with fewer).
     #[arg(long, default_value_t = 8)]
     keys: u32,
-    /// Faults to inject, comma-separated: kill, pause, partition, disk
-    /// (none: "").
-    #[arg(long, default_value = "kill,pause,partition,disk")]
+    /// Faults to inject, comma-separated: kill, pause, partition, disk,
+    /// member (none: "").
+    #[arg(long, default_value = "kill,pause,partition,disk,member")]
     faults: String,
     /// The metcd binary (default: `metcd` beside this program).
     #[arg(long)]

@@ -6,7 +6,7 @@
 //! Every loop is bounded in time and count; every call has a deadline.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,6 +70,9 @@ pub enum FaultKind {
     /// a torn WAL write, a btree commit's fsync): it must stop by itself,
     /// and after a clean restart catch up with nothing acknowledged lost.
     Disk,
+    /// A follower replaced by a new member: killed, removed, its data
+    /// wiped, added back as a learner, started, promoted once in sync.
+    Membership,
 }
 
 impl FaultKind {
@@ -79,6 +82,7 @@ impl FaultKind {
             "pause" | "stop" => Some(FaultKind::Pause),
             "partition" => Some(FaultKind::Partition),
             "disk" => Some(FaultKind::Disk),
+            "member" | "membership" => Some(FaultKind::Membership),
             _ => None,
         }
     }
@@ -89,6 +93,7 @@ impl FaultKind {
             FaultKind::Pause => "SIGSTOP + SIGCONT",
             FaultKind::Partition => "partition + heal",
             FaultKind::Disk => "disk fault + clean restart",
+            FaultKind::Membership => "remove + add learner + promote",
         }
     }
 }
@@ -180,6 +185,7 @@ fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> i64 {
 async fn client_loop(
     client_id: u32,
     member: usize,
+    incarnation: Arc<AtomicU32>,
     endpoint: String,
     settings: Settings,
     start: Instant,
@@ -243,6 +249,7 @@ async fn client_loop(
                 serializable: false,
             },
         };
+        let sent_to = incarnation.load(Ordering::SeqCst);
         let invoke = since(start);
         let outcome = match tokio::time::timeout(CALL_TIMEOUT, perform(c, &request)).await {
             Ok(Ok(resp)) => Outcome::Ok(resp),
@@ -278,6 +285,7 @@ async fn client_loop(
         ops.push(Op {
             client: client_id,
             member,
+            incarnation: sent_to,
             invoke,
             ret,
             request,
@@ -388,10 +396,6 @@ async fn watch_loop(
                 .unwrap_or(true)
     };
     'reconnect: while !done(&record) {
-        if started {
-            record.resumed += 1;
-        }
-        started = true;
         let Some(mut c) = connect(&endpoint).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
@@ -406,6 +410,10 @@ async fn watch_loop(
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
+        if started {
+            record.resumed += 1;
+        }
+        started = true;
         loop {
             if done(&record) {
                 break 'reconnect;
@@ -479,7 +487,7 @@ async fn nemesis(
     cluster: Arc<Mutex<Cluster>>,
     settings: Settings,
     start: Instant,
-    ids: Vec<u64>,
+    mut ids: Vec<u64>,
 ) -> (Vec<Fault>, Vec<String>) {
     let mut rng = Rng::new(settings.seed ^ 0xFA17);
     let mut faults = Vec::new();
@@ -498,6 +506,11 @@ async fn nemesis(
         let kind = settings.faults[rng.below(settings.faults.len() as u64) as usize];
         let (_, leader) = members_status(&cluster).await;
         let member = match leader {
+            // A membership change replaces a follower (etcd's runbook:
+            // move leadership away first).
+            Some(l) if kind == FaultKind::Membership => {
+                (l + 1 + rng.below(n as u64 - 1) as usize) % n
+            }
             Some(l) if rng.below(3) > 0 => l,
             _ => rng.below(n as u64) as usize,
         };
@@ -508,9 +521,10 @@ async fn nemesis(
             FaultKind::Pause => rng.between_ms(500, 4000),
             FaultKind::Partition => rng.between_ms(1000, 5000),
             FaultKind::Disk => DISK_FAULT_EXIT_LIMIT,
+            FaultKind::Membership => Duration::ZERO,
         };
         let result = match kind {
-            FaultKind::Disk => Ok(Ok(())),
+            FaultKind::Disk | FaultKind::Membership => Ok(Ok(())),
             FaultKind::Kill => {
                 if let Ok(mut c) = cluster.lock() {
                     c.kill9(member);
@@ -556,6 +570,14 @@ async fn nemesis(
                 Ok(Err(e)) => Ok(Err(e)),
                 Err(e) => Ok(Err(e.to_string())),
             }
+        } else if kind == FaultKind::Membership {
+            match replace_member(&cluster, &mut ids, member, leader).await {
+                Ok(d) => {
+                    detail = d;
+                    Ok(Ok(()))
+                }
+                Err(e) => Ok(Err(e)),
+            }
         } else {
             result
         };
@@ -593,6 +615,104 @@ async fn nemesis(
         }
     }
     (faults, errors)
+}
+
+/// Replaces follower `member` with a new member on the same ports: kill -9,
+/// MemberRemove, wipe, MemberAdd as a learner, start (joining), then
+/// MemberPromote once the learner is in sync (bounded retries).
+async fn replace_member(
+    cluster: &Arc<Mutex<Cluster>>,
+    ids: &mut [u64],
+    member: usize,
+    leader: Option<usize>,
+) -> Result<String, String> {
+    let Some(leader) = leader.filter(|l| *l != member) else {
+        return Ok("no leader to ask: skipped".into());
+    };
+    let (leader_ep, peer_url) = {
+        let mut c = cluster.lock().map_err(|_| "cluster lock poisoned")?;
+        c.kill9(member);
+        (c.members[leader].endpoint(), c.members[member].peer_url())
+    };
+    let old = ids[member];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut admin = None;
+    let mut step = "remove";
+    let mut new_id = 0;
+    while Instant::now() < deadline {
+        if admin.is_none() {
+            admin = connect(&leader_ep).await;
+        }
+        let Some(a) = admin.as_mut() else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let done = match step {
+            "remove" => match tokio::time::timeout(CALL_TIMEOUT, a.member_remove(old)).await {
+                Ok(Ok(_)) => true,
+                // Removed by an earlier try whose answer was lost.
+                Ok(Err(e)) if e.to_string().contains("member not found") => true,
+                _ => false,
+            },
+            "add" => {
+                let options = etcd_client::MemberAddOptions::new().with_is_learner();
+                match tokio::time::timeout(
+                    CALL_TIMEOUT,
+                    a.member_add([peer_url.as_str()], Some(options)),
+                )
+                .await
+                {
+                    Ok(result) => {
+                        new_id = match result {
+                            Ok(r) => r.member().map_or(0, |m| m.id()),
+                            // Added by an earlier try whose answer was lost.
+                            Err(e) if e.to_string().contains("exists") => {
+                                match a.member_list().await {
+                                    Ok(list) => list
+                                        .members()
+                                        .iter()
+                                        .find(|m| m.peer_urls().contains(&peer_url))
+                                        .map_or(0, |m| m.id()),
+                                    Err(_) => 0,
+                                }
+                            }
+                            Err(_) => 0,
+                        };
+                        if new_id == 0 {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            continue;
+                        }
+                        let mut c = cluster.lock().map_err(|_| "cluster lock poisoned")?;
+                        c.wipe_for_rejoin(member).map_err(|e| e.to_string())?;
+                        c.spawn(member).map_err(|e| e.to_string())?;
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+            _ => matches!(
+                tokio::time::timeout(CALL_TIMEOUT, a.member_promote(new_id)).await,
+                Ok(Ok(_))
+            ),
+        };
+        if done {
+            step = match step {
+                "remove" => "add",
+                "add" => "promote",
+                _ => {
+                    ids[member] = new_id;
+                    return Ok(format!(
+                        "member {old:x} replaced by {new_id:x} (learner, promoted)"
+                    ));
+                }
+            };
+        } else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Err(format!(
+        "replacing member {member} ({old:x}) stuck at {step} for 30 s"
+    ))
 }
 
 /// How long a member restarted with a disk fault may keep running before
@@ -725,6 +845,11 @@ pub fn run(cluster: Cluster, settings: &Settings) -> Run {
         }
     };
     let endpoints: Vec<String> = cluster.members.iter().map(|m| m.endpoint()).collect();
+    let incarnations: Vec<Arc<AtomicU32>> = cluster
+        .members
+        .iter()
+        .map(|m| m.incarnation.clone())
+        .collect();
     let cluster = Arc::new(Mutex::new(cluster));
     runtime.block_on(async move {
         let start = Instant::now();
@@ -749,6 +874,7 @@ pub fn run(cluster: Cluster, settings: &Settings) -> Run {
                 tokio::spawn(client_loop(
                     c,
                     member,
+                    incarnations[member].clone(),
                     endpoints[member].clone(),
                     settings.clone(),
                     start,

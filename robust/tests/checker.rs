@@ -38,6 +38,7 @@ impl Builder {
         self.h.ops.push(Op {
             client,
             member,
+            incarnation: 0,
             invoke: self.now,
             ret: self.now + 5,
             request,
