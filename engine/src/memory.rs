@@ -499,26 +499,42 @@ impl MemoryEngine {
         let Some((index, path)) = newest else {
             return Ok(MemoryEngine::new());
         };
-        let data = snapfile::read(&path)?;
-        if data.applied_index != index {
+        // Streamed into the map record by record: reading the file into a
+        // list first would hold every record twice at the peak (and leave
+        // the allocator holding that peak after).
+        let inner = Inner::new(LOADED_SEQ, index);
+        let applied_index = snapfile::read_with(&path, |key, value| {
+            inner.versions.insert(
+                InternalKey {
+                    user_key: key,
+                    seq: LOADED_SEQ,
+                },
+                Some(value),
+            );
+            Ok(())
+        })?;
+        if applied_index != index {
             return Err(Error::Corrupt {
                 what: "snapshot file",
                 path,
                 offset: snapfile::APPLIED_INDEX_OFFSET,
                 reason: format!(
-                    "header applied index {} does not match the file name's {index}",
-                    data.applied_index
+                    "header applied index {applied_index} does not match the file name's {index}"
                 ),
             });
         }
-        Ok(MemoryEngine::durable_from(data, index))
+        let engine = MemoryEngine::with_loaded(inner);
+        engine
+            .inner
+            .durable_applied_index
+            .store(index, Ordering::Release);
+        Ok(engine)
     }
 
     /// An engine holding exactly `data` (e.g. a snapshot received from a
     /// leader). Its durable applied index is 0 until it is checkpointed.
     pub fn from_snapshot_data(data: SnapshotData) -> MemoryEngine {
         let inner = Inner::new(LOADED_SEQ, data.applied_index);
-        let mut live = 0;
         for (key, value) in data.entries {
             inner.versions.insert(
                 InternalKey {
@@ -527,14 +543,15 @@ impl MemoryEngine {
                 },
                 Some(value),
             );
-            live += 1;
         }
-        // Duplicate keys in `data` collapse to one version; count what stuck.
-        inner
-            .live_keys
-            .store(live.min(inner.versions.len()), Ordering::Relaxed);
-        // Counted from the map, where duplicates collapsed.
-        let bytes = inner
+        MemoryEngine::with_loaded(inner)
+    }
+
+    /// An engine around `inner`, whose map holds loaded versions only:
+    /// counts its live keys and bytes from the map (duplicate keys in a
+    /// source collapsed there).
+    fn with_loaded(inner: Inner) -> MemoryEngine {
+        let (keys, bytes) = inner
             .versions
             .iter()
             .filter_map(|e| {
@@ -542,21 +559,12 @@ impl MemoryEngine {
                     .as_ref()
                     .map(|v| version_bytes(&e.key().user_key, v))
             })
-            .sum();
+            .fold((0usize, 0u64), |(n, b), v| (n + 1, b + v));
+        inner.live_keys.store(keys, Ordering::Relaxed);
         inner.live_bytes.store(bytes, Ordering::Relaxed);
         MemoryEngine {
             inner: Arc::new(inner),
         }
-    }
-
-    /// An engine holding `data`, read from a durable snapshot file at `index`.
-    fn durable_from(data: SnapshotData, index: u64) -> MemoryEngine {
-        let engine = MemoryEngine::from_snapshot_data(data);
-        engine
-            .inner
-            .durable_applied_index
-            .store(index, Ordering::Release);
-        engine
     }
 
     /// Writes a snapshot of the current state to
@@ -621,7 +629,12 @@ impl MemoryEngine {
                 }
             }
         }
-        Ok(MemoryEngine::durable_from(data, index))
+        let engine = MemoryEngine::from_snapshot_data(data);
+        engine
+            .inner
+            .durable_applied_index
+            .store(index, Ordering::Release);
+        Ok(engine)
     }
 
     /// Number of live (non-deleted) keys in the latest state.

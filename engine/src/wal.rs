@@ -307,8 +307,10 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
     let last_seq = segments.last().map(|s| s.seq);
     for segment in &segments {
         let is_last = Some(segment.seq) == last_seq;
-        let data = std::fs::read(&segment.path).map_err(|e| Error::io("read", &segment.path, e))?;
-        let buf = Bytes::from(data);
+        // Mapped, not read: a preallocated segment is mostly zeros, and a
+        // heap copy of each (64 MiB by default) would stay in the process's
+        // resident memory after recovery (the allocator keeps freed pages).
+        let buf = map_file(&segment.path)?;
         let mut pos = 0usize;
         let mut saw_header = false;
         let end = loop {
@@ -354,7 +356,10 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
             }
             return Err(corrupt(&segment.path, 0, "segment has no header frame"));
         }
-        if is_last && end < buf.len() {
+        let mapped_len = buf.len();
+        // Unmapped before the file shrinks under it (records were copied).
+        drop(buf);
+        if is_last && end < mapped_len {
             // Cut the torn frame and the zero tail, so this segment never
             // looks damaged once a newer segment follows it.
             let file = std::fs::OpenOptions::new()
@@ -377,6 +382,67 @@ pub fn recover(dir: &Path) -> Result<Recovered> {
     Ok(out)
 }
 
+/// A read-only private mapping of a whole file, unmapped when dropped.
+struct MappedFile {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only (PROT_READ, MAP_PRIVATE) and owned by
+// this value alone; shared `&[u8]` views of it are sound from any thread.
+unsafe impl Send for MappedFile {}
+// SAFETY: as above: no one writes through the mapping.
+unsafe impl Sync for MappedFile {}
+
+impl AsRef<[u8]> for MappedFile {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr` maps `len` readable bytes (len > 0, checked at
+        // creation) until drop; recovery holds the data dir's lock, so no
+        // other process truncates the file meanwhile, and recovery itself
+        // truncates only after dropping the mapping.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `map_file`, once.
+        unsafe {
+            libc::munmap(self.ptr, self.len);
+        }
+    }
+}
+
+/// The whole file at `path` as bytes backed by a private read-only mapping.
+fn map_file(path: &Path) -> Result<Bytes> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io("stat", path, e))?
+        .len() as usize;
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    // SAFETY: a fresh read-only private mapping of an open file descriptor
+    // (the mapping outlives the descriptor, as mmap(2) allows); checked
+    // for failure below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(Error::io("mmap", path, std::io::Error::last_os_error()));
+    }
+    Ok(Bytes::from_owner(MappedFile { ptr, len }))
+}
+
 fn apply_records(
     out: &mut Recovered,
     segment: &SegmentInfo,
@@ -385,6 +451,14 @@ fn apply_records(
     saw_header: &mut bool,
 ) -> Result<()> {
     for (kind, index, data) in records {
+        // Own the record's bytes: a slice would keep its whole segment
+        // buffer (up to a segment's size, 64 MiB by default) alive for as
+        // long as any entry from it lives (raft's log keeps the tail).
+        let data = if kind == KIND_HEADER {
+            data
+        } else {
+            Bytes::copy_from_slice(&data)
+        };
         match kind {
             KIND_HEADER => {
                 check_header(&data, segment)
@@ -427,6 +501,11 @@ fn apply_records(
                     // log continues at index + 1.
                     if out.entries.last().is_some_and(|(last, _)| *last < index) {
                         out.entries.clear();
+                    } else {
+                        // Entries it covers are in the state machine: drop
+                        // them now rather than hold every segment's.
+                        let covered = out.entries.partition_point(|(i, _)| *i <= index);
+                        out.entries.drain(..covered);
                     }
                     out.snapshot = Some((index, data));
                 }

@@ -7,7 +7,8 @@ use server::config::Config;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    server::alloc::tune();
+    // Purging stays on until the member serves (release_freed_memory).
+    server::alloc::tune_for_startup();
     let mut args = std::env::args_os().skip(1);
     if args.next().is_some_and(|a| a == "snapshot") {
         std::process::exit(server::backup::cli(args.collect()));

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 20's table in one run: one member each of etcd 3.4 (when installed)
+# and metcd with every engine; KEYS sequential 8-byte keys with 256-byte
+# values put by `metcd-bench put --conns 10 --clients 100`, then RSS, then
+# kill -9 and restart until the member answers a read, then RSS again.
+#
+#   bench/large-store.sh                        # KEYS=1000000, all four
+#   KEYS=200000 SERVERS="memory lsm" bench/large-store.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KEYS=${KEYS:-1000000}
+SERVERS=${SERVERS:-etcd memory btree lsm}
+cargo build --release -q -p server -p bench
+B=$PWD/target/release/metcd-bench
+WORK=$(mktemp -d)
+trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
+EP=127.0.0.1:23940
+PEER=http://127.0.0.1:23941
+
+rss_mib() { awk '/VmRSS/ {printf "%d", $2/1024}' "/proc/$1/status"; }
+
+start() { # server name; sets PID
+  local name=$1
+  if [ "$name" = etcd ]; then
+    etcd --data-dir "$WORK/etcd" --listen-client-urls "http://$EP" --advertise-client-urls "http://$EP" \
+      --listen-peer-urls $PEER --initial-advertise-peer-urls $PEER --initial-cluster default=$PEER \
+      >>"$WORK/$name.log" 2>&1 &
+  else
+    ./target/release/metcd --engine "$name" --data-dir "$WORK/$name" --listen-client-urls "http://$EP" \
+      --advertise-client-urls "http://$EP" --listen-peer-urls $PEER --initial-advertise-peer-urls $PEER \
+      --initial-cluster default=$PEER --listen-http-urls '' >>"$WORK/$name.log" 2>&1 &
+  fi
+  PID=$!
+}
+
+# Seconds until a serializable get of the last key answers (bounded).
+wait_ready() {
+  local t0 last
+  t0=$(date +%s.%N)
+  last=$(printf '%08d' $((KEYS - 1)))
+  for _ in $(seq 1200); do
+    if ETCDCTL_API=3 etcdctl --endpoints $EP --command-timeout=1s get --consistency=s "$last" 2>/dev/null | grep -q .; then
+      break
+    fi
+    sleep 0.05
+  done
+  echo "$(date +%s.%N) - $t0" | bc
+}
+
+rows=()
+for s in $SERVERS; do
+  if [ "$s" = etcd ] && ! command -v etcd >/dev/null; then continue; fi
+  start "$s"; pid=$PID
+  for _ in $(seq 100); do ETCDCTL_API=3 etcdctl --endpoints $EP endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
+  rate=$($B put --endpoint $EP --conns 10 --clients 100 --sequential-keys --key-space-size "$KEYS" \
+    --total "$KEYS" --duration 600 | sed -n 1p | grep -o '[0-9.]* ops/s' | head -1)
+  sleep 2
+  before=$(rss_mib "$pid")
+  kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+  start "$s"; pid=$PID
+  ready=$(wait_ready)
+  sleep 2
+  after=$(rss_mib "$pid")
+  if [ "$s" != etcd ]; then grep -h "start-up\|recovered" "$WORK/$s.log" | tail -9 || true; fi
+  rows+=("| $s | $rate | $before MiB | ${ready}s | $after MiB |")
+  kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+done
+echo
+echo "$KEYS keys of 256 bytes, $(nproc) CPUs, $(date -u +%F)"
+echo "| server | puts/s filling | RSS after fill | restart until a read answers | RSS after restart |"
+echo "|---|---:|---:|---:|---:|"
+printf '%s\n' "${rows[@]}"
