@@ -6,6 +6,8 @@
 //!
 //! Its own test binary: failpoints are process-wide.
 
+#![allow(clippy::unwrap_used)]
+
 use bytes::Bytes;
 use engine::wal::{self, Wal, WalOptions};
 use engine::Error;
