@@ -19,6 +19,7 @@ mod python_clients;
 mod quota;
 mod recipes;
 mod recovery;
+mod restart_memory;
 mod snapshot_save;
 mod support;
 mod watch_etcdctl;

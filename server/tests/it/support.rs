@@ -226,6 +226,21 @@ impl Server {
         panic!("metcd did not become healthy:\n{}", self.log_text());
     }
 
+    /// The process's resident memory in MiB (from /proc), if it runs.
+    pub fn rss_mib(&self) -> Option<u64> {
+        let pid = self.child.as_ref()?.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib / 1024)
+    }
+
     /// SIGKILL, no chance to flush anything.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
