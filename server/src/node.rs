@@ -811,6 +811,7 @@ impl Node {
                 .map_err(|e| ServerError::Startup(e.to_string()))?,
         );
         let alarms = restore_alarms(&mvcc)?;
+        phases.done("restore leases, auth, alarms");
         let wal = Wal::open(
             &dirs.wal,
             WalOptions {
@@ -829,7 +830,7 @@ impl Node {
             mvcc.current_revision(),
         ));
         drop(recovered);
-        phases.done("leases, auth, alarms, open the WAL");
+        phases.done("open the WAL");
 
         let raft_cfg = raft::Config {
             id,
@@ -3385,13 +3386,31 @@ fn restore_leases(mvcc: &MvccStore<AnyEngine>, min_ttl: i64) -> Result<crate::le
             now,
         );
     }
-    let all = mvcc.range(&mvcc::RangeRequest {
-        key: bytes::Bytes::from_static(b"\0"),
-        range_end: bytes::Bytes::from_static(b"\0"),
-        ..Default::default()
-    })?;
-    for kv in all.kvs.into_iter().filter(|kv| kv.lease != 0) {
-        lessor.attach(kv.key, kv.lease);
+    // Which keys hold a lease is only in their records: read them all, but
+    // only when some lease exists, and a page at a time (one range of the
+    // whole store would hold every value at once: 256 MiB per 1M keys).
+    if lessor.ids().next().is_none() {
+        return Ok(lessor);
+    }
+    const PAGE: i64 = 4096;
+    let mut from = bytes::Bytes::from_static(b"\0");
+    loop {
+        let page = mvcc.range(&mvcc::RangeRequest {
+            key: from,
+            range_end: bytes::Bytes::from_static(b"\0"),
+            limit: PAGE,
+            ..Default::default()
+        })?;
+        let Some(last) = page.kvs.last() else { break };
+        let mut next = last.key.to_vec();
+        next.push(0);
+        from = bytes::Bytes::from(next);
+        for kv in page.kvs.into_iter().filter(|kv| kv.lease != 0) {
+            lessor.attach(kv.key, kv.lease);
+        }
+        if !page.more {
+            break;
+        }
     }
     Ok(lessor)
 }
