@@ -523,12 +523,7 @@ impl MemoryEngine {
                 ),
             });
         }
-        let engine = MemoryEngine::with_loaded(inner);
-        engine
-            .inner
-            .durable_applied_index
-            .store(index, Ordering::Release);
-        Ok(engine)
+        Ok(MemoryEngine::with_loaded(inner).durable_at(index))
     }
 
     /// An engine holding exactly `data` (e.g. a snapshot received from a
@@ -545,6 +540,14 @@ impl MemoryEngine {
             );
         }
         MemoryEngine::with_loaded(inner)
+    }
+
+    /// This engine, its state known durable (in a snapshot file) at `index`.
+    fn durable_at(self, index: u64) -> MemoryEngine {
+        self.inner
+            .durable_applied_index
+            .store(index, Ordering::Release);
+        self
     }
 
     /// An engine around `inner`, whose map holds loaded versions only:
@@ -629,12 +632,7 @@ impl MemoryEngine {
                 }
             }
         }
-        let engine = MemoryEngine::from_snapshot_data(data);
-        engine
-            .inner
-            .durable_applied_index
-            .store(index, Ordering::Release);
-        Ok(engine)
+        Ok(MemoryEngine::from_snapshot_data(data).durable_at(index))
     }
 
     /// Number of live (non-deleted) keys in the latest state.

@@ -98,13 +98,7 @@ impl Builder {
         let prev = self.store.remove(key);
         if prev.is_some() {
             self.revision += 1;
-            self.log.push(Event {
-                revision: self.revision,
-                key: key.to_string(),
-                kind: EventKind::Delete,
-                kv: None,
-                prev,
-            });
+            self.log_delete(key, prev);
         }
         let revision = self.revision;
         self.push(
@@ -116,6 +110,17 @@ impl Builder {
                 deleted: i64::from(prev.is_some()),
             }),
         )
+    }
+
+    /// A delete event at the current revision.
+    fn log_delete(&mut self, key: &str, prev: Option<Kv>) {
+        self.log.push(Event {
+            revision: self.revision,
+            key: key.to_string(),
+            kind: EventKind::Delete,
+            kv: None,
+            prev,
+        });
     }
 
     fn revoke(&mut self, client: u32, lease: i64) -> usize {
@@ -130,13 +135,7 @@ impl Builder {
         }
         for key in gone {
             let prev = self.store.remove(&key);
-            self.log.push(Event {
-                revision: self.revision,
-                key,
-                kind: EventKind::Delete,
-                kv: None,
-                prev,
-            });
+            self.log_delete(&key, prev);
         }
         let revision = self.revision;
         self.push(
