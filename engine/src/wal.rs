@@ -784,7 +784,7 @@ impl Wal {
             return Err(Error::io(
                 "write",
                 &path,
-                std::io::Error::from_raw_os_error(28), // ENOSPC
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
             ));
         }
         let written = self
@@ -803,7 +803,7 @@ impl Wal {
         fail::fail_point!("wal::fdatasync", |_| Err(Error::io(
             "fdatasync",
             &path,
-            std::io::Error::from_raw_os_error(5), // EIO
+            std::io::Error::from_raw_os_error(libc::EIO),
         )));
         if !self.opts.dsync {
             self.file

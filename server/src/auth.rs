@@ -893,12 +893,7 @@ enum End {
 impl End {
     fn of(key: &[u8], range_end: &[u8]) -> End {
         match range_end {
-            [] => {
-                let mut successor = Vec::with_capacity(key.len() + 1);
-                successor.extend_from_slice(key);
-                successor.push(0);
-                End::Key(successor)
-            }
+            [] => End::Key(crate::mvcc::key_after(key)),
             [0] => End::Unbounded,
             e => End::Key(e.to_vec()),
         }

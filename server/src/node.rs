@@ -649,7 +649,9 @@ fn resident_mib() -> u64 {
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .unwrap_or(0);
-    pages * 4096 / (1 << 20)
+    // SAFETY: sysconf reads a constant of the system; no pointers.
+    let page_bytes = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    pages * page_bytes / (1 << 20)
 }
 
 fn log(msg: std::fmt::Arguments<'_>) {
@@ -3402,9 +3404,7 @@ fn restore_leases(mvcc: &MvccStore<AnyEngine>, min_ttl: i64) -> Result<crate::le
             ..Default::default()
         })?;
         let Some(last) = page.kvs.last() else { break };
-        let mut next = last.key.to_vec();
-        next.push(0);
-        from = bytes::Bytes::from(next);
+        from = mvcc::key_after(&last.key).into();
         for kv in page.kvs.into_iter().filter(|kv| kv.lease != 0) {
             lessor.attach(kv.key, kv.lease);
         }

@@ -100,6 +100,15 @@ pub struct ResponseHeader {
     pub revision: i64,
 }
 
+/// The smallest key after `key`: `key` with a zero byte appended. A range
+/// `[key, key_after(key))` holds exactly `key`; a paged scan resumes there.
+pub fn key_after(key: &[u8]) -> Vec<u8> {
+    let mut next = Vec::with_capacity(key.len() + 1);
+    next.extend_from_slice(key);
+    next.push(0);
+    next
+}
+
 /// `RangeRequest`.
 ///
 /// Key range rules (etcd's): `range_end` empty means the single key `key`;

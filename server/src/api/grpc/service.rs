@@ -1073,9 +1073,7 @@ async fn stream_range(
         }
         match (go_on, last_key) {
             (true, Some(last)) => {
-                let mut next = last.to_vec();
-                next.push(0);
-                req.key = next.into();
+                req.key = crate::mvcc::key_after(&last).into();
                 if req.range_end.is_empty() {
                     return;
                 }
