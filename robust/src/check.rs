@@ -51,15 +51,6 @@ impl Report {
     pub fn ok(&self) -> bool {
         self.anomalies.is_empty()
     }
-
-    /// Anomalies per check name, for a summary.
-    pub fn counts(&self) -> BTreeMap<&'static str, usize> {
-        let mut counts = BTreeMap::new();
-        for a in &self.anomalies {
-            *counts.entry(a.check).or_default() += 1;
-        }
-        counts
-    }
 }
 
 pub struct Options {
@@ -432,9 +423,10 @@ fn check_ops_against_log(h: &History, log: &Log, out: &mut Anomalies) {
                             ),
                         );
                     }
-                    if let Some((r, _)) = versions
+                    let after = versions.partition_point(|(r, _)| *r <= rev);
+                    if let Some((r, _)) = versions[after..]
                         .iter()
-                        .find(|(r, kv)| *r > rev && kv.is_some_and(|kv| kv.lease == *lease))
+                        .find(|(_, kv)| kv.is_some_and(|kv| kv.lease == *lease))
                     {
                         out.push(
                             "lease-outlived",

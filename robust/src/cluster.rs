@@ -40,10 +40,6 @@ impl Member {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
-    pub fn log_path(&self) -> &Path {
-        &self.log
-    }
-
     pub fn running(&self) -> bool {
         self.child.is_some()
     }

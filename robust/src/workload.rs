@@ -523,69 +523,17 @@ async fn nemesis(
             FaultKind::Disk => DISK_FAULT_EXIT_LIMIT,
             FaultKind::Membership => Duration::ZERO,
         };
-        let result = match kind {
-            FaultKind::Disk | FaultKind::Membership => Ok(Ok(())),
-            FaultKind::Kill => {
-                if let Ok(mut c) = cluster.lock() {
-                    c.kill9(member);
-                }
-                tokio::time::sleep(lasted).await;
-                cluster
-                    .lock()
-                    .map(|mut c| c.spawn(member).map_err(|e| e.to_string()))
-            }
-            FaultKind::Pause => {
-                if let Ok(mut c) = cluster.lock() {
-                    c.pause(member);
-                }
-                tokio::time::sleep(lasted).await;
-                cluster.lock().map(|mut c| {
-                    c.resume(member);
-                    Ok(())
-                })
-            }
-            FaultKind::Partition => {
-                if let Ok(c) = cluster.lock() {
-                    let _ = c.isolate(Some(member), &ids);
-                }
-                tokio::time::sleep(lasted).await;
-                cluster
-                    .lock()
-                    .map(|c| c.isolate(None, &ids).map_err(|e| e.to_string()))
+        let detail = match inject(
+            &cluster, kind, member, leader, lasted, &mut ids, &mut rng, &settings,
+        )
+        .await
+        {
+            Ok(detail) => detail,
+            Err(e) => {
+                errors.push(e);
+                String::new()
             }
         };
-        let mut detail = String::new();
-        let result = if kind == FaultKind::Disk {
-            let armed = disk_fault(&mut rng, &settings.engine);
-            let outcome = tokio::task::spawn_blocking({
-                let cluster = cluster.clone();
-                move || disk_fault_on(&cluster, member, &armed)
-            })
-            .await;
-            match outcome {
-                Ok(Ok(d)) => {
-                    detail = d;
-                    Ok(Ok(()))
-                }
-                Ok(Err(e)) => Ok(Err(e)),
-                Err(e) => Ok(Err(e.to_string())),
-            }
-        } else if kind == FaultKind::Membership {
-            match replace_member(&cluster, &mut ids, member, leader).await {
-                Ok(d) => {
-                    detail = d;
-                    Ok(Ok(()))
-                }
-                Err(e) => Ok(Err(e)),
-            }
-        } else {
-            result
-        };
-        match result {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => errors.push(e),
-            Err(_) => errors.push("cluster lock poisoned".into()),
-        }
         faults.push(Fault {
             kind,
             member,
@@ -598,13 +546,9 @@ async fn nemesis(
         let member_back = tokio::task::spawn_blocking({
             let cluster = cluster.clone();
             move || {
-                cluster
-                    .lock()
-                    .map_err(|_| "cluster lock poisoned".to_string())
-                    .and_then(|mut c| {
-                        c.wait_healthy(member, Duration::from_secs(30))
-                            .map_err(|e| e.to_string())
-                    })
+                lock(&cluster)?
+                    .wait_healthy(member, Duration::from_secs(30))
+                    .map_err(|e| e.to_string())
             }
         })
         .await;
@@ -615,6 +559,60 @@ async fn nemesis(
         }
     }
     (faults, errors)
+}
+
+/// The cluster, for one step of a fault; a poisoned lock is an error like
+/// any other.
+fn lock(cluster: &Mutex<Cluster>) -> Result<std::sync::MutexGuard<'_, Cluster>, String> {
+    cluster
+        .lock()
+        .map_err(|_| "cluster lock poisoned".to_string())
+}
+
+/// Does fault `kind` to `member` and undoes it; what happened where it
+/// varies (a disk fault fired or not, the member IDs of a replacement).
+#[allow(clippy::too_many_arguments)]
+async fn inject(
+    cluster: &Arc<Mutex<Cluster>>,
+    kind: FaultKind,
+    member: usize,
+    leader: Option<usize>,
+    lasted: Duration,
+    ids: &mut [u64],
+    rng: &mut Rng,
+    settings: &Settings,
+) -> Result<String, String> {
+    match kind {
+        FaultKind::Kill => {
+            lock(cluster)?.kill9(member);
+            tokio::time::sleep(lasted).await;
+            lock(cluster)?.spawn(member).map_err(|e| e.to_string())?;
+            Ok(String::new())
+        }
+        FaultKind::Pause => {
+            lock(cluster)?.pause(member);
+            tokio::time::sleep(lasted).await;
+            lock(cluster)?.resume(member);
+            Ok(String::new())
+        }
+        FaultKind::Partition => {
+            // A cut that could not be written is healed below all the same.
+            let _ = lock(cluster)?.isolate(Some(member), ids);
+            tokio::time::sleep(lasted).await;
+            lock(cluster)?
+                .isolate(None, ids)
+                .map_err(|e| e.to_string())?;
+            Ok(String::new())
+        }
+        FaultKind::Disk => {
+            let armed = disk_fault(rng, &settings.engine);
+            let cluster = cluster.clone();
+            tokio::task::spawn_blocking(move || disk_fault_on(&cluster, member, &armed))
+                .await
+                .map_err(|e| e.to_string())?
+        }
+        FaultKind::Membership => replace_member(cluster, ids, member, leader).await,
+    }
 }
 
 /// Replaces follower `member` with a new member on the same ports: kill -9,
@@ -630,7 +628,7 @@ async fn replace_member(
         return Ok("no leader to ask: skipped".into());
     };
     let (leader_ep, peer_url) = {
-        let mut c = cluster.lock().map_err(|_| "cluster lock poisoned")?;
+        let mut c = lock(cluster)?;
         c.kill9(member);
         (c.members[leader].endpoint(), c.members[member].peer_url())
     };
@@ -682,7 +680,7 @@ async fn replace_member(
                             tokio::time::sleep(Duration::from_millis(200)).await;
                             continue;
                         }
-                        let mut c = cluster.lock().map_err(|_| "cluster lock poisoned")?;
+                        let mut c = lock(cluster)?;
                         c.wipe_for_rejoin(member).map_err(|e| e.to_string())?;
                         c.spawn(member).map_err(|e| e.to_string())?;
                         true
@@ -741,9 +739,7 @@ fn disk_fault(rng: &mut Rng, engine: &str) -> String {
 /// fires (a poisoned WAL or engine serves nothing more); then it restarts
 /// clean.
 fn disk_fault_on(cluster: &Mutex<Cluster>, member: usize, armed: &str) -> Result<String, String> {
-    let mut c = cluster
-        .lock()
-        .map_err(|_| "cluster lock poisoned".to_string())?;
+    let mut c = lock(cluster)?;
     c.kill9(member);
     let from = c.log_len(member);
     c.spawn_with_failpoints(member, Some(armed))
