@@ -6,6 +6,7 @@
 #
 #   bench/scan-while-put.sh                 # KEYS=10000 SCANNERS=2 SECS=6
 #   METCD_FLAGS="--shards 1" bench/scan-while-put.sh
+#   METCD_BIN=/path/to/older/metcd bench/scan-while-put.sh   # compare builds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KEYS=${KEYS:-10000}; SCANNERS=${SCANNERS:-2}; SECS=${SECS:-6}
@@ -37,10 +38,10 @@ run_case() { # name, then the server command line
   kill $pid; wait $pid 2>/dev/null || true
 }
 
-run_case metcd ./target/release/metcd --data-dir "$WORK/metcd" --listen-client-urls "http://$EP" \
+run_case metcd "${METCD_BIN:-./target/release/metcd}" --data-dir "$WORK/metcd" --listen-client-urls "http://$EP" \
   --advertise-client-urls "http://$EP" --listen-peer-urls $PEER --initial-advertise-peer-urls $PEER \
   --initial-cluster default=$PEER --listen-http-urls '' ${METCD_FLAGS:-}
-if command -v etcd >/dev/null; then
+if command -v etcd >/dev/null && [ -z "${SKIP_ETCD:-}" ]; then
   run_case etcd etcd --data-dir "$WORK/etcd" --listen-client-urls "http://$EP" \
     --advertise-client-urls "http://$EP" --listen-peer-urls $PEER --initial-advertise-peer-urls $PEER \
     --initial-cluster default=$PEER

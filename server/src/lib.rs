@@ -30,6 +30,7 @@ pub mod node;
 pub mod notify;
 pub mod peer;
 pub mod raftlog;
+pub mod read_view;
 pub mod sched;
 pub mod shard;
 pub mod stop;

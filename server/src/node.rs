@@ -71,10 +71,6 @@ pub enum Applied {
     Alarms(Vec<crate::alarm::AlarmMember>),
 }
 
-/// Index keys one slice of a range's walk examines: tens of microseconds
-/// of work, the longest a ready write waits behind a walk.
-pub const RANGE_WALK_SLICE: usize = 2048;
-
 /// What goes into the log: `[u64 origin member][u64 proposal id][u8 tag][body]`.
 /// Only the member that proposed an entry answers its client.
 const HEADER_BYTES: usize = 17;
@@ -558,6 +554,8 @@ pub struct Node {
     /// Whether auth is on, shared with every shard's API edge so requests
     /// skip the owner round trip of a permission check while it is off.
     auth_flag: RefCell<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// What every shard reads ranges from ([`crate::read_view`]).
+    read_view: RefCell<std::sync::Arc<crate::read_view::ReadView>>,
     /// Called with every applied batch of events (watch hubs of all shards).
     watch_subscribers: RefCell<Vec<crate::watch::EventSubscriber>>,
     snapshot_done: RefCell<Option<Result<u64>>>,
@@ -959,6 +957,9 @@ impl Node {
             auth: RefCell::new(auth),
             replayed_commit_index: catch_up_to,
             auth_flag: RefCell::new(Default::default()),
+            read_view: RefCell::new(std::sync::Arc::new(crate::read_view::ReadView::new(
+                Default::default(),
+            ))),
             watch_subscribers: RefCell::new(Vec::new()),
             snapshot_done: RefCell::new(None),
             warned_snapshot: Cell::new(false),
@@ -989,6 +990,7 @@ impl Node {
                 node.queue_ready.notify();
             }
         });
+        node.publish_read_view();
         let weak = Rc::downgrade(&node);
         let roster: peer::Roster = Rc::new(move || {
             weak.upgrade()
@@ -1571,6 +1573,26 @@ impl Node {
         answer
     }
 
+    /// Publishes this member's read view ([`crate::read_view`]) to every
+    /// shard; kept current from then on.
+    pub fn share_read_view(&self, view: std::sync::Arc<crate::read_view::ReadView>) {
+        *self.read_view.borrow_mut() = view;
+        self.publish_read_view();
+    }
+
+    pub fn read_view(&self) -> std::sync::Arc<crate::read_view::ReadView> {
+        self.read_view.borrow().clone()
+    }
+
+    /// The store, whether this member is the only voter, and the term, as
+    /// readers on every shard see them.
+    fn publish_read_view(&self) {
+        let view = self.read_view.borrow();
+        view.publish(self.mvcc.borrow().reader());
+        view.set_solo(self.solo.get());
+        view.set_term(self.status.get().term);
+    }
+
     /// Shares whether auth is on with the API edges of every shard.
     pub fn share_auth_flag(&self, flag: std::sync::Arc<std::sync::atomic::AtomicBool>) {
         flag.store(
@@ -1706,22 +1728,6 @@ impl Node {
             .await
     }
 
-    /// The owner's half of a range (index walk and a snapshot); the caller
-    /// loads the values, on its own core. Every write that was acknowledged
-    /// is already applied, so on a single member this is linearizable.
-    /// The walk goes in slices of [`RANGE_WALK_SLICE`] keys, letting the
-    /// write path run in between (see [`crate::sched`]).
-    pub async fn start_range(
-        &self,
-        req: mvcc::RangeRequest,
-    ) -> Result<mvcc::RangeStart<engine::any::AnySnapshot>> {
-        let mut walk = self.mvcc.borrow().begin_range(req)?;
-        while !self.mvcc.borrow().walk_range(&mut walk, RANGE_WALK_SLICE)? {
-            crate::sched::end_of_slice().await;
-        }
-        Ok(walk.finish())
-    }
-
     /// Writes a consistent snapshot of the whole store (keys, revisions,
     /// leases, auth, alarms, members) to a new file under the snap dir as
     /// an etcd 3.4 backend db ([`crate::etcd_db`]), for the Maintenance
@@ -1761,12 +1767,6 @@ impl Node {
         from_rev: i64,
     ) -> Result<(Vec<mvcc::Event>, i64)> {
         Ok(self.mvcc.borrow().events_since(key, range_end, from_rev)?)
-    }
-
-    /// A txn without writes, from the applied state (etcd serves these
-    /// without a log entry too).
-    pub fn read_txn(&self, req: &mvcc::TxnRequest) -> Result<mvcc::TxnResponse> {
-        Ok(self.mvcc.borrow().read_txn(req)?)
     }
 
     /// Rewrites the engine's file compactly (btree); writes wait meanwhile,
@@ -2177,6 +2177,7 @@ impl Node {
         self.solo
             .set(conf.voters == [self.id] && conf.learners.is_empty());
         self.learner.set(conf.learners.contains(&self.id));
+        self.publish_read_view();
         raw.store().wl().apply_snapshot(snap)?;
         wal.append_snapshot(index, &raftlog::encode_snapshot_meta(meta.term, &conf));
         self.last_snapshot_index.set(index);
@@ -2639,6 +2640,7 @@ impl Node {
         let mvcc = self.mvcc.borrow();
         let raft = &raw.raft;
         self.metrics.note_leader(raft.leader_id);
+        self.read_view.borrow().set_term(raft.term);
         self.status.set(NodeStatus {
             term: raft.term,
             leader: raft.leader_id,
@@ -2951,6 +2953,7 @@ impl Node {
         self.solo
             .set(cs.voters == [self.id] && cs.learners.is_empty());
         self.learner.set(cs.learners.contains(&self.id));
+        self.read_view.borrow().set_solo(self.solo.get());
         log(format_args!(
             "membership at index {}: voters {:x?}, learners {:x?}{}",
             entry.index,

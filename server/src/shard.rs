@@ -17,7 +17,7 @@ use glommio::channels::shared_channel::{
 };
 use glommio::{LocalExecutorBuilder, Placement};
 
-use engine::any::AnySnapshot;
+use engine::any::AnyEngine;
 
 use crate::api::grpc::require_leader::LeaderGuard;
 use crate::api::grpc::serve::{serve as grpc_serve, Router};
@@ -25,8 +25,9 @@ use crate::api::grpc::service::{MemberInfo, Services};
 use crate::api::http::{self, HttpLimits};
 use crate::config::Config;
 use crate::error::{Result, ServerError};
-use crate::mvcc;
+use crate::mvcc::{self, StoreReader};
 use crate::node::{Caller, Node, NodeStatus};
+use crate::read_view::ReadView;
 use crate::watch::{EventSubscriber, Feed, HeaderIds, WatchHub};
 
 /// The owner core of the Raft group.
@@ -40,11 +41,15 @@ pub enum Command {
     /// command that names a token is checked on the owner while auth is
     /// on).
     Write(mvcc::Request, Option<String>),
-    /// A range; a linearizable one is checked after its read barrier, so
-    /// a permission revoked before the read began is never outrun.
-    Range(mvcc::RangeRequest, Option<String>),
-    /// A txn without writes: served from the applied state, no log entry.
-    ReadTxn(mvcc::TxnRequest, Option<String>),
+    /// A read's gate ([`crate::read_view`]): the read barrier when
+    /// linearizable, then the permission check, so a permission revoked
+    /// before the read began is never outrun. The read itself runs on the
+    /// shard that asked.
+    ReadGate {
+        linearizable: bool,
+        token: Option<String>,
+        requirement: crate::auth::Requirement,
+    },
     HashKv(i64),
     Hash,
     /// Events of `[key, range_end)` from a revision on, for a new watcher.
@@ -118,10 +123,7 @@ impl Command {
     /// Whether the owner runs this in its reads queue ([`crate::sched`]):
     /// work that grows with the keys it reads.
     fn is_read_work(&self) -> bool {
-        matches!(
-            self,
-            Command::Range(..) | Command::ReadTxn(..) | Command::WatchHistory { .. }
-        )
+        matches!(self, Command::WatchHistory { .. })
     }
 }
 
@@ -130,9 +132,8 @@ impl Command {
 #[derive(Debug)]
 pub enum Reply {
     Write(Result<mvcc::Response>, u64),
-    /// The owner's half of a range; [`Backend::range`] finishes it.
-    Range(Result<mvcc::RangeStart<AnySnapshot>>, u64),
-    ReadTxn(Result<mvcc::TxnResponse>, u64),
+    /// Whether a read may go on ([`Command::ReadGate`]).
+    ReadGate(Result<()>, u64),
     HashKv(Result<mvcc::HashKv>, u64),
     /// (hash, revision)
     Hash(Result<(u32, i64)>, u64),
@@ -208,6 +209,11 @@ pub enum Backend {
     Remote(Rc<Remote>),
 }
 
+/// Index keys one slice of a range's walk examines: tens of microseconds
+/// under the store's read lock, which the owner's next apply waits for at
+/// most.
+pub const RANGE_WALK_SLICE: usize = 2048;
+
 impl Backend {
     pub async fn call(&self, cmd: Command) -> Reply {
         match self {
@@ -246,35 +252,105 @@ impl Backend {
 const RANGE_LOAD_CHUNK: usize = 256;
 
 impl Backend {
-    /// A range: the index half on the owner core (behind a ReadIndex round
-    /// when linearizable), the values loaded here from the snapshot the
-    /// owner took, a chunk at a time, yielding to other tasks in between.
-    /// A shard other than the owner thus takes the scan's cost off the
-    /// owner's core; on the owner it interleaves with writes.
+    fn read_view(&self) -> std::sync::Arc<ReadView> {
+        match self {
+            Backend::Local(node) => node.read_view(),
+            Backend::Remote(remote) => remote.view.clone(),
+        }
+    }
+
+    /// A read's gate ([`crate::read_view`]): passes at once, or after the
+    /// owner's read barrier and permission check. Returns the store to
+    /// read (taken after the gate, so it holds everything the barrier
+    /// waited for) and the Raft term for the response header.
+    async fn read_gate(
+        &self,
+        linearizable: bool,
+        token: Option<String>,
+        requirement: impl FnOnce() -> crate::auth::Requirement,
+    ) -> Result<(StoreReader<AnyEngine>, u64)> {
+        let view = self.read_view();
+        let term = if view.needs_gate(linearizable) {
+            let cmd = Command::ReadGate {
+                linearizable,
+                token,
+                requirement: requirement(),
+            };
+            match self.call(cmd).await {
+                Reply::ReadGate(Ok(()), term) => term,
+                Reply::ReadGate(Err(e), _) | Reply::Failed(e) => return Err(e),
+                _ => return Err(ServerError::Stopped),
+            }
+        } else {
+            view.term()
+        };
+        let reader = view.reader().ok_or(ServerError::Stopped)?;
+        Ok((reader, term))
+    }
+
+    /// A range, read on this shard ([`crate::read_view`]): the key index
+    /// walked in slices, then the values loaded from the walk's snapshot a
+    /// chunk at a time, yielding to the write path in between
+    /// ([`crate::sched`]). The owner does nothing for it but the gate.
     pub async fn range(
         &self,
         req: mvcc::RangeRequest,
         token: Option<String>,
     ) -> (Result<mvcc::RangeResponse>, u64) {
-        let (start, term) = match self.call(Command::Range(req, token)).await {
-            Reply::Range(start, term) => (start, term),
-            Reply::Failed(e) => return (Err(e), 0),
-            _ => return (Err(ServerError::Stopped), 0),
+        let gate = self
+            .read_gate(!req.serializable, token, || {
+                crate::auth::Requirement::Keys(vec![crate::auth::Need::read(
+                    &req.key,
+                    &req.range_end,
+                )])
+            })
+            .await;
+        let (reader, term) = match gate {
+            Ok(passed) => passed,
+            Err(e) => return (Err(e), 0),
         };
-        let mut plan = match start {
-            Ok(mvcc::RangeStart::Done(response)) => return (Ok(response), term),
-            Ok(mvcc::RangeStart::Plan(plan)) => plan,
-            Err(e) => return (Err(e), term),
-        };
-        loop {
-            match plan.load(RANGE_LOAD_CHUNK) {
-                Ok(true) => break,
-                Ok(false) => crate::sched::end_of_slice().await,
-                Err(e) => return (Err(e.into()), term),
-            }
-        }
-        (plan.finish().map_err(ServerError::from), term)
+        (walk_and_load(&reader, req).await, term)
     }
+
+    /// A txn without writes, read on this shard from the applied state
+    /// (etcd serves these without a log entry too), after the gate of a
+    /// linearizable read.
+    pub async fn read_txn(
+        &self,
+        req: mvcc::TxnRequest,
+        token: Option<String>,
+    ) -> (Result<mvcc::TxnResponse>, u64) {
+        let gate = self
+            .read_gate(true, token, || {
+                let mut needs = Vec::new();
+                crate::auth::txn_needs(&req, &mut needs);
+                crate::auth::Requirement::Keys(needs)
+            })
+            .await;
+        match gate {
+            Ok((reader, term)) => (reader.read_txn(&req).map_err(ServerError::from), term),
+            Err(e) => (Err(e), 0),
+        }
+    }
+}
+
+/// A range's walk and value loading, in slices.
+async fn walk_and_load(
+    reader: &StoreReader<AnyEngine>,
+    req: mvcc::RangeRequest,
+) -> Result<mvcc::RangeResponse> {
+    let mut walk = reader.begin_range(req)?;
+    while !reader.walk_range(&mut walk, RANGE_WALK_SLICE)? {
+        crate::sched::end_of_slice().await;
+    }
+    let mut plan = match walk.finish() {
+        mvcc::RangeStart::Done(response) => return Ok(response),
+        mvcc::RangeStart::Plan(plan) => plan,
+    };
+    while !plan.load(RANGE_LOAD_CHUNK)? {
+        crate::sched::end_of_slice().await;
+    }
+    Ok(plan.finish()?)
 }
 
 async fn execute(node: &Node, cmd: Command) -> Reply {
@@ -283,39 +359,18 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             let result = node.write(req, Caller::Client(token.as_deref())).await;
             Reply::Write(result, node.status().term)
         }
-        Command::Range(req, token) => {
-            let barrier = if req.serializable {
-                Ok(())
-            } else {
+        Command::ReadGate {
+            linearizable,
+            token,
+            requirement,
+        } => {
+            let barrier = if linearizable {
                 node.read_barrier().await
+            } else {
+                Ok(())
             };
-            let result = barrier.and_then(|()| {
-                node.authorize(token.as_deref(), || {
-                    crate::auth::Requirement::Keys(vec![crate::auth::Need::read(
-                        &req.key,
-                        &req.range_end,
-                    )])
-                })
-            });
-            let result = match result {
-                Ok(()) => node.start_range(req).await,
-                Err(e) => Err(e),
-            };
-            Reply::Range(result, node.status().term)
-        }
-        Command::ReadTxn(req, token) => {
-            let result = node
-                .read_barrier()
-                .await
-                .and_then(|()| {
-                    node.authorize(token.as_deref(), || {
-                        let mut needs = Vec::new();
-                        crate::auth::txn_needs(&req, &mut needs);
-                        crate::auth::Requirement::Keys(needs)
-                    })
-                })
-                .and_then(|()| node.read_txn(&req));
-            Reply::ReadTxn(result, node.status().term)
+            let result = barrier.and_then(|()| node.authorize(token.as_deref(), || requirement));
+            Reply::ReadGate(result, node.status().term)
         }
         Command::HashKv(rev) => Reply::HashKv(node.hash_kv(rev).await, node.status().term),
         Command::Hash => Reply::Hash(node.hash_all().await, node.status().term),
@@ -468,6 +523,8 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
 /// A non-owner shard's link to the owner.
 pub struct Remote {
     to_owner: ConnectedSender<(u64, Command)>,
+    /// The owner's published read view: ranges are read here.
+    view: std::sync::Arc<ReadView>,
     waiting: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
     next_id: Cell<u64>,
 }
@@ -601,6 +658,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
         None => None,
     };
     let member = member_info(&cfg, cluster_id, member_id);
+    let read_view = std::sync::Arc::new(ReadView::new(member.auth_enabled.clone()));
     let listeners = Listeners {
         client_tls,
         cert_users: cfg.client_cert_auth,
@@ -616,6 +674,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
         // of overhead, then checks the request itself against the limit.
         max_grpc_message_bytes: cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
         election_timeout: Duration::from_millis(cfg.election_timeout),
+        read_view,
     };
     let cpus = allowed_cpus();
     let mut owner_side = Vec::new();
@@ -655,6 +714,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
                 }
             };
             node.share_auth_flag(owner_listeners.member.auth_enabled.clone());
+            node.share_read_view(owner_listeners.read_view.clone());
             let hub = WatchHub::new(
                 owner_listeners.header_ids(),
                 owner_listeners.http_limits.max_request_bytes,
@@ -686,6 +746,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
                 crate::sched::install(range_cpu_shares);
                 let remote = Rc::new(Remote {
                     to_owner: requests.connect().await,
+                    view: listeners.read_view.clone(),
                     waiting: RefCell::new(HashMap::new()),
                     next_id: Cell::new(0),
                 });
@@ -757,6 +818,8 @@ struct Listeners {
     cert_users: bool,
     /// `--max-concurrent-streams`, per client connection.
     max_concurrent_streams: u32,
+    /// The owner's published read view ([`crate::read_view`]).
+    read_view: std::sync::Arc<ReadView>,
 }
 
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -986,7 +1049,7 @@ mod tests {
             listen_peer_urls: Some("http://127.0.0.1:0".into()),
             ..Config::default()
         };
-        let keys = 5 * crate::node::RANGE_WALK_SLICE;
+        let keys = 5 * RANGE_WALK_SLICE;
         LocalExecutorBuilder::new(Placement::Unbound)
             .make()
             .unwrap()

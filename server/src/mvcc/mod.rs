@@ -26,7 +26,7 @@ mod validate;
 
 pub use codec::{decode, decode_shared, encode, DecodeError, MAX_TXN_DEPTH};
 pub use error::MvccError;
-pub use store::{HashPlan, MvccStore, OpCounts, RangePlan, RangeStart, RangeWalk};
+pub use store::{HashPlan, MvccStore, OpCounts, RangePlan, RangeStart, RangeWalk, StoreReader};
 pub use types::*;
 pub use validate::{
     is_txn_readonly, validate_delete_range, validate_put, validate_range, validate_txn,

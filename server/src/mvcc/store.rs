@@ -32,6 +32,8 @@
 
 use std::cmp::Ordering;
 use std::ops::Bound;
+use std::sync::atomic::{self, AtomicU64};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
 use engine::{Engine, EngineSnapshot, Scan, WriteBatch};
@@ -197,9 +199,9 @@ fn header(revision: i64) -> ResponseHeader {
 /// etcd's MVCC key space over an engine. See the module docs.
 pub struct MvccStore<E: Engine> {
     engine: E,
-    index: KeyIndex,
-    current_rev: i64,
-    compact_rev: i64,
+    /// The key index and revisions, which readers on other cores share
+    /// ([`StoreReader`]).
+    shared: Arc<Shared>,
     /// Whether a put reads the key's previous value for watchers with
     /// `prev_kv` even when its request does not need it (see
     /// [`Event::prev_kv_unread`]).
@@ -207,13 +209,202 @@ pub struct MvccStore<E: Engine> {
     /// Operations counted as etcd's metrics count them (a Cell: reads
     /// count through `&self`).
     ops: std::cell::Cell<OpCounts>,
-    /// Which store this is (unique in the process): a [`RangeWalk`] begun
-    /// on another store (one replaced by a snapshot install) starts over.
-    instance: u64,
 }
 
-/// Source of [`MvccStore::instance`].
-static NEXT_INSTANCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// The state a range reads besides the engine: the key index and the
+/// revisions that bound it. The store's owner changes it only under the
+/// write lock, and for a whole request at a time together with the
+/// engine batch, so a reader holding the read lock sees the index, both
+/// revisions and a fresh engine snapshot agree.
+#[derive(Debug)]
+struct Indexed {
+    index: KeyIndex,
+    current_rev: i64,
+    compact_rev: i64,
+}
+
+/// What the store shares with its readers.
+#[derive(Debug)]
+struct Shared {
+    indexed: RwLock<Indexed>,
+    /// Ranges served by readers ([`StoreReader::begin_range`]), for
+    /// [`MvccStore::op_counts`].
+    reader_ranges: AtomicU64,
+}
+
+impl Shared {
+    // A poisoned lock means a panic while applying, which aborts the
+    // process (release profile): the state behind it is never used after.
+    fn read(&self) -> RwLockReadGuard<'_, Indexed> {
+        self.indexed.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Indexed> {
+        self.indexed.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A handle on a store's published read state that any core may hold:
+/// ranges walk the key index and load values from an engine snapshot
+/// without the store's owner doing anything for them. A walk holds the
+/// read lock for one slice at a time, so the owner's next apply waits at
+/// most one slice; between slices the owner applies freely and the walk
+/// stays a read at its revision (see [`MvccStore::walk_range`]).
+///
+/// A reader stays on the store it was taken from: after a snapshot install
+/// replaced that store, its walks finish in the old one (consistent, at
+/// the revision they began at) and the owner hands out readers of the new.
+pub struct StoreReader<E: Engine> {
+    engine: E,
+    shared: Arc<Shared>,
+}
+
+impl<E: Engine + Clone> Clone for StoreReader<E> {
+    fn clone(&self) -> Self {
+        StoreReader {
+            engine: self.engine.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<E: Engine> std::fmt::Debug for StoreReader<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreReader").finish_non_exhaustive()
+    }
+}
+
+impl<E: Engine> StoreReader<E> {
+    /// Begins a range's key-index walk at the store's current revision
+    /// (or the one `req` names): checks the revision and takes the engine
+    /// snapshot its values will be read from. Continue it with
+    /// [`StoreReader::walk_range`].
+    pub fn begin_range(&self, req: RangeRequest) -> Result<RangeWalk<E::Snapshot>, MvccError> {
+        self.shared
+            .reader_ranges
+            .fetch_add(1, atomic::Ordering::Relaxed);
+        new_walk(&self.engine, &self.shared.read(), req)
+    }
+
+    /// Walks up to `max_keys` more keys for `walk`; true once it has seen
+    /// its whole range. See [`MvccStore::walk_range`].
+    pub fn walk_range(
+        &self,
+        walk: &mut RangeWalk<E::Snapshot>,
+        max_keys: usize,
+    ) -> Result<bool, MvccError> {
+        walk_range(&self.engine, &self.shared, walk, max_keys)
+    }
+
+    /// The current revision.
+    pub fn current_revision(&self) -> i64 {
+        self.shared.read().current_rev
+    }
+
+    /// A read-only txn, as [`MvccStore::read_txn`] runs it.
+    pub fn read_txn(&self, req: &TxnRequest) -> Result<TxnResponse, MvccError> {
+        let (response, counts) = read_txn(&self.engine, &self.shared.read(), req)?;
+        self.shared
+            .reader_ranges
+            .fetch_add(counts.ranges, atomic::Ordering::Relaxed);
+        Ok(response)
+    }
+}
+
+fn new_walk<E: Engine>(
+    engine: &E,
+    st: &Indexed,
+    req: RangeRequest,
+) -> Result<RangeWalk<E::Snapshot>, MvccError> {
+    let cur_rev = st.current_rev;
+    let at = read_revision(req.revision, cur_rev, st.compact_rev)?;
+    Ok(RangeWalk {
+        snap: engine.snapshot(),
+        at,
+        cur_rev,
+        req,
+        after: None,
+        revs: Vec::new(),
+        count: 0,
+    })
+}
+
+/// One slice of a walk under the read lock (see [`MvccStore::walk_range`]).
+fn walk_range<E: Engine>(
+    engine: &E,
+    shared: &Shared,
+    walk: &mut RangeWalk<E::Snapshot>,
+    max_keys: usize,
+) -> Result<bool, MvccError> {
+    let st = shared.read();
+    if walk.at < st.compact_rev {
+        if walk.req.revision > 0 {
+            return Err(MvccError::Compacted);
+        }
+        // Over again, at "now".
+        *walk = new_walk(engine, &st, std::mem::take(&mut walk.req))?;
+    }
+    walk.after = collect_range(
+        &st.index,
+        &walk.req,
+        walk.at,
+        walk.after.as_deref(),
+        max_keys,
+        &mut walk.revs,
+        &mut walk.count,
+    );
+    Ok(walk.after.is_none())
+}
+
+/// A read-only txn over the state under `st` and a fresh snapshot, and the
+/// operations it counts.
+fn read_txn<E: Engine>(
+    engine: &E,
+    st: &Indexed,
+    req: &TxnRequest,
+) -> Result<(TxnResponse, OpCounts), MvccError> {
+    if !is_txn_readonly(req) {
+        return Err(MvccError::NotReadOnly);
+    }
+    let snap = engine.snapshot();
+    let view = view_of(st, &snap);
+    let cur = st.current_rev;
+    let succeeded = view.compares(&req.compare, cur)?;
+    let ops = if succeeded {
+        &req.success
+    } else {
+        &req.failure
+    };
+    for op in ops {
+        if let RequestOp::Range(r) = op {
+            check_range_rev(r, cur, st.compact_rev)?;
+        }
+    }
+    let mut responses = Vec::with_capacity(ops.len());
+    for op in ops {
+        let RequestOp::Range(r) = op else {
+            return Err(MvccError::NotReadOnly);
+        };
+        responses.push(ResponseOp::Range(view.range(r, cur)?));
+    }
+    let response = TxnResponse {
+        header: header(cur),
+        succeeded,
+        responses,
+    };
+    let counts = OpCounts::of_txn(req, &response);
+    Ok((response, counts))
+}
+
+fn view_of<'a, S>(st: &'a Indexed, snap: &'a S) -> View<'a, S> {
+    View {
+        index: &st.index,
+        snap,
+        staged_main: 0,
+        staged: &[],
+        compact_rev: st.compact_rev,
+    }
+}
 
 /// Ranges, puts, deletes and txns seen by this member, counted as etcd's
 /// `metricsTxnWrite` counts them: each read of the store (a Range, a
@@ -303,10 +494,11 @@ impl OpCounts {
 
 impl<E: Engine> std::fmt::Debug for MvccStore<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.shared.read();
         f.debug_struct("MvccStore")
-            .field("current_rev", &self.current_rev)
-            .field("compact_rev", &self.compact_rev)
-            .field("keys", &self.index.len())
+            .field("current_rev", &st.current_rev)
+            .field("compact_rev", &st.compact_rev)
+            .field("keys", &st.index.len())
             .finish_non_exhaustive()
     }
 }
@@ -349,17 +541,22 @@ impl<E: Engine> MvccStore<E> {
             max_main = main;
             Ok(())
         })?;
-        Ok(MvccStore {
-            engine,
+        let indexed = Indexed {
             index,
             // Compaction may have removed every entry of the newest revisions
             // (all tombstones), but never below the compact revision.
             // etcd's store starts at revision 1: the first write is 2.
             current_rev: max_main.max(compact_rev).max(INITIAL_REVISION),
             compact_rev,
+        };
+        Ok(MvccStore {
+            engine,
+            shared: Arc::new(Shared {
+                indexed: RwLock::new(indexed),
+                reader_ranges: AtomicU64::new(0),
+            }),
             read_prev_for_watchers: true,
             ops: std::cell::Cell::new(OpCounts::default()),
-            instance: NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -372,23 +569,36 @@ impl<E: Engine> MvccStore<E> {
     /// Keys that exist now, as etcd's `etcd_debugging_mvcc_keys_total`
     /// counts them (a delete takes one away at once, not at compaction).
     pub fn key_count(&self) -> usize {
-        self.index.live()
+        self.shared.read().index.live()
+    }
+
+    /// A handle for reading this store from any core ([`StoreReader`]).
+    pub fn reader(&self) -> StoreReader<E>
+    where
+        E: Clone,
+    {
+        StoreReader {
+            engine: self.engine.clone(),
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// What this member has served and applied so far (etcd's
     /// `etcd_mvcc_{range,put,delete,txn}_total`).
     pub fn op_counts(&self) -> OpCounts {
-        self.ops.get()
+        let mut counts = self.ops.get();
+        counts.ranges += self.shared.reader_ranges.load(atomic::Ordering::Relaxed);
+        counts
     }
 
     /// The revision of the last change (1 for an empty store, as etcd's).
     pub fn current_revision(&self) -> i64 {
-        self.current_rev
+        self.shared.read().current_rev
     }
 
     /// The revision of the last compaction: reads below it fail.
     pub fn compact_revision(&self) -> i64 {
-        self.compact_rev
+        self.shared.read().compact_rev
     }
 
     /// The Raft index of the last entry applied to the engine.
@@ -399,16 +609,6 @@ impl<E: Engine> MvccStore<E> {
     /// The engine, e.g. to take a snapshot for a Raft snapshot.
     pub fn engine(&self) -> &E {
         &self.engine
-    }
-
-    fn view<'a>(&'a self, snap: &'a E::Snapshot) -> View<'a, E::Snapshot> {
-        View {
-            index: &self.index,
-            snap,
-            staged_main: 0,
-            staged: &[],
-            compact_rev: self.compact_rev,
-        }
     }
 
     /// etcd's `HashKV`, computed over the bytes etcd itself would hash, so
@@ -431,15 +631,16 @@ impl<E: Engine> MvccStore<E> {
     /// snapshot on any thread, so a large store's hash (etcdctl endpoint
     /// hashkv, the corruption checks) never stalls the owner's core.
     pub fn plan_hash_kv(&self, revision: i64) -> Result<HashPlan<E::Snapshot>, MvccError> {
-        if revision > 0 && revision <= self.compact_rev {
+        let st = self.shared.read();
+        if revision > 0 && revision <= st.compact_rev {
             return Err(MvccError::Compacted);
         }
-        if revision > self.current_rev {
+        if revision > st.current_rev {
             return Err(MvccError::FutureRevision);
         }
         let snap = self.engine.snapshot();
         let rev = if revision == 0 {
-            self.current_rev
+            st.current_rev
         } else {
             revision
         };
@@ -449,10 +650,10 @@ impl<E: Engine> MvccStore<E> {
         // Pushed here in key order; sorted on the hashing thread.
         let mut kept = Vec::new();
         let mut some_key_live = false;
-        if revision >= 0 && self.compact_rev > 0 {
-            self.index.visit(KeyRange::From(b""), rev, |_, r| {
+        if revision >= 0 && st.compact_rev > 0 {
+            st.index.visit(KeyRange::From(b""), rev, |_, r| {
                 some_key_live = true;
-                if r.main <= self.compact_rev {
+                if r.main <= st.compact_rev {
                     kept.push(r);
                 }
                 true
@@ -462,8 +663,8 @@ impl<E: Engine> MvccStore<E> {
             snap,
             revision,
             rev,
-            current_rev: self.current_rev,
-            compact_rev: self.compact_rev,
+            current_rev: st.current_rev,
+            compact_rev: st.compact_rev,
             kept: some_key_live.then_some(kept),
         })
     }
@@ -535,15 +736,16 @@ impl<E: Engine> MvccStore<E> {
         range_end: &[u8],
         from_rev: i64,
     ) -> Result<(Vec<Event>, i64), MvccError> {
-        let cur = self.current_rev;
+        let st = self.shared.read();
+        let cur = st.current_rev;
         if from_rev <= 0 || from_rev > cur {
             return Ok((Vec::new(), cur));
         }
-        if from_rev < self.compact_rev {
+        if from_rev < st.compact_rev {
             return Err(MvccError::Compacted);
         }
         let snap = self.engine.snapshot();
-        let view = self.view(&snap);
+        let view = view_of(&st, &snap);
         let start = rev_key(from_rev, 0);
         let mut events = Vec::new();
         scan_revisions(&snap, &start, |main, sub, v| {
@@ -591,8 +793,9 @@ impl<E: Engine> MvccStore<E> {
 
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, MvccError> {
         self.count_range();
+        let st = self.shared.read();
         let snap = self.engine.snapshot();
-        self.view(&snap).range(req, self.current_rev)
+        view_of(&st, &snap).range(req, st.current_rev)
     }
 
     /// The index half of `req` and a snapshot to load the values from
@@ -610,22 +813,7 @@ impl<E: Engine> MvccStore<E> {
     /// anything.
     pub fn begin_range(&self, req: RangeRequest) -> Result<RangeWalk<E::Snapshot>, MvccError> {
         self.count_range();
-        self.new_walk(req)
-    }
-
-    fn new_walk(&self, req: RangeRequest) -> Result<RangeWalk<E::Snapshot>, MvccError> {
-        let cur_rev = self.current_rev;
-        let at = read_revision(req.revision, cur_rev, self.compact_rev)?;
-        Ok(RangeWalk {
-            snap: self.engine.snapshot(),
-            at,
-            cur_rev,
-            instance: self.instance,
-            req,
-            after: None,
-            revs: Vec::new(),
-            count: 0,
-        })
+        new_walk(&self.engine, &self.shared.read(), req)
     }
 
     /// Walks up to `max_keys` more keys of the index for `walk`; true once
@@ -636,67 +824,20 @@ impl<E: Engine> MvccStore<E> {
     /// compaction. A compaction past the walk's revision fails a walk at a
     /// named revision as etcd's `ErrCompacted`, and starts one at "now"
     /// over at the current revision (the answer is then the one a range
-    /// begun now gives); a store replaced meanwhile (snapshot install)
-    /// starts it over in the new store.
+    /// begun now gives).
     pub fn walk_range(
         &self,
         walk: &mut RangeWalk<E::Snapshot>,
         max_keys: usize,
     ) -> Result<bool, MvccError> {
-        let compacted = walk.at < self.compact_rev;
-        if compacted || walk.instance != self.instance {
-            if compacted && walk.req.revision > 0 {
-                return Err(MvccError::Compacted);
-            }
-            // Over again: at "now", or at the named revision in the
-            // replacing store (checked there as any range's).
-            *walk = self.new_walk(std::mem::take(&mut walk.req))?;
-        }
-        walk.after = collect_range(
-            &self.index,
-            &walk.req,
-            walk.at,
-            walk.after.as_deref(),
-            max_keys,
-            &mut walk.revs,
-            &mut walk.count,
-        );
-        Ok(walk.after.is_none())
+        walk_range(&self.engine, &self.shared, walk, max_keys)
     }
 
     /// Executes a read-only txn (every op of both branches a Range, see
     /// [`is_txn_readonly`]) without the Raft log, like etcd does.
     pub fn read_txn(&self, req: &TxnRequest) -> Result<TxnResponse, MvccError> {
-        if !is_txn_readonly(req) {
-            return Err(MvccError::NotReadOnly);
-        }
-        let snap = self.engine.snapshot();
-        let view = self.view(&snap);
-        let cur = self.current_rev;
-        let succeeded = view.compares(&req.compare, cur)?;
-        let ops = if succeeded {
-            &req.success
-        } else {
-            &req.failure
-        };
-        for op in ops {
-            if let RequestOp::Range(r) = op {
-                check_range_rev(r, cur, self.compact_rev)?;
-            }
-        }
-        let mut responses = Vec::with_capacity(ops.len());
-        for op in ops {
-            let RequestOp::Range(r) = op else {
-                return Err(MvccError::NotReadOnly);
-            };
-            responses.push(ResponseOp::Range(view.range(r, cur)?));
-        }
-        let response = TxnResponse {
-            header: header(cur),
-            succeeded,
-            responses,
-        };
-        self.count(OpCounts::of_txn(req, &response));
+        let (response, counts) = read_txn(&self.engine, &self.shared.read(), req)?;
+        self.count(counts);
         Ok(response)
     }
 
@@ -713,13 +854,18 @@ impl<E: Engine> MvccStore<E> {
         if let Request::Compaction(c) = req {
             return self.apply_compaction(index, c);
         }
+        // Held for the whole request, engine batch included: readers on
+        // other cores then see the index, the revisions and the engine
+        // agree.
+        let mut guard = self.shared.write();
+        let st = &mut *guard;
         let snap = self.engine.snapshot();
-        let begin_rev = self.current_rev;
+        let begin_rev = st.current_rev;
         let mut tx = WriteTxn {
-            index: &mut self.index,
+            index: &mut st.index,
             snap: &snap,
             begin_rev,
-            compact_rev: self.compact_rev,
+            compact_rev: st.compact_rev,
             read_prev_for_watchers: self.read_prev_for_watchers,
             changes: Vec::new(),
         };
@@ -742,7 +888,7 @@ impl<E: Engine> MvccStore<E> {
         let response = match result {
             Ok(r) => r,
             Err(e) => {
-                rollback(&mut self.index, &changes, rev);
+                rollback(&mut st.index, &changes, rev);
                 if !e.is_fatal() {
                     self.write_applied_index(index)?;
                 }
@@ -758,12 +904,13 @@ impl<E: Engine> MvccStore<E> {
         }
         batch.set_applied_index(index);
         if let Err(e) = self.engine.write(batch) {
-            rollback(&mut self.index, &changes, rev);
+            rollback(&mut st.index, &changes, rev);
             return Err(e.into());
         }
         if !changes.is_empty() {
-            self.current_rev = rev;
+            st.current_rev = rev;
         }
+        drop(guard);
         let events = changes
             .into_iter()
             .map(|c| Event {
@@ -786,7 +933,7 @@ impl<E: Engine> MvccStore<E> {
         self.write_applied_index(index)
     }
 
-    fn write_applied_index(&mut self, index: u64) -> Result<(), MvccError> {
+    fn write_applied_index(&self, index: u64) -> Result<(), MvccError> {
         let mut batch = WriteBatch::new();
         batch.set_applied_index(index);
         self.engine.write(batch)?;
@@ -799,10 +946,11 @@ impl<E: Engine> MvccStore<E> {
         c: &CompactionRequest,
     ) -> Result<ApplyOutcome, MvccError> {
         let at = c.revision;
+        let mut st = self.shared.write();
         // etcd's order: an already compacted revision wins over a future one.
-        let user_err = if at <= self.compact_rev {
+        let user_err = if at <= st.compact_rev {
             Some(MvccError::Compacted)
-        } else if at > self.current_rev {
+        } else if at > st.current_rev {
             Some(MvccError::FutureRevision)
         } else {
             None
@@ -814,7 +962,7 @@ impl<E: Engine> MvccStore<E> {
         // Plan the deletions first and prune the index only once the batch
         // is durable in the engine, so a failed write changes nothing.
         let mut batch = WriteBatch::new();
-        self.index
+        st.index
             .compaction_garbage(at, |r| batch.delete(rev_key(r.main, u64::from(r.sub))));
         batch.put(
             Bytes::from_static(META_COMPACT_REV),
@@ -822,11 +970,11 @@ impl<E: Engine> MvccStore<E> {
         );
         batch.set_applied_index(index);
         self.engine.write(batch)?;
-        self.index.compact(at);
-        self.compact_rev = at;
+        st.index.compact(at);
+        st.compact_rev = at;
         Ok(ApplyOutcome {
             response: Response::Compaction(CompactionResponse {
-                header: header(self.current_rev),
+                header: header(st.current_rev),
             }),
             events: Vec::new(),
         })
@@ -1036,7 +1184,6 @@ pub struct RangeWalk<S> {
     at: i64,
     cur_rev: i64,
     snap: S,
-    instance: u64,
     after: Option<Bytes>,
     revs: Vec<Rev>,
     count: i64,

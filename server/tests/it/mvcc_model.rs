@@ -1539,6 +1539,89 @@ fn a_range_walked_in_slices_is_a_point_in_time() {
     }
 }
 
+/// A reader on another thread (a shard other than the owner) walks the
+/// index in slices while the owner applies whole-store rewrites and
+/// compactions: every answer is the store at one revision (every key with
+/// the value of one rewrite, never a mix), and revisions never go back.
+#[test]
+fn a_reader_on_another_thread_sees_whole_revisions_while_the_owner_applies() {
+    const KEYS: usize = 300;
+    const ROUNDS: usize = 120;
+    let rewrite = |round: usize| {
+        Request::Txn(TxnRequest {
+            success: (0..KEYS)
+                .map(|i| {
+                    RequestOp::Put(PutRequest {
+                        key: b(&format!("k{i:04}")),
+                        value: b(&format!("round {round}")),
+                        ..PutRequest::default()
+                    })
+                })
+                .collect(),
+            ..TxnRequest::default()
+        })
+    };
+    let mut t = T::new();
+    t.apply(rewrite(0)).unwrap();
+    let reader = t.s.reader();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scanning = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let req = RangeRequest {
+                key: b("k"),
+                range_end: b("l"),
+                ..RangeRequest::default()
+            };
+            let mut revisions = Vec::new();
+            // Bounded: at most 5,000 scans, and none once the owner is done.
+            for _ in 0..5_000 {
+                if done.load(std::sync::atomic::Ordering::Acquire) && !revisions.is_empty() {
+                    break;
+                }
+                let mut walk = reader.begin_range(req.clone()).unwrap();
+                while !reader.walk_range(&mut walk, 7).unwrap() {
+                    std::thread::yield_now();
+                }
+                let got = match walk.finish() {
+                    RangeStart::Done(r) => r,
+                    RangeStart::Plan(plan) => plan.finish().unwrap(),
+                };
+                assert_eq!(got.kvs.len(), KEYS);
+                let first = got.kvs[0].value.clone();
+                assert!(
+                    got.kvs.iter().all(|kv| kv.value == first),
+                    "a scan at revision {} mixed rewrites",
+                    got.header.revision
+                );
+                assert!(got
+                    .kvs
+                    .iter()
+                    .all(|kv| kv.mod_revision == got.header.revision));
+                revisions.push(got.header.revision);
+            }
+            revisions
+        })
+    };
+    for round in 1..=ROUNDS {
+        t.apply(rewrite(round)).unwrap();
+        if round % 10 == 0 {
+            t.apply(Request::Compaction(CompactionRequest {
+                revision: t.s.current_revision(),
+                physical: true,
+            }))
+            .unwrap();
+        }
+        std::thread::yield_now();
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let revisions = scanning.join().unwrap();
+    assert!(revisions.windows(2).all(|w| w[0] <= w[1]), "{revisions:?}");
+    assert!(*revisions.last().unwrap() <= t.s.current_revision());
+    // The reader's ranges count as this member's (etcd_mvcc_range_total).
+    assert!(t.s.op_counts().ranges >= revisions.len() as u64);
+}
+
 /// A compaction past the revision of a walk in progress: a range at "now"
 /// starts over at the current revision (it answers as a range begun then),
 /// one at a named revision fails as etcd's ErrCompacted.

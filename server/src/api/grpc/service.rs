@@ -84,6 +84,22 @@ impl Shared {
         SendWrapper::new(async move { self.backend.range(req, token).await }).await
     }
 
+    /// A read-only txn by the caller behind `token`, read on this shard
+    /// in its reads queue (see [`Backend::read_txn`], [`crate::sched`]).
+    pub(super) async fn read_txn(
+        &self,
+        req: mvcc::TxnRequest,
+        token: Option<String>,
+    ) -> (crate::error::Result<mvcc::TxnResponse>, u64) {
+        SendWrapper::new(async move {
+            let backend = (*self.backend).clone();
+            crate::sched::off_the_write_path(async move { backend.read_txn(req, token).await })
+                .await
+                .unwrap_or((Err(ServerError::Stopped), 0))
+        })
+        .await
+    }
+
     /// etcd's permission check for the caller behind `token` (nothing to
     /// do, and no trip to the owner, while auth is off).
     pub(super) async fn authorize(
@@ -267,13 +283,12 @@ impl pb::kv_server::Kv for KvService {
         let req = convert::txn_request(request.into_inner())?;
         mvcc::validate_txn(&req, self.0.info.max_txn_ops).map_err(mvcc_status)?;
         if mvcc::is_txn_readonly(&req) {
-            return match self.0.call(Command::ReadTxn(req, token)).await {
-                Reply::ReadTxn(Ok(r), term) => Ok(Response::new(convert::txn_response(
+            return match self.0.read_txn(req, token).await {
+                (Ok(r), term) => Ok(Response::new(convert::txn_response(
                     r,
                     &self.0.header(term),
                 ))),
-                Reply::ReadTxn(Err(e), _) => Err(status_of(&e)),
-                _ => Err(status_of(&ServerError::Stopped)),
+                (Err(e), _) => Err(status_of(&e)),
             };
         }
         match self.0.write(mvcc::Request::Txn(req), token).await? {
