@@ -21,6 +21,39 @@ pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 4096;
 /// etcd's backend quota when `--quota-backend-bytes` is 0 or unset (2 GiB).
 pub const DEFAULT_QUOTA_BACKEND_BYTES: u64 = 2 << 30;
 
+/// The CPUs of a taskset-style list (`0-7`, `8,10,12-15`), ascending and
+/// without repeats.
+pub fn parse_cpu_list(list: &str) -> Result<Vec<usize>, String> {
+    let mut cpus = std::collections::BTreeSet::new();
+    for part in list.split(',').map(str::trim) {
+        let number = |s: &str| {
+            s.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("{s:?} is not a CPU number"))
+        };
+        let (first, last) = match part.split_once('-') {
+            Some((a, b)) => (number(a)?, number(b)?),
+            None => (number(part)?, number(part)?),
+        };
+        if first > last {
+            return Err(format!("{part:?} ends before it starts"));
+        }
+        if last >= MAX_CPUS {
+            return Err(format!(
+                "CPU {last} is beyond the {MAX_CPUS} a CPU set holds"
+            ));
+        }
+        cpus.extend(first..=last);
+    }
+    if cpus.is_empty() {
+        return Err("expected at least one CPU".into());
+    }
+    Ok(cpus.into_iter().collect())
+}
+
+/// CPUs a Linux CPU set (`cpu_set_t`) can name.
+pub const MAX_CPUS: usize = 1024;
+
 /// Everything a member needs to start.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -55,8 +88,16 @@ pub struct Config {
     /// O_DIRECT, so this is all the memory their reads get: size it like
     /// a database buffer pool (up to the data size).
     pub engine_cache_bytes: usize,
-    /// Executor cores; 0 = every core but one (at least one).
+    /// Executor cores; 0 = every CPU of the set but one (at least one).
     pub shards: usize,
+    /// The CPUs shards are pinned to, in taskset's list syntax (`0-7`,
+    /// `8,10,12-15`); shard i on the i-th. None: the process's inherited
+    /// CPU affinity (taskset, systemd's `CPUAffinity=`, a cpuset).
+    pub cpus: Option<String>,
+    /// Whether the owner shard (shard 0) accepts client connections too.
+    /// None: only while there are fewer than 3 shards; with 3 or more its
+    /// core runs only the Raft group (propose, WAL, apply, replies).
+    pub owner_accepts_clients: Option<bool>,
     /// Applied entries between two snapshots (then WAL segments are released).
     pub snapshot_count: u64,
     pub heartbeat_interval: u64,
@@ -191,6 +232,8 @@ impl Default for Config {
             engine: "memory".into(),
             engine_cache_bytes: engine::any::default_cache_bytes(),
             shards: 0,
+            cpus: None,
+            owner_accepts_clients: None,
             snapshot_count: 100_000,
             heartbeat_interval: 100,
             election_timeout: 1000,
@@ -286,6 +329,10 @@ pub struct Flags {
     pub engine_cache_bytes: Option<usize>,
     #[arg(long)]
     pub shards: Option<usize>,
+    #[arg(long)]
+    pub cpus: Option<String>,
+    #[arg(long)]
+    pub owner_accepts_clients: Option<bool>,
     #[arg(long)]
     pub snapshot_count: Option<u64>,
     /// Milliseconds.
@@ -497,6 +544,12 @@ impl Config {
         }
         if let Some(urls) = flags.listen_peer_urls.take() {
             cfg.listen_peer_urls = Some(urls);
+        }
+        if let Some(cpus) = flags.cpus.take() {
+            cfg.cpus = Some(cpus);
+        }
+        if let Some(on) = flags.owner_accepts_clients.take() {
+            cfg.owner_accepts_clients = Some(on);
         }
         overlay!(
             cfg,
@@ -793,6 +846,9 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(list) = &self.cpus {
+            parse_cpu_list(list).map_err(|reason| invalid_flag("cpus", list.clone(), reason))?;
+        }
         if !(1..=crate::sched::WRITE_PATH_SHARES).contains(&self.range_cpu_shares) {
             return Err(invalid_flag(
                 "range-cpu-shares",
@@ -1370,6 +1426,28 @@ mod tests {
         // directory at start-up.
         let cwd = std::env::current_dir().unwrap();
         assert_eq!(cfg.data_dir(), cwd.join("n1.metcd"));
+    }
+
+    #[test]
+    fn cpu_lists_in_taskset_syntax() {
+        assert_eq!(parse_cpu_list("0-3").unwrap(), vec![0, 1, 2, 3]);
+        assert_eq!(parse_cpu_list("8,10,12-13").unwrap(), vec![8, 10, 12, 13]);
+        assert_eq!(parse_cpu_list("3, 1-2,3").unwrap(), vec![1, 2, 3]);
+        for bad in ["", "a", "3-1", "1-", "0-2000", "1,,2"] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad:?} taken");
+        }
+        assert_eq!(
+            load(&["--cpus", "2-3"]).unwrap().cpus.as_deref(),
+            Some("2-3")
+        );
+        let refused = load(&["--cpus", "3-1"]).unwrap_err().to_string();
+        assert!(refused.contains("cpus"), "{refused}");
+        assert_eq!(
+            load(&["--owner-accepts-clients", "false"])
+                .unwrap()
+                .owner_accepts_clients,
+            Some(false)
+        );
     }
 
     #[test]

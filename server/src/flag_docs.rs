@@ -370,7 +370,21 @@ pub const FLAGS: &[FlagDoc] = &[
         "shards",
         "<cores>",
         "(every core but one, at least 1)",
-        "Pinned executors; shard 0 owns the Raft group.",
+        "Pinned executors; shard 0 owns the Raft group. More than the CPUs of the set is refused.",
+    ),
+    flag(
+        "metcd",
+        "cpus",
+        "<list>",
+        "(the process's CPU affinity)",
+        "CPUs to pin shards to, in taskset's syntax (0-7, 8,10,12-15): shard i on the i-th.",
+    ),
+    flag(
+        "metcd",
+        "owner-accepts-clients",
+        "<bool>",
+        "(true below 3 shards)",
+        "Whether shard 0, which runs the Raft group, also accepts client connections.",
     ),
     flag(
         "metcd",

@@ -32,6 +32,11 @@ use crate::watch::{EventSubscriber, Feed, HeaderIds, WatchHub};
 
 /// The owner core of the Raft group.
 pub const OWNER_SHARD: usize = 0;
+/// Messages (batches of up to [`MAX_BATCH`]) a link's channel holds.
+const LINK_CAPACITY: usize = MAX_IN_FLIGHT / MAX_BATCH + 1;
+/// Feed batches (one per applied batch of entries) the event channel to a
+/// shard holds before the owner's forwarding task waits (the Raft loop
+/// itself only queues).
 const CHANNEL_CAPACITY: usize = 4096;
 
 /// A request to the group owner.
@@ -520,17 +525,104 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
     }
 }
 
+/// Items one cross-core message carries at most.
+const MAX_BATCH: usize = 256;
+/// Requests a shard may have waiting for the owner's replies; callers
+/// beyond it wait for a slot (the connection stops reading), so the
+/// queues in both directions stay bounded by it.
+const MAX_IN_FLIGHT: usize = 4096;
+
+/// One direction of a cross-core link: what tasks queue during an
+/// executor turn crosses as one message (at most [`MAX_BATCH`] items),
+/// sent by one task woken once per turn, not one message and one wake-up
+/// per item.
+struct Outbox<T> {
+    queue: RefCell<Vec<T>>,
+    ready: crate::notify::Notify,
+    /// Messages and items sent, for the link's tests and for operators'
+    /// curiosity.
+    messages: Cell<u64>,
+    items: Cell<u64>,
+}
+
+impl<T: Send + 'static> Outbox<T> {
+    fn new() -> Rc<Outbox<T>> {
+        Rc::new(Outbox {
+            queue: RefCell::new(Vec::new()),
+            ready: crate::notify::Notify::default(),
+            messages: Cell::new(0),
+            items: Cell::new(0),
+        })
+    }
+
+    fn push(&self, item: T) {
+        self.queue.borrow_mut().push(item);
+        self.ready.notify();
+    }
+
+    /// Moves queued items to `to` in batches until the other side is gone.
+    /// The task wakes after the tasks that queued, so a turn's items go in
+    /// one message.
+    async fn drain_into(self: Rc<Self>, to: ConnectedSender<Vec<T>>) {
+        loop {
+            self.ready.notified().await;
+            loop {
+                let batch: Vec<T> = {
+                    let mut queue = self.queue.borrow_mut();
+                    let n = queue.len().min(MAX_BATCH);
+                    queue.drain(..n).collect()
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                self.messages.set(self.messages.get() + 1);
+                self.items.set(self.items.get() + batch.len() as u64);
+                if to.send(batch).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// A non-owner shard's link to the owner.
 pub struct Remote {
-    to_owner: ConnectedSender<(u64, Command)>,
+    to_owner: Rc<Outbox<(u64, Command)>>,
     /// The owner's published read view: ranges are read here.
     view: std::sync::Arc<ReadView>,
     waiting: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
     next_id: Cell<u64>,
+    /// Slots for requests waiting for a reply ([`MAX_IN_FLIGHT`]).
+    in_flight: glommio::sync::Semaphore,
 }
 
 impl Remote {
+    /// Connects this shard's ends of a link to the owner and starts the
+    /// tasks that carry requests out and replies back.
+    async fn start(
+        requests: SharedSender<Vec<(u64, Command)>>,
+        replies: SharedReceiver<Vec<(u64, Reply)>>,
+        view: std::sync::Arc<ReadView>,
+        max_in_flight: usize,
+    ) -> Rc<Remote> {
+        let remote = Rc::new(Remote {
+            to_owner: Outbox::new(),
+            view,
+            waiting: RefCell::new(HashMap::new()),
+            next_id: Cell::new(0),
+            in_flight: glommio::sync::Semaphore::new(max_in_flight as u64),
+        });
+        let requests = requests.connect().await;
+        glommio::spawn_local(remote.to_owner.clone().drain_into(requests)).detach();
+        let replies = replies.connect().await;
+        glommio::spawn_local(remote.clone().dispatch_replies(replies)).detach();
+        remote
+    }
+
     async fn call(&self, cmd: Command) -> Reply {
+        let Ok(_slot) = self.in_flight.acquire_permit(1).await else {
+            return stopped();
+        };
         let id = self.next_id.get().wrapping_add(1);
         self.next_id.set(id);
         let (tx, rx) = oneshot::channel();
@@ -538,16 +630,17 @@ impl Remote {
         // If the caller goes away (connection closed) before the reply, the
         // entry must not stay behind.
         let _forget = Forget { remote: self, id };
-        if self.to_owner.send((id, cmd)).await.is_err() {
-            return stopped();
-        }
+        self.to_owner.push((id, cmd));
         rx.await.unwrap_or_else(|_| stopped())
     }
 
-    async fn dispatch_replies(self: Rc<Self>, replies: ConnectedReceiver<(u64, Reply)>) {
-        while let Some((id, reply)) = replies.recv().await {
-            if let Some(tx) = self.waiting.borrow_mut().remove(&id) {
-                let _ = tx.send(reply);
+    async fn dispatch_replies(self: Rc<Self>, replies: ConnectedReceiver<Vec<(u64, Reply)>>) {
+        while let Some(batch) = replies.recv().await {
+            let mut waiting = self.waiting.borrow_mut();
+            for (id, reply) in batch {
+                if let Some(tx) = waiting.remove(&id) {
+                    let _ = tx.send(reply);
+                }
             }
         }
         // The owner is gone: fail everything still waiting.
@@ -570,37 +663,44 @@ fn stopped() -> Reply {
     Reply::Write(Err(ServerError::Stopped), 0)
 }
 
-/// The owner's end of one remote shard's link.
+/// The owner's end of one remote shard's link: each request runs as a task
+/// of its own; replies go back batched.
 async fn serve_remote(
     node: Rc<Node>,
-    requests: ConnectedReceiver<(u64, Command)>,
-    replies: ConnectedSender<(u64, Reply)>,
+    requests: ConnectedReceiver<Vec<(u64, Command)>>,
+    replies: ConnectedSender<Vec<(u64, Reply)>>,
 ) {
-    let replies = Rc::new(replies);
-    while let Some((id, cmd)) = requests.recv().await {
-        let node = node.clone();
-        let replies = replies.clone();
-        let reads = cmd.is_read_work();
-        let work = async move {
-            let reply = execute(&node, cmd).await;
-            let _ = replies.send((id, reply)).await;
-        };
-        if reads {
-            crate::sched::spawn_read(work);
-        } else {
-            glommio::spawn_local(work).detach();
+    let outbox = Outbox::new();
+    glommio::spawn_local(outbox.clone().drain_into(replies)).detach();
+    while let Some(batch) = requests.recv().await {
+        for (id, cmd) in batch {
+            let node = node.clone();
+            let outbox = outbox.clone();
+            let reads = cmd.is_read_work();
+            let work = async move {
+                let reply = execute(&node, cmd).await;
+                outbox.push((id, reply));
+            };
+            if reads {
+                crate::sched::spawn_read(work);
+            } else {
+                glommio::spawn_local(work).detach();
+            }
         }
     }
 }
 
-type Channel<T> = (SharedSender<(u64, T)>, SharedReceiver<(u64, T)>);
+type Channel<T> = (SharedSender<Vec<(u64, T)>>, SharedReceiver<Vec<(u64, T)>>);
 
 struct Link {
     requests: Channel<Command>,
     replies: Channel<Reply>,
 }
 
-/// Number of executors: `--shards`, or every online core but one.
+/// Number of executors: `--shards`, or every CPU of the set but one
+/// (without `--cpus`, no more than the CPUs the process may use, cgroup
+/// quota included). More shards than CPUs in the set is refused: two
+/// pinned executors on one CPU take turns at the scheduler's pace.
 ///
 /// The spare core is for the work a shard cannot do itself: the kernel's
 /// I/O completions and loopback delivery, the checkpoint thread, and the
@@ -610,11 +710,81 @@ struct Link {
 /// on every etcd benchmark case, +20 % puts and +36 % ranges at 1000
 /// clients, because two shards plus the client oversubscribe the cores and
 /// every request that lands on the non-owner shard pays a cross-core hop.
-pub fn shard_count(cfg: &Config) -> usize {
-    if cfg.shards > 0 {
-        return cfg.shards;
+pub fn shard_count(cfg: &Config, cpus: &[usize]) -> Result<usize> {
+    if cfg.shards == 0 {
+        let usable = match cfg.cpus {
+            Some(_) => cpus.len(),
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        return Ok(default_shards(usable.min(cpus.len())));
     }
-    default_shards(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    if cfg.shards > cpus.len() {
+        return Err(ServerError::Startup(format!(
+            "--shards {} needs {} CPUs, but the CPU set has {} ({}): lower --shards, or give \
+             the member more CPUs (--cpus, taskset -c, systemd's CPUAffinity=)",
+            cfg.shards,
+            cfg.shards,
+            cpus.len(),
+            format_cpu_list(cpus)
+        )));
+    }
+    Ok(cfg.shards)
+}
+
+/// Whether the owner shard accepts client connections: as configured, by
+/// default only below 3 shards (from 3 on, the owner's core is worth more
+/// running the group alone than serving a third or less of the clients).
+fn owner_accepts_clients(cfg: &Config, shards: usize) -> Result<bool> {
+    let accepts = cfg.owner_accepts_clients.unwrap_or(shards < 3);
+    if !accepts && shards < 2 {
+        return Err(ServerError::Startup(
+            "--owner-accepts-clients false needs --shards 2 or more: with one shard nothing \
+             else would accept clients"
+                .into(),
+        ));
+    }
+    Ok(accepts)
+}
+
+/// The CPUs shards are pinned to: `--cpus`, which must lie inside the
+/// process's affinity, or else that affinity.
+pub fn cpu_set(cfg: &Config) -> Result<Vec<usize>> {
+    let allowed = allowed_cpus();
+    let Some(list) = &cfg.cpus else {
+        return Ok(allowed);
+    };
+    let cpus = crate::config::parse_cpu_list(list)
+        .map_err(|reason| ServerError::Startup(format!("--cpus {list}: {reason}")))?;
+    if let Some(cpu) = cpus.iter().find(|cpu| !allowed.contains(cpu)) {
+        return Err(ServerError::Startup(format!(
+            "--cpus {list}: CPU {cpu} is not one this process may run on ({})",
+            format_cpu_list(&allowed)
+        )));
+    }
+    Ok(cpus)
+}
+
+/// `cpus` (ascending) in taskset's list syntax: `0-3,8,10-11`.
+fn format_cpu_list(cpus: &[usize]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while let Some(&first) = cpus.get(i) {
+        let mut last = first;
+        while cpus.get(i + 1) == Some(&(last + 1)) {
+            last += 1;
+            i += 1;
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if first == last {
+            out.push_str(&first.to_string());
+        } else {
+            out.push_str(&format!("{first}-{last}"));
+        }
+        i += 1;
+    }
+    out
 }
 
 /// The CPUs this process may run on (its affinity mask), in order.
@@ -626,7 +796,7 @@ fn allowed_cpus() -> Vec<usize> {
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return vec![0];
         }
-        (0..libc::CPU_SETSIZE as usize)
+        (0..(libc::CPU_SETSIZE as usize).min(crate::config::MAX_CPUS))
             .filter(|cpu| libc::CPU_ISSET(*cpu, &set))
             .collect()
     }
@@ -639,7 +809,9 @@ fn default_shards(cores: usize) -> usize {
 /// Starts every shard and blocks until they exit (they serve forever unless
 /// start-up fails, in which case the process exits with the error).
 pub fn run(mut cfg: Config) -> Result<()> {
-    let shards = shard_count(&cfg);
+    let cpus = cpu_set(&cfg)?;
+    let shards = shard_count(&cfg, &cpus)?;
+    let owner_accepts_clients = owner_accepts_clients(&cfg, shards)?;
     crate::api::grpc::metrics::init(shards);
     let addrs = cfg
         .http_listen_addrs()
@@ -676,13 +848,12 @@ pub fn run(mut cfg: Config) -> Result<()> {
         election_timeout: Duration::from_millis(cfg.election_timeout),
         read_view,
     };
-    let cpus = allowed_cpus();
     let mut owner_side = Vec::new();
     let mut remote_side = Vec::new();
     for _ in 1..shards {
         let link = Link {
-            requests: shared_channel::new_bounded(CHANNEL_CAPACITY),
-            replies: shared_channel::new_bounded(CHANNEL_CAPACITY),
+            requests: shared_channel::new_bounded(LINK_CAPACITY),
+            replies: shared_channel::new_bounded(LINK_CAPACITY),
         };
         let (events_tx, events_rx) = shared_channel::new_bounded::<Feed>(CHANNEL_CAPACITY);
         owner_side.push((link.requests.1, link.replies.0, events_tx));
@@ -692,11 +863,12 @@ pub fn run(mut cfg: Config) -> Result<()> {
         .watch_progress_notify_interval()
         .map_err(|e| ServerError::Startup(e.to_string()))?;
     let mut handles = Vec::new();
-    // Shard i on the i-th CPU the process may run on, so `taskset`,
-    // systemd's `CPUAffinity=` or a cgroup's cpuset choose the cores.
+    // Shard i on the i-th CPU of the set, so `--cpus`, `taskset`,
+    // systemd's `CPUAffinity=` or a cgroup's cpuset choose the cores
+    // (shard_count checked there are enough).
     let placement = |shard: usize| match cpus.get(shard) {
-        Some(cpu) if shards <= cpus.len() => Placement::Fixed(*cpu),
-        _ => Placement::Unbound,
+        Some(cpu) => Placement::Fixed(*cpu),
+        None => Placement::Unbound,
     };
     let owner_cfg = cfg.clone();
     let owner_listeners = listeners.clone();
@@ -730,7 +902,13 @@ pub fn run(mut cfg: Config) -> Result<()> {
             spawn_progress_notifier(hub.clone(), progress_every);
             let backend = Backend::Local(node);
             spawn_watch_resync(hub.clone(), backend.clone());
-            serve_all(&owner_listeners, OWNER_SHARD, backend, hub).await;
+            if owner_accepts_clients {
+                serve_all(&owner_listeners, OWNER_SHARD, backend, hub).await;
+            } else {
+                // The owner's core runs only the group; the other shards
+                // accept every connection.
+                glommio::timer::sleep(Duration::from_secs(u64::MAX / 4)).await;
+            }
         })
         .map_err(|e| ServerError::Startup(format!("starting shard 0: {e}")))?;
     handles.push(owner);
@@ -744,14 +922,13 @@ pub fn run(mut cfg: Config) -> Result<()> {
             .spin_before_park(Duration::from_micros(cfg.spin_before_park_us))
             .spawn(move || async move {
                 crate::sched::install(range_cpu_shares);
-                let remote = Rc::new(Remote {
-                    to_owner: requests.connect().await,
-                    view: listeners.read_view.clone(),
-                    waiting: RefCell::new(HashMap::new()),
-                    next_id: Cell::new(0),
-                });
-                let replies = replies.connect().await;
-                glommio::spawn_local(remote.clone().dispatch_replies(replies)).detach();
+                let remote = Remote::start(
+                    requests,
+                    replies,
+                    listeners.read_view.clone(),
+                    MAX_IN_FLIGHT,
+                )
+                .await;
                 let hub = WatchHub::new(
                     listeners.header_ids(),
                     listeners.http_limits.max_request_bytes,
@@ -1094,6 +1271,163 @@ mod tests {
                     "the write path never ran during a walk of {keys} keys"
                 );
             });
+    }
+
+    /// A fake owner on an executor of its own: counts the request
+    /// messages and items it gets until `answer_until` items (answering
+    /// each batch with one batch of `Reply::Leader(7)`), or, with `None`,
+    /// answers nothing and counts until nothing came for 300 ms.
+    fn fake_owner(
+        requests: SharedReceiver<Vec<(u64, Command)>>,
+        replies: SharedSender<Vec<(u64, Reply)>>,
+        answer_until: Option<usize>,
+    ) -> glommio::ExecutorJoinHandle<(usize, usize)> {
+        LocalExecutorBuilder::new(Placement::Unbound)
+            .spawn(move || async move {
+                let requests = requests.connect().await;
+                let replies = replies.connect().await;
+                let (mut messages, mut items) = (0, 0);
+                let quiet = Duration::from_millis(300);
+                while let Ok(Some(batch)) =
+                    glommio::timer::timeout(quiet, async { Ok(requests.recv().await) }).await
+                {
+                    messages += 1;
+                    items += batch.len();
+                    let Some(until) = answer_until else {
+                        continue;
+                    };
+                    let answers = batch.into_iter().map(|(id, _)| (id, Reply::Leader(7)));
+                    replies.send(answers.collect()).await.unwrap();
+                    if items >= until {
+                        break;
+                    }
+                }
+                (messages, items)
+            })
+            .unwrap()
+    }
+
+    /// A burst of requests from a shard crosses to the owner in far fewer
+    /// messages than requests, and every caller gets its own reply.
+    #[test]
+    fn a_burst_of_requests_crosses_in_few_messages() {
+        const BURST: usize = 2_000;
+        let (req_tx, req_rx) = shared_channel::new_bounded(LINK_CAPACITY);
+        let (rep_tx, rep_rx) = shared_channel::new_bounded(LINK_CAPACITY);
+        let owner = fake_owner(req_rx, rep_tx, Some(BURST));
+        let (sent_messages, answered) = LocalExecutorBuilder::new(Placement::Unbound)
+            .make()
+            .unwrap()
+            .run(async move {
+                let view = std::sync::Arc::new(ReadView::new(Default::default()));
+                let remote = Remote::start(req_tx, rep_rx, view, MAX_IN_FLIGHT).await;
+                let calls: Vec<_> = (0..BURST)
+                    .map(|_| {
+                        let remote = remote.clone();
+                        glommio::spawn_local(async move { remote.call(Command::Leader).await })
+                    })
+                    .collect();
+                let mut answered = 0;
+                for call in calls {
+                    if matches!(call.await, Reply::Leader(7)) {
+                        answered += 1;
+                    }
+                }
+                (remote.to_owner.messages.get(), answered)
+            });
+        let (messages, items) = owner.join().unwrap();
+        assert_eq!(answered, BURST);
+        assert_eq!(items, BURST);
+        assert_eq!(messages as u64, sent_messages);
+        // 2,000 requests queued in one turn: ceil(2000 / MAX_BATCH) = 8.
+        assert!(
+            messages <= BURST.div_ceil(MAX_BATCH) + 2,
+            "{messages} messages"
+        );
+    }
+
+    /// An owner that answers nothing holds at most the link's bound of a
+    /// shard's requests: later callers wait for a slot, nothing piles up.
+    #[test]
+    fn a_slow_owner_makes_callers_wait_and_the_link_stays_bounded() {
+        const BOUND: usize = 64;
+        const CALLERS: usize = 3 * BOUND;
+        let (req_tx, req_rx) = shared_channel::new_bounded(LINK_CAPACITY);
+        let (rep_tx, rep_rx) = shared_channel::new_bounded(LINK_CAPACITY);
+        let owner = fake_owner(req_rx, rep_tx, None);
+        let (waiting, queued, slots_left) = LocalExecutorBuilder::new(Placement::Unbound)
+            .make()
+            .unwrap()
+            .run(async move {
+                let view = std::sync::Arc::new(ReadView::new(Default::default()));
+                let remote = Remote::start(req_tx, rep_rx, view, BOUND).await;
+                let calls: Vec<_> = (0..CALLERS)
+                    .map(|_| {
+                        let remote = remote.clone();
+                        glommio::spawn_local(async move { remote.call(Command::Leader).await })
+                    })
+                    .collect();
+                // Let every caller run and the outbox drain (bounded).
+                for _ in 0..50 {
+                    glommio::timer::sleep(Duration::from_millis(2)).await;
+                }
+                let seen = (
+                    remote.waiting.borrow().len(),
+                    remote.to_owner.queue.borrow().len(),
+                    remote.in_flight.available(),
+                );
+                drop(calls);
+                seen
+            });
+        let (_, items) = owner.join().unwrap();
+        assert_eq!(items, BOUND, "the owner got exactly the bound");
+        assert_eq!(waiting, BOUND, "callers past the bound wait for a slot");
+        assert_eq!(queued, 0);
+        assert_eq!(slots_left, 0);
+    }
+
+    #[test]
+    fn cpu_lists_print_as_taskset_writes_them() {
+        assert_eq!(format_cpu_list(&[0, 1, 2, 3, 8, 10, 11]), "0-3,8,10-11");
+        assert_eq!(format_cpu_list(&[5]), "5");
+        assert_eq!(format_cpu_list(&[]), "");
+    }
+
+    #[test]
+    fn the_owner_stops_accepting_clients_from_three_shards_unless_told() {
+        let cfg = |accepts| Config {
+            owner_accepts_clients: accepts,
+            ..Config::default()
+        };
+        assert!(owner_accepts_clients(&cfg(None), 1).unwrap());
+        assert!(owner_accepts_clients(&cfg(None), 2).unwrap());
+        assert!(!owner_accepts_clients(&cfg(None), 3).unwrap());
+        assert!(owner_accepts_clients(&cfg(Some(true)), 7).unwrap());
+        assert!(!owner_accepts_clients(&cfg(Some(false)), 2).unwrap());
+        assert!(owner_accepts_clients(&cfg(Some(false)), 1).is_err());
+    }
+
+    #[test]
+    fn more_shards_than_cpus_are_refused() {
+        let cfg = |shards, cpus: Option<&str>| Config {
+            shards,
+            cpus: cpus.map(str::to_string),
+            ..Config::default()
+        };
+        assert_eq!(
+            shard_count(&cfg(0, Some("0-7")), &[0, 1, 2, 3, 4, 5, 6, 7]).unwrap(),
+            7
+        );
+        assert_eq!(
+            shard_count(&cfg(3, Some("0-7")), &[0, 1, 2, 3, 4, 5, 6, 7]).unwrap(),
+            3
+        );
+        assert_eq!(shard_count(&cfg(2, None), &[4, 6]).unwrap(), 2);
+        let refused = shard_count(&cfg(3, None), &[4, 6]).unwrap_err().to_string();
+        assert!(
+            refused.contains("--shards 3 needs 3 CPUs, but the CPU set has 2 (4,6)"),
+            "{refused}"
+        );
     }
 
     #[test]

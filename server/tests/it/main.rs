@@ -4,6 +4,7 @@ mod auth;
 mod client_tls;
 mod client_url_http;
 mod cluster;
+mod cpus;
 mod crash;
 mod engines;
 mod etcd_client;

@@ -226,6 +226,11 @@ impl Server {
         panic!("metcd did not become healthy:\n{}", self.log_text());
     }
 
+    /// The process ID, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        Some(self.child.as_ref()?.id())
+    }
+
     /// The process's resident memory in MiB (from /proc), if it runs.
     pub fn rss_mib(&self) -> Option<u64> {
         let pid = self.child.as_ref()?.id();
