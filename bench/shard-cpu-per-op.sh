@@ -39,8 +39,8 @@ ticks() { # shard -> utime+stime in clock ticks of its threads (glommio
   # names them metcd-shard-<shard>-<executor id>: the executor and its helper)
   local t sum=0
   for t in /proc/$pid/task/*; do
-    case "$(cat "$t/comm")" in
-      "metcd-shard-$1-"*) sum=$((sum + $(awk '{ print $14 + $15 }' "$t/stat"))) ;;
+    case "$(cat "$t/comm" 2>/dev/null)" in
+      "metcd-shard-$1-"*) sum=$((sum + $(awk '{ print $14 + $15 }' "$t/stat" 2>/dev/null || echo 0))) ;;
     esac
   done
   echo $sum
