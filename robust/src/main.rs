@@ -37,6 +37,11 @@ struct Args {
     /// member (none: "").
     #[arg(long, default_value = "kill,pause,partition,disk,member")]
     faults: String,
+    /// Double faults: during about half of the kills, pauses and
+    /// partitions, a second member is killed or paused too, so the
+    /// cluster loses its quorum for a while.
+    #[arg(long)]
+    overlap: bool,
     /// The metcd binary (default: `metcd` beside this program).
     #[arg(long)]
     metcd: Option<PathBuf>,
@@ -121,6 +126,7 @@ fn run_once(args: &Args) -> Result<bool, String> {
         faults,
         engine: args.engine.clone(),
         fault_every_ms: (300, 2000),
+        overlap: args.overlap,
     };
     let started = Instant::now();
     let outcome = run(cluster, &settings);

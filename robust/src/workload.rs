@@ -59,6 +59,9 @@ pub struct Settings {
     pub engine: String,
     /// Pause between faults (uniform in the range).
     pub fault_every_ms: (u64, u64),
+    /// Double faults: a kill or pause of a second member during about half
+    /// of the kills, pauses and partitions (no quorum meanwhile).
+    pub overlap: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -481,8 +484,8 @@ async fn members_status(cluster: &Mutex<Cluster>) -> (Vec<u64>, Option<usize>) {
     (ids, leader)
 }
 
-/// Faults one at a time (a quorum always stays up), each undone before the
-/// next; favours the leader.
+/// Faults one at a time (a quorum always stays up, unless `overlap` adds a
+/// second one), each undone before the next; favours the leader.
 async fn nemesis(
     cluster: Arc<Mutex<Cluster>>,
     settings: Settings,
@@ -514,7 +517,6 @@ async fn nemesis(
             Some(l) if rng.below(3) > 0 => l,
             _ => rng.below(n as u64) as usize,
         };
-        let was_leader = leader == Some(member);
         let at = since(start);
         let lasted = match kind {
             FaultKind::Kill => rng.between_ms(200, 2000),
@@ -523,39 +525,91 @@ async fn nemesis(
             FaultKind::Disk => DISK_FAULT_EXIT_LIMIT,
             FaultKind::Membership => Duration::ZERO,
         };
-        let detail = match inject(
+        // A second fault on another member, begun while the first lasts:
+        // only a kill or a pause (a partition rewrites every member's fault
+        // file; a disk fault holds the cluster for its whole wait).
+        let second = (settings.overlap
+            && matches!(
+                kind,
+                FaultKind::Kill | FaultKind::Pause | FaultKind::Partition
+            )
+            && rng.below(2) == 0)
+            .then(|| {
+                let other = (member + 1 + rng.below(n as u64 - 1) as usize) % n;
+                let kind2 = [FaultKind::Kill, FaultKind::Pause][rng.below(2) as usize];
+                let delay = rng.between_ms(0, lasted.as_millis() as u64 / 2);
+                (
+                    other,
+                    kind2,
+                    delay,
+                    rng.between_ms(200, 2000),
+                    Rng::new(rng.next_u64()),
+                )
+            });
+        let mut ids2 = ids.clone();
+        let first = inject(
             &cluster, kind, member, leader, lasted, &mut ids, &mut rng, &settings,
-        )
-        .await
-        {
-            Ok(detail) => detail,
-            Err(e) => {
-                errors.push(e);
-                String::new()
+        );
+        let (detail, second_fault) = match second {
+            None => (first.await, None),
+            Some((other, kind2, delay, lasted2, mut rng2)) => {
+                let (cluster2, settings2) = (cluster.clone(), settings.clone());
+                let overlapping = async move {
+                    tokio::time::sleep(delay).await;
+                    let at = since(start);
+                    let detail = inject(
+                        &cluster2, kind2, other, leader, lasted2, &mut ids2, &mut rng2, &settings2,
+                    )
+                    .await;
+                    (other, kind2, at, lasted2, detail)
+                };
+                let (detail, second) = tokio::join!(first, overlapping);
+                (detail, Some(second))
             }
         };
-        faults.push(Fault {
-            kind,
-            member,
-            was_leader,
-            at,
-            lasted,
-            detail,
-        });
-        // Let the member rejoin before the next fault: one fault at a time.
-        let member_back = tokio::task::spawn_blocking({
-            let cluster = cluster.clone();
-            move || {
-                lock(&cluster)?
-                    .wait_healthy(member, Duration::from_secs(30))
-                    .map_err(|e| e.to_string())
+        let mut back = vec![(member, kind)];
+        for (member, kind, at, lasted, detail) in
+            std::iter::once((member, kind, at, lasted, detail)).chain(second_fault)
+        {
+            let detail = match detail {
+                Ok(detail) => detail,
+                Err(e) => {
+                    errors.push(e);
+                    String::new()
+                }
+            };
+            if back[0].0 != member {
+                back.push((member, kind));
             }
-        })
-        .await;
-        match member_back {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => errors.push(format!("after {}: {e}", kind.name())),
-            Err(e) => errors.push(e.to_string()),
+            faults.push(Fault {
+                kind,
+                member,
+                was_leader: leader == Some(member),
+                at,
+                lasted,
+                detail: if back.len() > 1 {
+                    format!("overlapping the fault on member {}{detail}", back[0].0)
+                } else {
+                    detail
+                },
+            });
+        }
+        // Let the members rejoin before the next fault.
+        for (member, kind) in back {
+            let member_back = tokio::task::spawn_blocking({
+                let cluster = cluster.clone();
+                move || {
+                    lock(&cluster)?
+                        .wait_healthy(member, Duration::from_secs(30))
+                        .map_err(|e| e.to_string())
+                }
+            })
+            .await;
+            match member_back {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => errors.push(format!("after {}: {e}", kind.name())),
+                Err(e) => errors.push(e.to_string()),
+            }
         }
     }
     (faults, errors)
