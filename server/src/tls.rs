@@ -434,14 +434,19 @@ impl PeerIdentity {
         self.cn.is_some() || self.hostname.is_some()
     }
 
-    /// A refusal is logged here (with the reason) and answered as a name
+    /// A refusal is logged here, with etcd's words (`client certificate
+    /// authentication failed`, what etcd's e2e tests wait for on the
+    /// refusing member) and which check failed, and answered as a name
     /// mismatch, so the peer is sent TLS's `bad_certificate` alert, as
     /// Go's `VerifyPeerCertificate` refusal is (etcd's e2e test waits for
     /// the refused member to log `remote error: tls: bad certificate`).
     fn check(&self, cert: &CertificateDer<'_>) -> Result<(), rustls::Error> {
         let refused = |why: &str| {
             let cn = crate::der::certificate_common_name(cert).unwrap_or_default();
-            eprintln!("metcd: peer: certificate with CN {cn:?} refused: {why}");
+            eprintln!(
+                "metcd: peer: rejected connection: client certificate authentication failed \
+                 (certificate CN {cn:?}: {why})"
+            );
             rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
         };
         if let Some(cn) = &self.cn {
@@ -668,9 +673,12 @@ impl PeerTls {
         Ok(PeerStream::Client(Box::new(stream)))
     }
 
-    /// The TLS handshake of an accepted connection.
+    /// The TLS handshake of an accepted connection. A refused handshake's
+    /// alert (`bad_certificate` for a peer whose name is not allowed) is
+    /// sent before the connection closes, so the refused member logs why,
+    /// as etcd's does ([`HandshakeBuffered`]).
     pub async fn accept(&self, tcp: TcpStream) -> io::Result<PeerStream> {
-        let stream = self.acceptor.accept(tcp).await?;
+        let stream = accept_sending_alerts(&self.acceptor, tcp).await?;
         Ok(PeerStream::Server(Box::new(stream)))
     }
 
@@ -680,11 +688,117 @@ impl PeerTls {
     }
 }
 
+/// A server-side TLS handshake on `tcp` whose refusal's alert reaches the
+/// other end before the connection closes ([`HandshakeBuffered`]), as Go's
+/// TLS server sends it (a refused etcd peer or client logs `remote error:
+/// tls: bad certificate`, not an EOF).
+pub async fn accept_sending_alerts(
+    acceptor: &TlsAcceptor,
+    tcp: TcpStream,
+) -> io::Result<futures_rustls::server::TlsStream<HandshakeBuffered>> {
+    let buffered = HandshakeBuffered {
+        inner: tcp,
+        pending: Vec::new(),
+        sent: 0,
+        handshaking: true,
+    };
+    match acceptor.accept(buffered).into_fallible().await {
+        Ok(mut stream) => {
+            stream.get_mut().0.handshaking = false;
+            Ok(stream)
+        }
+        Err((e, mut io)) => {
+            let sent = futures_lite::future::poll_fn(|cx| io.poll_send_pending(cx));
+            let _ = glommio::timer::timeout(ALERT_SEND_LIMIT, async { Ok(sent.await) }).await;
+            Err(e)
+        }
+    }
+}
+
+/// How long a refused handshake's alert may take to leave.
+const ALERT_SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The TCP stream under a server-side TLS handshake. While it handshakes,
+/// writes are taken into a buffer at once and sent as the socket takes
+/// them: the TLS library writes a refused handshake's alert once, as a last
+/// gasp, and drops it if the socket is not ready (glommio's sockets write
+/// through io_uring, so the first poll of a write is usually not ready);
+/// kept here, the caller can still send it. After the handshake, writes go
+/// straight to the socket once anything left is sent.
+pub struct HandshakeBuffered {
+    inner: TcpStream,
+    pending: Vec<u8>,
+    sent: usize,
+    handshaking: bool,
+}
+
+impl HandshakeBuffered {
+    fn poll_send_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.sent < self.pending.len() {
+            match Pin::new(&mut self.inner).poll_write(cx, &self.pending[self.sent..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => self.sent += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.pending.clear();
+        self.sent = 0;
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+}
+
+impl AsyncRead for HandshakeBuffered {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for HandshakeBuffered {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.handshaking {
+            if let Poll::Ready(Err(e)) = this.poll_send_pending(cx) {
+                return Poll::Ready(Err(e));
+            }
+            this.pending.extend_from_slice(buf);
+            // Started now; the handshake's flush finishes it.
+            let _ = this.poll_send_pending(cx);
+            return Poll::Ready(Ok(buf.len()));
+        }
+        match this.poll_send_pending(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut this.inner).poll_write(cx, buf),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().poll_send_pending(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match this.poll_send_pending(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut this.inner).poll_close(cx),
+            other => other,
+        }
+    }
+}
+
 /// A peer or client connection, plain or TLS.
 pub enum PeerStream {
     Plain(TcpStream),
     Client(Box<futures_rustls::client::TlsStream<TcpStream>>),
-    Server(Box<futures_rustls::server::TlsStream<TcpStream>>),
+    Server(Box<futures_rustls::server::TlsStream<HandshakeBuffered>>),
 }
 
 impl PeerStream {
@@ -692,7 +806,7 @@ impl PeerStream {
         let tcp = match self {
             PeerStream::Plain(s) => s,
             PeerStream::Client(s) => s.get_ref().0,
-            PeerStream::Server(s) => s.get_ref().0,
+            PeerStream::Server(s) => &s.get_ref().0.inner,
         };
         let _ = tcp.set_nodelay(true);
     }

@@ -1952,7 +1952,8 @@ fn strict_reconfig_check_can_be_turned_off() {
 /// etcd's `--peer-cert-allowed-cn` and `--peer-cert-allowed-hostname`: a
 /// member whose certificate (of the same, trusted CA) carries another
 /// common name, or is not valid for the allowed host name, is refused by
-/// the others and gets nothing; the two allowed members keep a quorum.
+/// the others (with TLS's bad_certificate alert) and gets nothing; the two
+/// allowed members keep a quorum.
 #[test]
 fn peer_certificates_must_carry_the_allowed_name() {
     let certs_dir = tempfile::tempdir().unwrap();
@@ -1992,6 +1993,19 @@ fn peer_certificates_must_carry_the_allowed_name() {
         };
         let logs: String = cluster.members.iter().map(|m| m.log_text()).collect();
         assert!(logs.contains(refused), "{flags:?}: {logs}");
+        assert!(
+            logs.contains("client certificate authentication failed"),
+            "{flags:?}: not in etcd's words: {logs}"
+        );
+        // The refusal reaches the refused member as TLS's alert, in Go's
+        // words as etcd logs it (etcd's e2e tests wait for this line).
+        assert!(
+            cluster.members[2]
+                .log_text()
+                .contains("remote error: tls: bad certificate"),
+            "{flags:?}: the refused member was not told why: {}",
+            cluster.members[2].log_text()
+        );
         assert!(
             !cluster.members[2]
                 .log_text()

@@ -278,7 +278,7 @@ pub async fn serve(
             let mut cert_user = None;
             let mut stream = match tls {
                 None => PeerStream::Plain(tcp),
-                Some(acceptor) => match acceptor.accept(tcp).await {
+                Some(acceptor) => match crate::tls::accept_sending_alerts(&acceptor, tcp).await {
                     Ok(s) => {
                         if cert_users {
                             cert_user = s
@@ -292,7 +292,7 @@ pub async fn serve(
                         PeerStream::Server(Box::new(s))
                     }
                     // The client's problem (no or untrusted certificate,
-                    // plaintext on a TLS port); rustls said why to it.
+                    // plaintext on a TLS port); the alert said why.
                     Err(_) => return,
                 },
             };
