@@ -249,7 +249,7 @@ impl Shared {
 /// without the store's owner doing anything for them. A walk holds the
 /// read lock for one slice at a time, so the owner's next apply waits at
 /// most one slice; between slices the owner applies freely and the walk
-/// stays a read at its revision (see [`MvccStore::walk_range`]).
+/// stays a read at its revision (see [`StoreReader::walk_range`]).
 ///
 /// A reader stays on the store it was taken from: after a snapshot install
 /// replaced that store, its walks finish in the old one (consistent, at
@@ -286,8 +286,16 @@ impl<E: Engine> StoreReader<E> {
         new_walk(&self.engine, &self.shared.read(), req)
     }
 
-    /// Walks up to `max_keys` more keys for `walk`; true once it has seen
-    /// its whole range. See [`MvccStore::walk_range`].
+    /// Walks up to `max_keys` more keys of the index for `walk`; true once
+    /// the walk has seen its whole range. Between two slices the store may
+    /// apply anything.
+    ///
+    /// A walk stays a read at its revision across slices: later writes add
+    /// only newer events, which it skips, and keys leave the index only by
+    /// compaction. A compaction past the walk's revision fails a walk at a
+    /// named revision as etcd's `ErrCompacted`, and starts one at "now"
+    /// over at the current revision (the answer is then the one a range
+    /// begun now gives).
     pub fn walk_range(
         &self,
         walk: &mut RangeWalk<E::Snapshot>,
@@ -329,7 +337,7 @@ fn new_walk<E: Engine>(
     })
 }
 
-/// One slice of a walk under the read lock (see [`MvccStore::walk_range`]).
+/// One slice of a walk under the read lock (see [`StoreReader::walk_range`]).
 fn walk_range<E: Engine>(
     engine: &E,
     shared: &Shared,
@@ -800,37 +808,15 @@ impl<E: Engine> MvccStore<E> {
 
     /// The index half of `req` and a snapshot to load the values from
     /// elsewhere (see [`RangePlan`]), in one go. The server walks in
-    /// slices instead ([`MvccStore::begin_range`]).
-    pub fn start_range(&self, req: RangeRequest) -> Result<RangeStart<E::Snapshot>, MvccError> {
-        let mut walk = self.begin_range(req)?;
-        while !self.walk_range(&mut walk, usize::MAX)? {}
+    /// slices instead ([`StoreReader::begin_range`]).
+    pub fn start_range(&self, req: RangeRequest) -> Result<RangeStart<E::Snapshot>, MvccError>
+    where
+        E: Clone,
+    {
+        let reader = self.reader();
+        let mut walk = reader.begin_range(req)?;
+        while !reader.walk_range(&mut walk, usize::MAX)? {}
         Ok(walk.finish())
-    }
-
-    /// Begins a range's key-index walk: checks its revision and takes the
-    /// engine snapshot its values will be read from. Continue it with
-    /// [`MvccStore::walk_range`]; between two slices the store may apply
-    /// anything.
-    pub fn begin_range(&self, req: RangeRequest) -> Result<RangeWalk<E::Snapshot>, MvccError> {
-        self.count_range();
-        new_walk(&self.engine, &self.shared.read(), req)
-    }
-
-    /// Walks up to `max_keys` more keys of the index for `walk`; true once
-    /// the walk has seen its whole range.
-    ///
-    /// A walk stays a read at its revision across slices: later writes add
-    /// only newer events, which it skips, and keys leave the index only by
-    /// compaction. A compaction past the walk's revision fails a walk at a
-    /// named revision as etcd's `ErrCompacted`, and starts one at "now"
-    /// over at the current revision (the answer is then the one a range
-    /// begun now gives).
-    pub fn walk_range(
-        &self,
-        walk: &mut RangeWalk<E::Snapshot>,
-        max_keys: usize,
-    ) -> Result<bool, MvccError> {
-        walk_range(&self.engine, &self.shared, walk, max_keys)
     }
 
     /// Executes a read-only txn (every op of both branches a Range, see
@@ -1176,7 +1162,7 @@ pub struct RangePlan<S> {
     kvs: Vec<KeyValue>,
 }
 
-/// A range's key-index walk in progress ([`MvccStore::begin_range`]): the
+/// A range's key-index walk in progress ([`StoreReader::begin_range`]): the
 /// revision it reads at, the snapshot its values come from, the key it
 /// stopped after, and what it collected so far.
 pub struct RangeWalk<S> {

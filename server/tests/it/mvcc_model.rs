@@ -908,7 +908,7 @@ fn check_same_read(
 }
 
 /// Reads of the whole key space at every revision from -3 to current + 2.
-fn full_check<E: Engine>(store: &MvccStore<E>, model: &Model) -> Result<(), TestCaseError> {
+fn full_check<E: Engine + Clone>(store: &MvccStore<E>, model: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(store.current_revision(), model.cur());
     prop_assert_eq!(store.compact_revision(), model.compact);
     let canned = [
@@ -954,12 +954,13 @@ fn full_check<E: Engine>(store: &MvccStore<E>, model: &Model) -> Result<(), Test
 /// A range the way the server serves it: the index walked one key per
 /// slice, then the values loaded one at a time from the snapshot the plan
 /// holds.
-fn planned_range<E: Engine>(
+fn planned_range<E: Engine + Clone>(
     store: &MvccStore<E>,
     req: &RangeRequest,
 ) -> Result<RangeResponse, MvccError> {
-    let mut walk = store.begin_range(req.clone())?;
-    while !store.walk_range(&mut walk, 1)? {}
+    let reader = store.reader();
+    let mut walk = reader.begin_range(req.clone())?;
+    while !reader.walk_range(&mut walk, 1)? {}
     match walk.finish() {
         RangeStart::Done(r) => Ok(r),
         RangeStart::Plan(mut plan) => {
@@ -1518,10 +1519,10 @@ fn a_range_walked_in_slices_is_a_point_in_time() {
         },
     ] {
         let expected = t.s.range(&req).unwrap();
-        let mut walk = t.s.begin_range(req.clone()).unwrap();
+        let mut walk = t.s.reader().begin_range(req.clone()).unwrap();
         let mut slices = 0;
         let mut round = 0;
-        while !t.s.walk_range(&mut walk, 3).unwrap() {
+        while !t.s.reader().walk_range(&mut walk, 3).unwrap() {
             slices += 1;
             round += 1;
             // Between slices: overwrite a key ahead of the walk, delete one,
@@ -1641,10 +1642,10 @@ fn a_compaction_during_a_walk_restarts_it_or_fails_it() {
         revision: at,
         ..now.clone()
     };
-    let mut walk_now = t.s.begin_range(now.clone()).unwrap();
-    let mut walk_pinned = t.s.begin_range(pinned).unwrap();
-    assert!(!t.s.walk_range(&mut walk_now, 4).unwrap());
-    assert!(!t.s.walk_range(&mut walk_pinned, 4).unwrap());
+    let mut walk_now = t.s.reader().begin_range(now.clone()).unwrap();
+    let mut walk_pinned = t.s.reader().begin_range(pinned).unwrap();
+    assert!(!t.s.reader().walk_range(&mut walk_now, 4).unwrap());
+    assert!(!t.s.reader().walk_range(&mut walk_pinned, 4).unwrap());
     for i in 0..10 {
         t.put(&format!("k{i}"), "new");
     }
@@ -1654,10 +1655,10 @@ fn a_compaction_during_a_walk_restarts_it_or_fails_it() {
     }))
     .unwrap();
     assert!(matches!(
-        t.s.walk_range(&mut walk_pinned, 4),
+        t.s.reader().walk_range(&mut walk_pinned, 4),
         Err(MvccError::Compacted)
     ));
-    while !t.s.walk_range(&mut walk_now, 4).unwrap() {}
+    while !t.s.reader().walk_range(&mut walk_now, 4).unwrap() {}
     let RangeStart::Plan(plan) = walk_now.finish() else {
         panic!("a range with values needs a plan");
     };
