@@ -676,13 +676,31 @@ pub async fn write_snapshot_file_off_core<S: EngineSnapshot>(
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .name("metcd-snapshot")
             .io_memory(CHECKPOINT_IO_MEMORY)
-            .spawn(move || async move { snapfile::write(&snapshot, &tmp).await })
+            .spawn(move || async move {
+                // A timer bounds every sleep of this executor: once, in a
+                // test, it slept 15 minutes in io_uring_enter with the
+                // write's completion unreaped, until a signal woke it (a
+                // lost wake-up, glommio 0.9 on Linux 6.18). Woken every
+                // REAP_EVERY, it reaps what came meanwhile and goes on.
+                let reaper = glommio::spawn_local(async {
+                    loop {
+                        glommio::timer::sleep(REAP_EVERY).await;
+                    }
+                });
+                let written = snapfile::write(&snapshot, &tmp).await;
+                drop(reaper);
+                written
+            })
             .map_err(|e| executor_error(e.to_string()))?
             .join()
             .map_err(|e| executor_error(e.to_string()))?
     })
     .await
 }
+
+/// The longest the checkpoint executor sleeps before it looks for I/O
+/// completions again (see `write_snapshot_file_off_core`).
+const REAP_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Locked I/O memory of the short-lived checkpoint executor (its buffers
 /// fall back to ordinary aligned allocations beyond this).
