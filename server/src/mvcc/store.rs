@@ -227,12 +227,20 @@ struct Indexed {
 #[derive(Debug)]
 struct Shared {
     indexed: RwLock<Indexed>,
-    /// Ranges served by readers ([`StoreReader::begin_range`]), for
-    /// [`MvccStore::op_counts`].
+    /// Ranges and read-only txns served by readers, for
+    /// [`MvccStore::op_counts`] (reads count no puts or deletes).
     reader_ranges: AtomicU64,
+    reader_txns: AtomicU64,
 }
 
 impl Shared {
+    fn count_reads(&self, counts: OpCounts) {
+        self.reader_ranges
+            .fetch_add(counts.ranges, atomic::Ordering::Relaxed);
+        self.reader_txns
+            .fetch_add(counts.txns, atomic::Ordering::Relaxed);
+    }
+
     // A poisoned lock means a panic while applying, which aborts the
     // process (release profile): the state behind it is never used after.
     fn read(&self) -> RwLockReadGuard<'_, Indexed> {
@@ -280,9 +288,10 @@ impl<E: Engine> StoreReader<E> {
     /// snapshot its values will be read from. Continue it with
     /// [`StoreReader::walk_range`].
     pub fn begin_range(&self, req: RangeRequest) -> Result<RangeWalk<E::Snapshot>, MvccError> {
-        self.shared
-            .reader_ranges
-            .fetch_add(1, atomic::Ordering::Relaxed);
+        self.shared.count_reads(OpCounts {
+            ranges: 1,
+            ..OpCounts::default()
+        });
         new_walk(&self.engine, &self.shared.read(), req)
     }
 
@@ -304,17 +313,10 @@ impl<E: Engine> StoreReader<E> {
         walk_range(&self.engine, &self.shared, walk, max_keys)
     }
 
-    /// The current revision.
-    pub fn current_revision(&self) -> i64 {
-        self.shared.read().current_rev
-    }
-
     /// A read-only txn, as [`MvccStore::read_txn`] runs it.
     pub fn read_txn(&self, req: &TxnRequest) -> Result<TxnResponse, MvccError> {
         let (response, counts) = read_txn(&self.engine, &self.shared.read(), req)?;
-        self.shared
-            .reader_ranges
-            .fetch_add(counts.ranges, atomic::Ordering::Relaxed);
+        self.shared.count_reads(counts);
         Ok(response)
     }
 }
@@ -562,6 +564,7 @@ impl<E: Engine> MvccStore<E> {
             shared: Arc::new(Shared {
                 indexed: RwLock::new(indexed),
                 reader_ranges: AtomicU64::new(0),
+                reader_txns: AtomicU64::new(0),
             }),
             read_prev_for_watchers: true,
             ops: std::cell::Cell::new(OpCounts::default()),
@@ -596,6 +599,7 @@ impl<E: Engine> MvccStore<E> {
     pub fn op_counts(&self) -> OpCounts {
         let mut counts = self.ops.get();
         counts.ranges += self.shared.reader_ranges.load(atomic::Ordering::Relaxed);
+        counts.txns += self.shared.reader_txns.load(atomic::Ordering::Relaxed);
         counts
     }
 

@@ -21,7 +21,7 @@ use proptest::prelude::*;
 use server::mvcc::{
     self, validate_txn, ApplyOutcome, CompactionRequest, CompactionResponse, Compare,
     CompareResult, CompareTarget, DeleteRangeRequest, DeleteRangeResponse, Event, EventKind,
-    KeyValue, MvccError, MvccStore, PutRequest, PutResponse, RangeRequest, RangeResponse,
+    KeyValue, MvccError, MvccStore, OpCounts, PutRequest, PutResponse, RangeRequest, RangeResponse,
     RangeStart, Request, RequestOp, Response, ResponseHeader, ResponseOp, SortOrder, SortTarget,
     TargetUnion, TxnRequest, TxnResponse,
 };
@@ -1621,6 +1621,28 @@ fn a_reader_on_another_thread_sees_whole_revisions_while_the_owner_applies() {
     assert!(*revisions.last().unwrap() <= t.s.current_revision());
     // The reader's ranges count as this member's (etcd_mvcc_range_total).
     assert!(t.s.op_counts().ranges >= revisions.len() as u64);
+}
+
+/// Reads served through a reader (another shard) count in the member's
+/// metrics as the same reads on the owner do: a read-only txn of two
+/// ranges is two ranges and one txn (etcd's `etcd_mvcc_txn_total`).
+#[test]
+fn reads_through_a_reader_count_as_reads_on_the_owner() {
+    let mut t = T::new();
+    t.put("a", "1");
+    t.put("b", "2");
+    let txn = TxnRequest {
+        success: vec![range_op("a", ""), range_op("b", "")],
+        ..TxnRequest::default()
+    };
+    let before = t.s.op_counts();
+    t.s.read_txn(&txn).unwrap();
+    let on_owner = t.s.op_counts();
+    t.s.reader().read_txn(&txn).unwrap();
+    let through_reader = t.s.op_counts();
+    let diff = |a: OpCounts, b: OpCounts| (b.ranges - a.ranges, b.txns - a.txns);
+    assert_eq!(diff(before, on_owner), (2, 1));
+    assert_eq!(diff(on_owner, through_reader), diff(before, on_owner));
 }
 
 /// A compaction past the revision of a walk in progress: a range at "now"
