@@ -567,32 +567,32 @@ async fn nemesis(
                 (detail, Some(second))
             }
         };
-        let mut back = vec![(member, kind)];
+        // The second fault is always on another member than the first.
+        let first_member = member;
+        let mut back = Vec::new();
         for (member, kind, at, lasted, detail) in
             std::iter::once((member, kind, at, lasted, detail)).chain(second_fault)
         {
-            let detail = match detail {
-                Ok(detail) => detail,
-                Err(e) => {
-                    errors.push(e);
-                    String::new()
+            let detail = detail.unwrap_or_else(|e| {
+                errors.push(e);
+                String::new()
+            });
+            let detail = match (member == first_member, detail.is_empty()) {
+                (true, _) => detail,
+                (false, true) => format!("overlapping the fault on member {first_member}"),
+                (false, false) => {
+                    format!("overlapping the fault on member {first_member}: {detail}")
                 }
             };
-            if back[0].0 != member {
-                back.push((member, kind));
-            }
             faults.push(Fault {
                 kind,
                 member,
                 was_leader: leader == Some(member),
                 at,
                 lasted,
-                detail: if back.len() > 1 {
-                    format!("overlapping the fault on member {}{detail}", back[0].0)
-                } else {
-                    detail
-                },
+                detail,
             });
+            back.push((member, kind));
         }
         // Let the members rejoin before the next fault.
         for (member, kind) in back {

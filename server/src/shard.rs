@@ -539,10 +539,8 @@ const MAX_IN_FLIGHT: usize = 4096;
 struct Outbox<T> {
     queue: RefCell<Vec<T>>,
     ready: crate::notify::Notify,
-    /// Messages and items sent, for the link's tests and for operators'
-    /// curiosity.
+    /// Messages sent (the link's tests count them).
     messages: Cell<u64>,
-    items: Cell<u64>,
 }
 
 impl<T: Send + 'static> Outbox<T> {
@@ -551,7 +549,6 @@ impl<T: Send + 'static> Outbox<T> {
             queue: RefCell::new(Vec::new()),
             ready: crate::notify::Notify::default(),
             messages: Cell::new(0),
-            items: Cell::new(0),
         })
     }
 
@@ -576,7 +573,6 @@ impl<T: Send + 'static> Outbox<T> {
                     break;
                 }
                 self.messages.set(self.messages.get() + 1);
-                self.items.set(self.items.get() + batch.len() as u64);
                 if to.send(batch).await.is_err() {
                     return;
                 }

@@ -708,7 +708,7 @@ pub async fn accept_sending_alerts(
             Ok(stream)
         }
         Err((e, mut io)) => {
-            let sent = futures_lite::future::poll_fn(|cx| io.poll_send_pending(cx));
+            let sent = futures_lite::future::poll_fn(|cx| io.poll_send_and_flush(cx));
             let _ = glommio::timer::timeout(ALERT_SEND_LIMIT, async { Ok(sent.await) }).await;
             Err(e)
         }
@@ -733,6 +733,8 @@ pub struct HandshakeBuffered {
 }
 
 impl HandshakeBuffered {
+    /// Writes what the buffer holds (nothing to do once it is empty, the
+    /// case of every write after the handshake).
     fn poll_send_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.sent < self.pending.len() {
             match Pin::new(&mut self.inner).poll_write(cx, &self.pending[self.sent..]) {
@@ -744,7 +746,15 @@ impl HandshakeBuffered {
         }
         self.pending.clear();
         self.sent = 0;
-        Pin::new(&mut self.inner).poll_flush(cx)
+        Poll::Ready(Ok(()))
+    }
+
+    /// Sends the buffer, then flushes the socket.
+    fn poll_send_and_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.poll_send_pending(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut self.inner).poll_flush(cx),
+            other => other,
+        }
     }
 }
 
@@ -766,12 +776,11 @@ impl AsyncWrite for HandshakeBuffered {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.handshaking {
+            this.pending.extend_from_slice(buf);
+            // Started now; the handshake's flush finishes it.
             if let Poll::Ready(Err(e)) = this.poll_send_pending(cx) {
                 return Poll::Ready(Err(e));
             }
-            this.pending.extend_from_slice(buf);
-            // Started now; the handshake's flush finishes it.
-            let _ = this.poll_send_pending(cx);
             return Poll::Ready(Ok(buf.len()));
         }
         match this.poll_send_pending(cx) {
@@ -782,7 +791,7 @@ impl AsyncWrite for HandshakeBuffered {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().poll_send_pending(cx)
+        self.get_mut().poll_send_and_flush(cx)
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
