@@ -1587,7 +1587,7 @@ impl<S: EngineSnapshot> WriteTxn<'_, S> {
             KeyRange::new(&d.key, &d.range_end),
             self.read_rev(),
             |k, r| {
-                victims.push((k.clone(), r));
+                victims.push((Bytes::copy_from_slice(k), r));
                 true
             },
         );
