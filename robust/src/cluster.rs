@@ -164,6 +164,9 @@ impl Cluster {
             .arg(&m.faults_file)
             .args(&self.extra)
             .envs(failpoints.map(|f| ("FAILPOINTS", f)))
+            // A restart that loads a key index checkpoint compares it with a
+            // full rebuild and refuses to serve on a difference.
+            .env("METCD_VERIFY_INDEX_CHECKPOINT", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))

@@ -20,6 +20,7 @@ pub mod flag_docs;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ids;
+pub mod index_file;
 pub mod jwt;
 pub mod lease;
 pub mod members;

@@ -574,6 +574,8 @@ pub struct Node {
     /// The pacing of the checkpoint in flight, made the rule only once it
     /// is durable (a failed one must not delay the retry).
     snapshot_pacing_pending: Cell<Option<(u64, u64)>>,
+    /// The key index checkpoint that follows each engine checkpoint.
+    index_checkpointing: RefCell<IndexCheckpointing>,
     /// Terms of the applied log, for checkpoints that finish after the
     /// in-memory log was trimmed past them.
     applied_terms: RefCell<raftlog::TermStarts>,
@@ -654,6 +656,52 @@ fn resident_mib() -> u64 {
 
 fn log(msg: std::fmt::Arguments<'_>) {
     eprintln!("metcd: {msg}");
+}
+
+/// A compaction past the key index checkpoint brings the next engine
+/// checkpoint forward, at most this often.
+const FORCED_CHECKPOINT_SPACING: Duration = Duration::from_secs(10);
+
+/// The state of key index checkpointing (see [`crate::index_file`]).
+#[derive(Default)]
+struct IndexCheckpointing {
+    /// Planned with the engine checkpoint in flight: a reader of the store,
+    /// what the checkpoint describes, and the WAL bytes written then.
+    planned: Option<(mvcc::StoreReader<AnyEngine>, mvcc::IndexCheckpointPlan, u64)>,
+    /// The same, once the engine checkpoint is durable: to be written.
+    ready: Option<(mvcc::StoreReader<AnyEngine>, mvcc::IndexCheckpointPlan, u64)>,
+    in_flight: bool,
+    /// WAL bytes written when the last one was planned, and its size.
+    last_written: (u64, u64),
+    /// Revision of the last one written (or loaded at start); 0: none.
+    written_revision: i64,
+    /// When a compaction last brought an engine checkpoint forward.
+    forced_at: Option<Instant>,
+}
+
+/// Logs where the key index came from at start-up; the checkpoint's
+/// revision when it came from one.
+fn report_index_source(source: &mvcc::IndexSource) -> Option<i64> {
+    match source {
+        mvcc::IndexSource::Checkpoint {
+            revision,
+            keys,
+            revisions_after,
+        } => {
+            log(format_args!(
+                "key index: loaded the checkpoint at revision {revision} ({keys} keys) and \
+                 {revisions_after} newer revisions from the engine"
+            ));
+            Some(*revision)
+        }
+        mvcc::IndexSource::Rebuilt { why: Some(why) } => {
+            log(format_args!(
+                "key index: rebuilt from every revision in the engine ({why})"
+            ));
+            None
+        }
+        mvcc::IndexSource::Rebuilt { why: None } => None,
+    }
 }
 
 /// Runs `work` on a new thread named `name` and awaits its answer: for
@@ -779,8 +827,27 @@ impl Node {
             // numbers (our bootstrap voters live in the ConfState instead).
             restored.storage.wl().mut_hard_state().term = 1;
         }
-        let mvcc = MvccStore::open(engine.clone())?;
-        phases.done("rebuild the key index");
+        let index_checkpoint = crate::index_file::read(&dirs.root);
+        let (mvcc, index_source) = MvccStore::open_with_index_checkpoint(
+            engine.clone(),
+            index_checkpoint.as_deref(),
+            cluster_id,
+        )?;
+        drop(index_checkpoint);
+        let checkpoint_revision = report_index_source(&index_source);
+        if checkpoint_revision.is_some()
+            && std::env::var_os("METCD_VERIFY_INDEX_CHECKPOINT").is_some()
+        {
+            mvcc.verify_index().map_err(|e| {
+                ServerError::Startup(format!(
+                    "METCD_VERIFY_INDEX_CHECKPOINT: the checkpoint loaded wrong: {e}"
+                ))
+            })?;
+            log(format_args!(
+                "key index: checked against a full rebuild (METCD_VERIFY_INDEX_CHECKPOINT)"
+            ));
+        }
+        phases.done("load the key index");
         // Membership changes applied into the engine are newer than any
         // WAL snapshot marker (the engine is at or past it).
         if let Some((_, value)) = mvcc.meta_with_prefix(CONF_META)?.into_iter().next() {
@@ -968,6 +1035,10 @@ impl Node {
             snapshot_started: Cell::new(None),
             snapshot_pacing: Cell::new((0, 0)),
             snapshot_pacing_pending: Cell::new(None),
+            index_checkpointing: RefCell::new(IndexCheckpointing {
+                written_revision: checkpoint_revision.unwrap_or(0),
+                ..IndexCheckpointing::default()
+            }),
             applied_terms: RefCell::new(raftlog::TermStarts::default()),
             max_request_bytes: cfg.max_request_bytes,
             max_pending: cfg.max_pending_proposals,
@@ -2671,10 +2742,13 @@ impl Node {
     /// as its own task, at the lowest CPU priority (the engine's
     /// `Urgency::Background`), so the loop keeps committing.
     fn maybe_snapshot(self: &Rc<Self>, wal_bytes: u64) {
+        self.maybe_write_index_checkpoint();
         let applied = self.engine.borrow().applied_index();
         let (wal_bytes_then, rewritten) = self.snapshot_pacing.get();
+        let due = applied >= self.last_snapshot_index.get() + self.snapshot_count
+            || self.compaction_wants_checkpoint(applied);
         if self.snapshot_in_flight.get()
-            || applied < self.last_snapshot_index.get() + self.snapshot_count
+            || !due
             || wal_bytes < wal_bytes_then.saturating_add(rewritten)
             || self
                 .snapshot_retry_at
@@ -2694,6 +2768,17 @@ impl Node {
         };
         self.snapshot_pacing_pending
             .set(Some((wal_bytes, rewrites)));
+        {
+            // The key index as it stands now is what the engine checkpoint
+            // holds: written once that is durable (see finish_snapshot).
+            let mvcc = self.mvcc.borrow();
+            let mut ick = self.index_checkpointing.borrow_mut();
+            ick.planned = Some((
+                mvcc.reader(),
+                mvcc.index_checkpoint_plan(self.cluster_id),
+                wal_bytes,
+            ));
+        }
         let node = self.clone();
         glommio::spawn_local(async move {
             let started = Instant::now();
@@ -2705,6 +2790,85 @@ impl Node {
             node.metrics.backend_commit.observe(started.elapsed());
             *node.snapshot_done.borrow_mut() = Some(result);
             node.queue_ready.notify();
+        })
+        .detach();
+    }
+
+    /// Whether a compaction went past the last key index checkpoint's
+    /// revision (a restart could not use it: see
+    /// [`MvccStore::open_with_index_checkpoint`]) and a checkpoint should
+    /// come early. Not for an engine whose checkpoint rewrites the whole
+    /// store (its pacing rules), and at most every
+    /// [`FORCED_CHECKPOINT_SPACING`].
+    fn compaction_wants_checkpoint(&self, applied: u64) -> bool {
+        let ick = self.index_checkpointing.borrow();
+        if ick.in_flight
+            || ick.ready.is_some()
+            || applied <= self.last_snapshot_index.get()
+            || self.engine.borrow().checkpoint_rewrites_store()
+            || ick
+                .forced_at
+                .is_some_and(|t| t.elapsed() < FORCED_CHECKPOINT_SPACING)
+        {
+            return false;
+        }
+        let wanted = self.mvcc.borrow().compact_revision() > ick.written_revision;
+        drop(ick);
+        if wanted {
+            self.index_checkpointing.borrow_mut().forced_at = Some(Instant::now());
+        }
+        wanted
+    }
+
+    /// Starts writing the key index checkpoint of the last durable engine
+    /// checkpoint on a thread of its own, unless one is being written or
+    /// the last one is recent enough: each byte of it is paid for by at
+    /// least one byte of WAL since the last (a restart reads at most about
+    /// that much more), or a compaction made the last one unusable.
+    fn maybe_write_index_checkpoint(self: &Rc<Self>) {
+        let mut ick = self.index_checkpointing.borrow_mut();
+        if ick.in_flight {
+            return;
+        }
+        let Some((reader, plan, wal_bytes)) = ick.ready.take() else {
+            return;
+        };
+        let (wal_then, size) = ick.last_written;
+        let compacted_past = plan.compact_revision > ick.written_revision;
+        if ick.written_revision > 0 && !compacted_past && wal_bytes < wal_then.saturating_add(size)
+        {
+            return;
+        }
+        ick.in_flight = true;
+        drop(ick);
+        let node = self.clone();
+        let root = self.dirs.root.clone();
+        glommio::spawn_local(async move {
+            let result = on_a_thread("keyindex", move || {
+                crate::index_file::write(&root, &reader, plan)
+            })
+            .await;
+            let mut ick = node.index_checkpointing.borrow_mut();
+            ick.in_flight = false;
+            match result {
+                Ok(Ok(w)) => {
+                    ick.last_written = (wal_bytes, w.bytes);
+                    ick.written_revision = w.plan.revision;
+                    log(format_args!(
+                        "key index checkpoint at revision {} (applied index {}): {} keys, \
+                         {:.1} MiB in {:.0} ms",
+                        w.plan.revision,
+                        w.plan.applied_index,
+                        w.keys,
+                        w.bytes as f64 / f64::from(1 << 20),
+                        w.took.as_secs_f64() * 1e3
+                    ));
+                }
+                Ok(Err(e)) => log(format_args!(
+                    "key index checkpoint not written (the next checkpoint tries again): {e}"
+                )),
+                Err(e) => log(format_args!("key index checkpoint not written: {e}")),
+            }
         })
         .detach();
     }
@@ -2756,6 +2920,7 @@ impl Node {
             .snapshot_started
             .take()
             .map_or(Duration::ZERO, |t| t.elapsed());
+        let planned = self.index_checkpointing.borrow_mut().planned.take();
         let index = match result {
             Ok(index) => index,
             Err(e) => {
@@ -2809,6 +2974,9 @@ impl Node {
             ));
         }
         self.last_snapshot_index.set(index);
+        if let Some(planned) = planned.filter(|(_, plan, _)| plan.applied_index <= index) {
+            self.index_checkpointing.borrow_mut().ready = Some(planned);
+        }
         self.applied_terms.borrow_mut().forget_before(index);
         if let Some(pacing) = pacing {
             self.snapshot_pacing.set(pacing);

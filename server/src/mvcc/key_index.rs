@@ -659,6 +659,124 @@ impl KeyIndex {
         *self = packed;
     }
 
+    /// Visits, in key order after `after` (from the start when `None`), at
+    /// most `max_keys` keys with their events at or below `at` (keys with
+    /// none are skipped, but count) and the newest one's generation when
+    /// it is among them and known: the index as it stood at revision `at`,
+    /// provided nothing was compacted since. Returns the last key examined
+    /// when keys remain.
+    pub(crate) fn visit_history_slice(
+        &self,
+        at: i64,
+        after: Option<&[u8]>,
+        max_keys: usize,
+        mut f: impl FnMut(&[u8], &[Rev], Option<Rev>, Option<Generation>),
+    ) -> Option<Bytes> {
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let budget = max_keys.max(1);
+        let mut examined = 0;
+        let mut last: Option<&[u8]> = None;
+        let mut cut = false;
+        self.for_each_from(start, Bound::Unbounded, |k, s| {
+            if examined == budget {
+                cut = true;
+                return false;
+            }
+            examined += 1;
+            last = Some(k);
+            if s.main <= at {
+                f(k, s.older(), Some(s.newest()), s.generation());
+            } else {
+                let older = s.older();
+                let n = older.partition_point(|r| r.main <= at);
+                if let Some(upto) = older.get(..n).filter(|o| !o.is_empty()) {
+                    f(k, upto, None, None);
+                }
+            }
+            true
+        });
+        if cut {
+            last.map(Bytes::copy_from_slice)
+        } else {
+            None
+        }
+    }
+
+    /// Adds `key` with `events` (oldest first, at least one) and its
+    /// newest put's generation, for loading a checkpoint: `key` must come
+    /// after every key held. False (nothing added) when it does not or
+    /// `events` is empty.
+    pub(crate) fn append_history(
+        &mut self,
+        key: &[u8],
+        events: &[Rev],
+        generation: Option<Generation>,
+    ) -> bool {
+        let in_order = self.last_key().is_none_or(|last| last < key);
+        let Some((newest, older)) = events.split_last() else {
+            return false;
+        };
+        if !in_order {
+            return false;
+        }
+        let mut slot = Slot::new(0, *newest, generation);
+        if !older.is_empty() {
+            slot.older = Some(Box::new(older.to_vec()));
+        }
+        self.append(key, slot);
+        true
+    }
+
+    fn last_key(&self) -> Option<&[u8]> {
+        let (_, leaf) = self
+            .leaves
+            .iter()
+            .rev()
+            .find(|(_, l)| !l.slots.is_empty())?;
+        Some(leaf.key(leaf.slots.len().checked_sub(1)?))
+    }
+
+    /// The first difference between the events this index and `other` hold
+    /// (generations aside), for checking a loaded checkpoint against a full
+    /// rebuild; `None` when they hold the same.
+    pub(crate) fn first_difference(&self, other: &KeyIndex) -> Option<String> {
+        let mine = self.all_events();
+        let theirs = other.all_events();
+        if let Some(i) = (0..mine.len().min(theirs.len())).find(|&i| mine[i] != theirs[i]) {
+            return Some(format!("{:?} against {:?}", mine[i], theirs[i]));
+        }
+        (mine.len() != theirs.len()).then(|| {
+            format!(
+                "{} keys against {} (first extra: {:?})",
+                mine.len(),
+                theirs.len(),
+                mine.get(theirs.len()).or(theirs.get(mine.len()))
+            )
+        })
+    }
+
+    fn all_events(&self) -> Vec<(Vec<u8>, Vec<Rev>)> {
+        let mut all = Vec::with_capacity(self.len);
+        self.for_each_from(Bound::Unbounded, Bound::Unbounded, |k, s| {
+            all.push((
+                k.to_vec(),
+                (0..s.event_count()).map(|i| s.event(i)).collect(),
+            ));
+            true
+        });
+        all
+    }
+
+    /// Each key's newest event and generation where the index knows it.
+    pub(crate) fn known_generations(&self, mut f: impl FnMut(&[u8], Rev, Generation)) {
+        self.for_each_from(Bound::Unbounded, Bound::Unbounded, |k, s| {
+            if let Some(g) = s.generation() {
+                f(k, s.newest(), g);
+            }
+            true
+        });
+    }
+
     /// Adds `key`, greater than every key held, with its events.
     fn append(&mut self, key: &[u8], mut slot: Slot) {
         let needs_leaf = self

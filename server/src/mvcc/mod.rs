@@ -19,6 +19,7 @@
 
 pub mod codec;
 mod error;
+pub mod index_checkpoint;
 mod key_index;
 pub mod store;
 pub mod types;
@@ -26,7 +27,10 @@ mod validate;
 
 pub use codec::{decode, decode_shared, encode, DecodeError, MAX_TXN_DEPTH};
 pub use error::MvccError;
-pub use store::{HashPlan, MvccStore, OpCounts, RangePlan, RangeStart, RangeWalk, StoreReader};
+pub use index_checkpoint::{CheckpointError, IndexCheckpointPlan};
+pub use store::{
+    HashPlan, IndexSource, MvccStore, OpCounts, RangePlan, RangeStart, RangeWalk, StoreReader,
+};
 pub use types::*;
 pub use validate::{
     is_txn_readonly, validate_delete_range, validate_put, validate_range, validate_txn,

@@ -40,6 +40,7 @@ use engine::{Engine, EngineSnapshot, Scan, WriteBatch};
 
 use super::codec::{self, MAX_TXN_DEPTH};
 use super::error::MvccError;
+use super::index_checkpoint::{self, CheckpointError, IndexCheckpointPlan};
 use super::key_index::{Generation, KeyIndex, KeyRange, Newest, Rev};
 use super::types::{
     ApplyOutcome, CompactionRequest, CompactionResponse, Compare, CompareResult, CompareTarget,
@@ -108,6 +109,100 @@ fn scan_revisions<S: EngineSnapshot>(
         },
     )?;
     failed.map_or(Ok(()), Err)
+}
+
+/// The finished compaction revision stored in the engine.
+fn stored_compact_revision<S: EngineSnapshot>(snap: &S) -> Result<i64, MvccError> {
+    match snap.get(META_COMPACT_REV)? {
+        // etcd's "never compacted".
+        None => Ok(NEVER_COMPACTED),
+        Some(v) => {
+            let b: [u8; 8] = v[..]
+                .try_into()
+                .map_err(|_| corrupt("compact revision is not 8 bytes"))?;
+            let rev = i64::from_be_bytes(b);
+            if rev < 0 {
+                return Err(corrupt(format!("negative compact revision {rev}")));
+            }
+            Ok(rev)
+        }
+    }
+}
+
+/// Adds every stored revision after `after` to `index`; returns the newest
+/// main revision read (0 if none) and how many were read.
+fn index_revisions_after<S: EngineSnapshot>(
+    snap: &S,
+    index: &mut KeyIndex,
+    after: i64,
+) -> Result<(i64, u64), MvccError> {
+    let mut max_main = 0i64;
+    let mut read = 0u64;
+    let start = rev_key(after.saturating_add(1).max(1), 0);
+    scan_revisions(snap, &start, |main, sub, v| {
+        let (tombstone, key) =
+            codec::decode_kv_key(v).map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
+        // Generations are not decoded here (open stays a key scan): the
+        // first put of each key reads its previous value once.
+        index.push(
+            key,
+            Rev {
+                main,
+                sub,
+                tombstone,
+            },
+            None,
+        );
+        max_main = main;
+        read += 1;
+        Ok(())
+    })?;
+    Ok((max_main, read))
+}
+
+/// Whether a decoded checkpoint describes a state this engine's history
+/// passed through and can be brought up to date by reading the newer
+/// revisions (see [`MvccStore::open_with_index_checkpoint`]).
+fn usable_checkpoint(
+    plan: &IndexCheckpointPlan,
+    cluster_id: u64,
+    engine_applied: u64,
+    compact_rev: i64,
+) -> Result<(), CheckpointError> {
+    if plan.cluster_id != cluster_id {
+        return Err(CheckpointError::OtherCluster {
+            found: plan.cluster_id,
+            expected: cluster_id,
+        });
+    }
+    if plan.applied_index > engine_applied || plan.compact_revision > compact_rev {
+        return Err(CheckpointError::Ahead {
+            checkpoint: plan.applied_index,
+            engine: engine_applied,
+        });
+    }
+    if compact_rev > plan.revision {
+        return Err(CheckpointError::CompactedSince {
+            revision: plan.revision,
+            compacted: compact_rev,
+        });
+    }
+    Ok(())
+}
+
+/// Where an opened store's key index came from, for the start-up log.
+#[derive(Debug)]
+pub enum IndexSource {
+    /// Loaded from a checkpoint at `revision` holding `keys` keys, then
+    /// `revisions_after` newer revisions read from the engine.
+    Checkpoint {
+        revision: i64,
+        keys: usize,
+        revisions_after: u64,
+    },
+    /// Rebuilt from every revision in the engine; `why` a checkpoint
+    /// offered was not used.
+    Rebuilt { why: Option<CheckpointError> },
 }
 
 /// A HashKV ready to run off the owner (see [`MvccStore::plan_hash_kv`]).
@@ -311,6 +406,51 @@ impl<E: Engine> StoreReader<E> {
         max_keys: usize,
     ) -> Result<bool, MvccError> {
         walk_range(&self.engine, &self.shared, walk, max_keys)
+    }
+
+    /// Starts a key index checkpoint described by `plan` (taken with
+    /// [`MvccStore::index_checkpoint_plan`] on this store).
+    pub fn index_checkpoint(&self, plan: IndexCheckpointPlan) -> index_checkpoint::Encoder {
+        index_checkpoint::Encoder::new(plan)
+    }
+
+    /// The next chunk of `encoder`'s checkpoint, up to `max_keys` keys
+    /// encoded under one hold of the read lock (the owner's next apply
+    /// waits at most that long); `None` once every key is in (then
+    /// [`index_checkpoint::Encoder::finish`] gives the last bytes). The
+    /// index as it stood at the plan's revision is what goes in: later
+    /// events are left out; a compaction since the plan makes that
+    /// impossible and fails the checkpoint.
+    pub fn encode_index_checkpoint(
+        &self,
+        encoder: &mut index_checkpoint::Encoder,
+        max_keys: usize,
+    ) -> Result<Option<Vec<u8>>, CheckpointError> {
+        if encoder.done {
+            return Ok(None);
+        }
+        let plan = encoder.plan();
+        let mut chunk = Vec::new();
+        encoder.begin_chunk(&mut chunk);
+        {
+            let st = self.shared.read();
+            if st.compact_rev != plan.compact_revision || st.current_rev < plan.revision {
+                return Err(CheckpointError::Interrupted);
+            }
+            let after = encoder.after.take();
+            let next = st.index.visit_history_slice(
+                plan.revision,
+                after.as_deref(),
+                max_keys,
+                |key, older, newest, generation| {
+                    encoder.key(&mut chunk, key, older, newest, generation);
+                },
+            );
+            encoder.done = next.is_none();
+            encoder.after = next;
+        }
+        encoder.end_chunk(&chunk);
+        Ok(Some(chunk))
     }
 
     /// A read-only txn, as [`MvccStore::read_txn`] runs it.
@@ -517,49 +657,65 @@ impl<E: Engine> MvccStore<E> {
     /// Opens the store over `engine`, rebuilding the key index with one scan
     /// of the `k` key space.
     pub fn open(engine: E) -> Result<Self, MvccError> {
+        Ok(Self::open_with_index_checkpoint(engine, None, 0)?.0)
+    }
+
+    /// Opens the store over `engine` from a key index checkpoint when it
+    /// is usable (see [`index_checkpoint`]): it must be whole, of cluster
+    /// `cluster_id`, at an applied index the engine has reached, and no
+    /// compaction may have passed its revision since (a tombstone
+    /// compacted away after it would leave no trace in the engine). Then
+    /// only the revisions after the checkpoint's are read from the engine;
+    /// otherwise all of them are, as [`MvccStore::open`] does.
+    pub fn open_with_index_checkpoint(
+        engine: E,
+        checkpoint: Option<&[u8]>,
+        cluster_id: u64,
+    ) -> Result<(Self, IndexSource), MvccError> {
         let snap = engine.snapshot();
-        let compact_rev = match snap.get(META_COMPACT_REV)? {
-            // etcd's "never compacted".
-            None => NEVER_COMPACTED,
-            Some(v) => {
-                let b: [u8; 8] = v[..]
-                    .try_into()
-                    .map_err(|_| corrupt("compact revision is not 8 bytes"))?;
-                let rev = i64::from_be_bytes(b);
-                if rev < 0 {
-                    return Err(corrupt(format!("negative compact revision {rev}")));
+        let compact_rev = stored_compact_revision(&snap)?;
+        let loaded = checkpoint.map(|bytes| {
+            let d = index_checkpoint::decode(bytes)?;
+            usable_checkpoint(&d.plan, cluster_id, snap.applied_index(), compact_rev)?;
+            Ok::<_, CheckpointError>(d)
+        });
+        let (mut index, after, source) = match loaded {
+            None => (KeyIndex::default(), 0, IndexSource::Rebuilt { why: None }),
+            Some(Err(why)) => (
+                KeyIndex::default(),
+                0,
+                IndexSource::Rebuilt { why: Some(why) },
+            ),
+            Some(Ok(mut d)) => {
+                if compact_rev > d.plan.compact_revision {
+                    d.index.compact(compact_rev);
                 }
-                rev
+                let source = IndexSource::Checkpoint {
+                    revision: d.plan.revision,
+                    keys: d.index.len(),
+                    revisions_after: 0,
+                };
+                (d.index, d.plan.revision, source)
             }
         };
-        let mut index = KeyIndex::default();
-        let mut max_main = 0i64;
-        scan_revisions(&snap, &[KEY_PREFIX], |main, sub, v| {
-            let (tombstone, key) = codec::decode_kv_key(v)
-                .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
-            // Generations are not decoded here (open stays a key scan):
-            // the first put of each key reads its previous value once.
-            index.push(
-                key,
-                Rev {
-                    main,
-                    sub,
-                    tombstone,
-                },
-                None,
-            );
-            max_main = main;
-            Ok(())
-        })?;
+        let (max_main, read) = index_revisions_after(&snap, &mut index, after)?;
+        let source = match source {
+            IndexSource::Checkpoint { revision, keys, .. } => IndexSource::Checkpoint {
+                revision,
+                keys,
+                revisions_after: read,
+            },
+            other => other,
+        };
         let indexed = Indexed {
             index,
             // Compaction may have removed every entry of the newest revisions
             // (all tombstones), but never below the compact revision.
             // etcd's store starts at revision 1: the first write is 2.
-            current_rev: max_main.max(compact_rev).max(INITIAL_REVISION),
+            current_rev: max_main.max(after).max(compact_rev).max(INITIAL_REVISION),
             compact_rev,
         };
-        Ok(MvccStore {
+        let store = MvccStore {
             engine,
             shared: Arc::new(Shared {
                 indexed: RwLock::new(indexed),
@@ -568,7 +724,57 @@ impl<E: Engine> MvccStore<E> {
             }),
             read_prev_for_watchers: true,
             ops: std::cell::Cell::new(OpCounts::default()),
-        })
+        };
+        Ok((store, source))
+    }
+
+    /// Checks the key index against one rebuilt from every revision in the
+    /// engine, and every generation it knows against the stored value: for
+    /// tests and operators who want proof that a checkpoint loaded right
+    /// (`METCD_VERIFY_INDEX_CHECKPOINT=1`). Costs a full rebuild.
+    pub fn verify_index(&self) -> Result<(), MvccError> {
+        let snap = self.engine.snapshot();
+        let st = self.shared.read();
+        let mut rebuilt = KeyIndex::default();
+        index_revisions_after(&snap, &mut rebuilt, 0)?;
+        rebuilt.compact(st.compact_rev);
+        if let Some(diff) = st.index.first_difference(&rebuilt) {
+            return Err(corrupt(format!(
+                "the key index differs from the engine's revisions: {diff}"
+            )));
+        }
+        let mut wrong = None;
+        st.index.known_generations(|key, rev, g| {
+            if wrong.is_some() {
+                return;
+            }
+            match load_rev(&snap, rev) {
+                Ok(kv)
+                    if kv.key == key
+                        && kv.create_revision == g.created
+                        && kv.version == g.version => {}
+                Ok(kv) => {
+                    wrong = Some(format!(
+                        "key {key:?}: generation {g:?} in the index, created {} version {} stored",
+                        kv.create_revision, kv.version
+                    ));
+                }
+                Err(e) => wrong = Some(e.to_string()),
+            }
+        });
+        wrong.map_or(Ok(()), |w| Err(corrupt(w)))
+    }
+
+    /// What a key index checkpoint taken now describes (see
+    /// [`StoreReader::encode_index_checkpoint`]).
+    pub fn index_checkpoint_plan(&self, cluster_id: u64) -> IndexCheckpointPlan {
+        let st = self.shared.read();
+        IndexCheckpointPlan {
+            applied_index: self.engine.applied_index(),
+            revision: st.current_rev,
+            compact_revision: st.compact_rev,
+            cluster_id,
+        }
     }
 
     /// Whether some watcher may want `prev_kv` (a hint: a watcher that

@@ -13,6 +13,7 @@ mod etcdctl;
 mod expensive_ranges;
 mod go_clientv3;
 mod http_api;
+mod index_checkpoint;
 mod lease_restart;
 mod mvcc_model;
 mod operator;

@@ -1015,6 +1015,60 @@ fn check_outcome_without_watchers(
     check_outcome(got, &Ok((resp.clone(), want_events)), req)
 }
 
+/// A key index checkpoint of `store` as it stands, encoded two keys a chunk.
+fn index_checkpoint<E: Engine + Clone>(store: &MvccStore<E>) -> Vec<u8> {
+    let reader = store.reader();
+    let mut encoder = reader.index_checkpoint(store.index_checkpoint_plan(CLUSTER));
+    let mut bytes = Vec::new();
+    while let Some(chunk) = reader.encode_index_checkpoint(&mut encoder, 2).unwrap() {
+        bytes.extend_from_slice(&chunk);
+    }
+    bytes.extend_from_slice(&encoder.finish());
+    bytes
+}
+
+const CLUSTER: u64 = 0xc1;
+
+/// Reopens a store over `engine`, from `checkpoint` when given: used
+/// unless a compaction passed it since, and then equal to a full rebuild.
+fn reopen<E: Engine + Clone>(
+    engine: &E,
+    checkpoint: Option<&[u8]>,
+    compacted: i64,
+) -> Result<MvccStore<E>, TestCaseError> {
+    let (store, source) =
+        MvccStore::open_with_index_checkpoint(engine.clone(), checkpoint, CLUSTER).unwrap();
+    match (&source, checkpoint) {
+        (mvcc::IndexSource::Rebuilt { why: None }, None) => {}
+        (mvcc::IndexSource::Checkpoint { revision, .. }, Some(_)) => {
+            prop_assert!(
+                compacted <= *revision,
+                "{:?} used after a compaction at {}",
+                source,
+                compacted
+            );
+        }
+        (
+            mvcc::IndexSource::Rebuilt {
+                why: Some(mvcc::CheckpointError::CompactedSince { compacted: c, .. }),
+            },
+            Some(_),
+        ) => {
+            prop_assert_eq!(*c, compacted);
+        }
+        _ => prop_assert!(
+            false,
+            "{:?} from a checkpoint {:?}",
+            source,
+            checkpoint.map(<[u8]>::len)
+        ),
+    }
+    store
+        .verify_index()
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    Ok(store)
+}
+
 fn run_model(steps: &[(Step, Vec<(RangeRequest, RevSel)>)]) -> Result<(), TestCaseError> {
     let main = Probe::new(MemoryEngine::new());
     let twin = Probe::new(MapEngine::default());
@@ -1026,6 +1080,7 @@ fn run_model(steps: &[(Step, Vec<(RangeRequest, RevSel)>)]) -> Result<(), TestCa
     twin_store.set_read_prev_for_watchers(false);
     let mut model = Model::new();
     let mut index = 0u64;
+    let mut checkpoints: Option<(Vec<u8>, Vec<u8>)> = None;
 
     for (step, reads) in steps {
         let req = match step {
@@ -1057,16 +1112,21 @@ fn run_model(steps: &[(Step, Vec<(RangeRequest, RevSel)>)]) -> Result<(), TestCa
                 index += 1;
                 store.apply_noop(index).unwrap();
                 twin_store.apply_noop(index).unwrap();
+                // A key index checkpoint of each store, for the next reopen.
+                checkpoints = Some((index_checkpoint(&store), index_checkpoint(&twin_store)));
                 None
             }
             Step::Reopen => {
+                let (main_ck, twin_ck) = checkpoints.take().unzip();
                 drop(store);
-                store = MvccStore::open(main.clone()).unwrap();
+                store = reopen(&main, main_ck.as_deref(), model.compact)?;
                 full_check(&store, &model)?;
-                // Reopened, the index knows no generations: the next put of
-                // each key reads it once.
+                // Reopened without a checkpoint, the index knows no
+                // generations: the next put of each key reads it once; from
+                // one, it knows those it knew (the twin's bytes must still
+                // equal the main store's).
                 drop(twin_store);
-                twin_store = MvccStore::open(twin.clone()).unwrap();
+                twin_store = reopen(&twin, twin_ck.as_deref(), model.compact)?;
                 twin_store.set_read_prev_for_watchers(false);
                 None
             }

@@ -159,6 +159,9 @@ impl Server {
                 &["--shards", "2"][..]
             })
             .args(&self.extra)
+            // A start-up that loads a key index checkpoint compares it with
+            // a full rebuild and refuses to serve on a difference.
+            .env("METCD_VERIFY_INDEX_CHECKPOINT", "1")
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
