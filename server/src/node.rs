@@ -658,6 +658,15 @@ fn log(msg: std::fmt::Arguments<'_>) {
     eprintln!("metcd: {msg}");
 }
 
+/// The most entries between two checkpoints of the btree engine, whatever
+/// `--snapshot-count` says (etcd commits bbolt every 100 ms anyway): a
+/// restart re-applies every entry since the engine's last persist, ~8 us
+/// each on 2 vCPUs (each write copies its path of nodes), so 100,000
+/// entries cost 0.8 s of a restart and 20,000 about 0.2 s. A persist
+/// writes only the pages changed since the last (measured filling 500k
+/// keys: 34.6k puts/s either way).
+const BTREE_CHECKPOINT_ENTRIES: u64 = 20_000;
+
 /// A compaction past the key index checkpoint brings the next engine
 /// checkpoint forward, at most this often.
 const FORCED_CHECKPOINT_SPACING: Duration = Duration::from_secs(10);
@@ -2745,7 +2754,7 @@ impl Node {
         self.maybe_write_index_checkpoint();
         let applied = self.engine.borrow().applied_index();
         let (wal_bytes_then, rewritten) = self.snapshot_pacing.get();
-        let due = applied >= self.last_snapshot_index.get() + self.snapshot_count
+        let due = applied >= self.last_snapshot_index.get() + self.checkpoint_spacing()
             || self.compaction_wants_checkpoint(applied);
         if self.snapshot_in_flight.get()
             || !due
@@ -2792,6 +2801,16 @@ impl Node {
             node.queue_ready.notify();
         })
         .detach();
+    }
+
+    /// Entries between two engine checkpoints: `--snapshot-count`, and at
+    /// most [`BTREE_CHECKPOINT_ENTRIES`] for the btree engine.
+    fn checkpoint_spacing(&self) -> u64 {
+        if self.engine.borrow().kind() == engine::any::EngineKind::Btree {
+            self.snapshot_count.min(BTREE_CHECKPOINT_ENTRIES)
+        } else {
+            self.snapshot_count
+        }
     }
 
     /// Whether a compaction went past the last key index checkpoint's
