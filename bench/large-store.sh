@@ -2,7 +2,9 @@
 # Issue 20's table in one run: one member each of etcd 3.4 (when installed)
 # and metcd with every engine; KEYS sequential 8-byte keys with 256-byte
 # values put by `metcd-bench put --conns 10 --clients 100`, then RSS, then
-# kill -9 and restart until the member answers a read, then RSS again.
+# kill -9 and restart until the member answers a read, then RSS again;
+# each RSS with the btree/lsm block cache's share (metcd_engine_block_cache_bytes),
+# which is memory per key's business only up to its capacity.
 #
 #   bench/large-store.sh                        # KEYS=1000000, all four
 #   KEYS=200000 SERVERS="memory lsm" bench/large-store.sh
@@ -16,8 +18,14 @@ WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 EP=127.0.0.1:23940
 PEER=http://127.0.0.1:23941
+HTTP_API=127.0.0.1:23942
 
 rss_mib() { awk '/VmRSS/ {printf "%d", $2/1024}' "/proc/$1/status"; }
+# The btree/lsm block cache's share of RSS, from metcd's HTTP API (0 for etcd
+# and the memory engine).
+cache_mib() {
+  curl -s "http://$HTTP_API/metrics" | awk '/^metcd_engine_block_cache_bytes / {c = $2} END {printf "%d", c / 1048576}'
+}
 
 start() { # server name; sets PID
   local name=$1
@@ -28,7 +36,7 @@ start() { # server name; sets PID
   else
     ./target/release/metcd --engine "$name" --data-dir "$WORK/$name" --listen-client-urls "http://$EP" \
       --advertise-client-urls "http://$EP" --listen-peer-urls $PEER --initial-advertise-peer-urls $PEER \
-      --initial-cluster default=$PEER --listen-http-urls '' >>"$WORK/$name.log" 2>&1 &
+      --initial-cluster default=$PEER --listen-http-urls "http://$HTTP_API" >>"$WORK/$name.log" 2>&1 &
   fi
   PID=$!
 }
@@ -55,18 +63,18 @@ for s in $SERVERS; do
   rate=$($B put --endpoint $EP --conns 10 --clients 100 --sequential-keys --key-space-size "$KEYS" \
     --total "$KEYS" --duration 600 | sed -n 1p | grep -o '[0-9.]* ops/s' | head -1)
   sleep 2
-  before=$(rss_mib "$pid")
+  before=$(rss_mib "$pid"); cache_before=$(cache_mib)
   kill -9 "$pid"; wait "$pid" 2>/dev/null || true
   start "$s"; pid=$PID
   ready=$(wait_ready)
   sleep 2
-  after=$(rss_mib "$pid")
+  after=$(rss_mib "$pid"); cache_after=$(cache_mib)
   if [ "$s" != etcd ]; then grep -h "start-up\|recovered" "$WORK/$s.log" | tail -9 || true; fi
-  rows+=("| $s | $rate | $before MiB | ${ready}s | $after MiB |")
+  rows+=("| $s | $rate | $before MiB | $cache_before MiB | ${ready}s | $after MiB | $cache_after MiB |")
   kill -9 "$pid"; wait "$pid" 2>/dev/null || true
 done
 echo
 echo "$KEYS keys of 256 bytes, $(nproc) CPUs, $(date -u +%F)"
-echo "| server | puts/s filling | RSS after fill | restart until a read answers | RSS after restart |"
-echo "|---|---:|---:|---:|---:|"
+echo "| server | puts/s filling | RSS after fill | of it block cache | restart until a read answers | RSS after restart | of it block cache |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
 printf '%s\n' "${rows[@]}"

@@ -211,6 +211,15 @@ impl AnyEngine {
         matches!(self, AnyEngine::Memory(_))
     }
 
+    /// What the engine's block cache holds (the memory engine has none).
+    pub fn cache_usage(&self) -> crate::io::CacheUsage {
+        match self {
+            AnyEngine::Memory(_) => crate::io::CacheUsage::default(),
+            AnyEngine::Btree(e) => e.cache_usage(),
+            AnyEngine::Lsm(e) => e.cache_usage(),
+        }
+    }
+
     pub fn kind(&self) -> EngineKind {
         match self {
             AnyEngine::Memory(_) => EngineKind::Memory,

@@ -457,6 +457,13 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io_at(dir, 0, e))
 }
 
+/// What a [`BlockCache`] holds.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CacheUsage {
+    pub used_bytes: u64,
+    pub capacity_bytes: u64,
+}
+
 /// A block cache shared by the files of one engine: `(file id, offset)` to
 /// the block's verified bytes, evicted by CLOCK within each shard.
 ///
@@ -527,6 +534,19 @@ impl BlockCache {
                 })
                 .collect(),
         }
+    }
+
+    /// Bytes of blocks held now, and the most it holds: what a member's
+    /// memory holds for the cache, to count apart from what it holds per
+    /// key.
+    pub fn usage(&self) -> CacheUsage {
+        let mut usage = CacheUsage::default();
+        for shard in &self.shards {
+            let s = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            usage.used_bytes += s.used_bytes as u64;
+            usage.capacity_bytes += s.capacity_bytes as u64;
+        }
+        usage
     }
 
     fn shard(&self, key: (u64, u64)) -> &Mutex<CacheShard> {

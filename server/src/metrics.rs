@@ -101,6 +101,8 @@ pub struct Gauges {
     pub applied_index: u64,
     pub proposals_pending: usize,
     pub db_size: engine::EngineSize,
+    /// The btree/lsm block cache: counted apart from memory per key.
+    pub block_cache: engine::io::CacheUsage,
     pub keys: usize,
     /// Ranges, puts, deletes and txns seen (etcd's mvcc counters).
     pub ops: crate::mvcc::OpCounts,
@@ -137,6 +139,26 @@ pub(crate) fn go_float(v: u64) -> String {
 }
 
 /// The whole page, in etcd's metric order (alphabetical).
+/// metcd's own families, which etcd does not have: served on the HTTP API's
+/// `/metrics` after etcd's, never on the client URL's (clients compare
+/// that page with etcd's).
+pub fn render_metcd(g: &Gauges) -> String {
+    let mut out = String::new();
+    gauge(
+        &mut out,
+        "metcd_engine_block_cache_bytes",
+        "Bytes of file blocks the btree/lsm engine's block cache holds (part of the resident memory).",
+        g.block_cache.used_bytes,
+    );
+    gauge(
+        &mut out,
+        "metcd_engine_block_cache_capacity_bytes",
+        "The most the btree/lsm engine's block cache holds (--engine-cache-bytes).",
+        g.block_cache.capacity_bytes,
+    );
+    out
+}
+
 pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
     let mut out = String::with_capacity(8192);
     sample(

@@ -1344,8 +1344,9 @@ impl Node {
         status
     }
 
-    /// The Prometheus `/metrics` page (see [`crate::metrics`]).
-    pub fn metrics_page(&self) -> String {
+    /// The Prometheus `/metrics` page (see [`crate::metrics`]): etcd's
+    /// families, and metcd's own.
+    pub fn metrics_page(&self) -> (String, String) {
         let status = self.status();
         let (keys, ops) = self
             .mvcc
@@ -1361,12 +1362,16 @@ impl Node {
             proposals_pending: self.queue.try_borrow().map_or(0, |q| q.len())
                 + self.pending.try_borrow().map_or(0, |p| p.len()),
             db_size: self.db_size(),
+            block_cache: self.engine.borrow().cache_usage(),
             keys,
             ops,
             watchers: crate::watch::watchers_in_process(),
             quota_backend_bytes: self.backend_quota.unwrap_or(0),
         };
-        crate::metrics::render(&gauges, &self.metrics)
+        (
+            crate::metrics::render(&gauges, &self.metrics),
+            crate::metrics::render_metcd(&gauges),
+        )
     }
 
     /// etcd's `/health`: no fatal error, a leader, and no active alarm.

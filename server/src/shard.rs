@@ -152,7 +152,9 @@ pub enum Reply {
     Backup(Result<(std::path::PathBuf, u64)>, u64),
     /// A lease query: the answer, the store revision and the term.
     Lease(LeaseInfo, i64, u64),
-    Metrics(String),
+    /// etcd's families (the client URL's `/metrics`), then metcd's own
+    /// (added on the HTTP API's).
+    Metrics(String, String),
     Leader(u64),
     Serving(bool),
     Status {
@@ -509,7 +511,10 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             let result = node.defragment().await;
             Reply::Defragment(result, node.status().term)
         }
-        Command::Metrics => Reply::Metrics(node.metrics_page()),
+        Command::Metrics => {
+            let (etcd, metcd) = node.metrics_page();
+            Reply::Metrics(etcd, metcd)
+        }
         Command::Leader => Reply::Leader(node.status().leader),
         Command::Serving => Reply::Serving(node.serving()),
         Command::Status => Reply::Status {

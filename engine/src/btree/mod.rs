@@ -590,6 +590,11 @@ impl BtreeEngine {
         })
     }
 
+    /// What the block cache holds.
+    pub fn cache_usage(&self) -> crate::io::CacheUsage {
+        self.inner.cache.usage()
+    }
+
     /// Makes everything written so far durable together with its applied
     /// index, and returns that index. Holds the writer out only while it
     /// freezes the current root; concurrent calls are serialised.

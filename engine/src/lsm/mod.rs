@@ -557,6 +557,11 @@ impl LsmEngine {
         Ok(LsmEngine { handle })
     }
 
+    /// What the block cache holds.
+    pub fn cache_usage(&self) -> crate::io::CacheUsage {
+        self.handle.inner.cache.usage()
+    }
+
     /// Makes everything written so far durable with its applied index and
     /// returns that index. Rotates the active memtable under the writer
     /// lock (a pointer swap), then waits without any lock the writer needs.

@@ -161,7 +161,9 @@ async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> Ht
             ),
         },
         "/metrics" => match backend.call(Command::Metrics).await {
-            Reply::Metrics(page) => (StatusCode::OK, METRICS_CONTENT_TYPE, Bytes::from(page)),
+            // etcd's families only: clients of the etcd port compare them
+            // with etcd's.
+            Reply::Metrics(page, _) => (StatusCode::OK, METRICS_CONTENT_TYPE, Bytes::from(page)),
             _ => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 TEXT,
@@ -363,9 +365,10 @@ async fn route(
             ))
         }
         "/metrics" => {
-            let Reply::Metrics(page) = backend.call(Command::Metrics).await else {
+            let Reply::Metrics(mut page, metcd) = backend.call(Command::Metrics).await else {
                 return Err(ServerError::Stopped);
             };
+            page.push_str(&metcd);
             return Ok(typed_response(
                 StatusCode::OK,
                 METRICS_CONTENT_TYPE,

@@ -89,3 +89,66 @@ fn a_restarted_memory_member_holds_about_the_memory_it_held_before() {
 fn a_restarted_lsm_member_holds_about_the_memory_it_held_before() {
     restart_keeps_memory_within_bounds("lsm");
 }
+
+/// `metcd_engine_block_cache_bytes` on the HTTP API's `/metrics`: the
+/// btree/lsm block cache's share of a member's memory, so memory per key is
+/// measured apart from it (issue 20); never on the client URL, whose page
+/// clients compare with etcd's.
+#[test]
+fn the_block_cache_is_counted_apart_on_the_http_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(
+        &dir.path().join("m"),
+        &[
+            "--engine",
+            "btree",
+            "--engine-cache-bytes",
+            "33554432",
+            "--snapshot-count",
+            "50",
+        ],
+    );
+    let rt = runtime();
+    rt.block_on(fill(&s, 64));
+    // Persisted, restarted and read back: the pages come through the cache.
+    s.wait_for_checkpoint_after(50, "after the fill");
+    s.restart();
+    rt.block_on(async {
+        let mut c = connect(&s).await;
+        let r = within(
+            "get",
+            c.get("k/", Some(etcd_client::GetOptions::new().with_prefix())),
+        )
+        .await
+        .unwrap();
+        assert!(
+            r.kvs().len() >= 50 * 128,
+            "{} keys read back",
+            r.kvs().len()
+        );
+    });
+    let sample = |page: &str, name: &str| -> Option<f64> {
+        page.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    };
+    let mut c = s.conn();
+    let r = c.request("GET", "/metrics", b"").unwrap();
+    assert_eq!(r.status, 200);
+    let page = r.text();
+    let capacity = sample(&page, "metcd_engine_block_cache_capacity_bytes").unwrap();
+    let used = sample(&page, "metcd_engine_block_cache_bytes").unwrap();
+    // The capacity is split over the cache's shards, rounded per shard.
+    assert!((capacity - 33_554_432.0).abs() < 65_536.0, "{page}");
+    assert!(used > 0.0 && used <= capacity, "used {used} of {capacity}");
+    // HTTP/1.0: the page comes whole up to the close, never chunked.
+    let mut etcd_port =
+        std::net::TcpStream::connect(format!("127.0.0.1:{}", s.client_port)).unwrap();
+    etcd_port
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    std::io::Write::write_all(&mut etcd_port, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut page = String::new();
+    std::io::Read::read_to_string(&mut etcd_port, &mut page).unwrap();
+    assert!(page.contains("etcd_server_has_leader"), "{page}");
+    assert!(!page.contains("metcd_"), "{page}");
+}
