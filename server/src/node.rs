@@ -2759,8 +2759,9 @@ impl Node {
         self.maybe_write_index_checkpoint();
         let applied = self.engine.borrow().applied_index();
         let (wal_bytes_then, rewritten) = self.snapshot_pacing.get();
-        let due = applied >= self.last_snapshot_index.get() + self.checkpoint_spacing()
-            || self.compaction_wants_checkpoint(applied);
+        let counted = applied >= self.last_snapshot_index.get() + self.checkpoint_spacing();
+        let forced = !counted && self.compaction_wants_checkpoint(applied);
+        let due = counted || forced;
         if self.snapshot_in_flight.get()
             || !due
             || wal_bytes < wal_bytes_then.saturating_add(rewritten)
@@ -2773,6 +2774,9 @@ impl Node {
         }
         self.snapshot_retry_at.set(None);
         self.snapshot_in_flight.set(true);
+        if forced {
+            self.index_checkpointing.borrow_mut().forced_at = Some(Instant::now());
+        }
         self.snapshot_started.set(Some(Instant::now()));
         let engine = self.engine.borrow().clone();
         let rewrites = if engine.checkpoint_rewrites_store() {
@@ -2836,12 +2840,7 @@ impl Node {
         {
             return false;
         }
-        let wanted = self.mvcc.borrow().compact_revision() > ick.written_revision;
-        drop(ick);
-        if wanted {
-            self.index_checkpointing.borrow_mut().forced_at = Some(Instant::now());
-        }
-        wanted
+        self.mvcc.borrow().compact_revision() > ick.written_revision
     }
 
     /// Starts writing the key index checkpoint of the last durable engine

@@ -34,6 +34,10 @@ const HEADER_LEN: usize = 8 + 8 * 4;
 const TAG_KEY: u8 = 1;
 const TAG_END: u8 = 0;
 
+/// The most key bytes a checkpoint may hold per byte of file (prefix
+/// compression of real keys gains a few times at most).
+const MAX_KEY_EXPANSION: u64 = 256;
+
 /// What a checkpoint describes: the index at `revision`, which the store
 /// reached at Raft index `applied_index` with compaction at
 /// `compact_revision`, in the cluster `cluster_id`.
@@ -63,6 +67,11 @@ pub enum CheckpointError {
          revision {revision}"
     )]
     CompactedSince { revision: i64, compacted: i64 },
+    #[error(
+        "the key index checkpoint was compacted at revision {checkpoint}, the engine only at \
+         {engine}"
+    )]
+    CompactedAhead { checkpoint: i64, engine: i64 },
     #[error("a compaction ran while the key index checkpoint was being written")]
     Interrupted,
 }
@@ -278,13 +287,18 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Decoded, CheckpointError> {
     let mut key = Vec::new();
     let mut events = Vec::new();
     let mut keys = 0u64;
+    let mut key_bytes = 0u64;
+    let key_bytes_limit = (bytes.len() as u64)
+        .saturating_mul(MAX_KEY_EXPANSION)
+        .saturating_add(1 << 20);
     loop {
         match r.u8()? {
             TAG_END => break,
             TAG_KEY => {}
             t => return Err(damaged(format!("unknown tag {t} at byte {}", r.at - 1))),
         }
-        let shared = r.length()?;
+        // A count of bytes of the key before, not of bytes that follow.
+        let shared = usize::try_from(r.varint()?).unwrap_or(usize::MAX);
         if shared > key.len() {
             return Err(damaged(format!(
                 "key {keys} shares more than the key before"
@@ -293,6 +307,15 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Decoded, CheckpointError> {
         key.truncate(shared);
         let suffix_len = r.length()?;
         key.extend_from_slice(r.take(suffix_len)?);
+        // Shared prefixes let a small file describe many long keys: bound
+        // what it may make us hold (real stores stay far below).
+        key_bytes = key_bytes.saturating_add(key.len() as u64);
+        if key_bytes > key_bytes_limit {
+            return Err(damaged(format!(
+                "{key_bytes} bytes of keys from a {}-byte file",
+                bytes.len()
+            )));
+        }
         let count = r.length()?;
         if count == 0 {
             return Err(damaged(format!("key {keys} has no event")));
@@ -347,4 +370,99 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Decoded, CheckpointError> {
         )));
     }
     Ok(Decoded { plan, index })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::super::key_index::Newest;
+    use super::*;
+
+    fn plan(revision: i64) -> IndexCheckpointPlan {
+        IndexCheckpointPlan {
+            applied_index: 9,
+            revision,
+            compact_revision: -1,
+            cluster_id: 3,
+        }
+    }
+
+    fn encode(index: &KeyIndex, plan: IndexCheckpointPlan) -> Vec<u8> {
+        let mut encoder = Encoder::new(plan);
+        let mut out = Vec::new();
+        encoder.begin_chunk(&mut out);
+        index.visit_history_slice(plan.revision, None, usize::MAX, |k, older, newest, g| {
+            encoder.key(&mut out, k, older, newest, g);
+        });
+        encoder.end_chunk(&out);
+        out.extend_from_slice(&encoder.finish());
+        out
+    }
+
+    fn put(main: i64) -> Rev {
+        Rev {
+            main,
+            sub: 0,
+            tombstone: false,
+        }
+    }
+
+    /// Kubernetes-style keys share long prefixes: the last key's shared
+    /// length exceeds the bytes left after it, and must still decode.
+    #[test]
+    fn keys_with_long_shared_prefixes_round_trip() {
+        let mut index = KeyIndex::default();
+        let keys = [
+            "/registry/pods/default/web-0",
+            "/registry/pods/default/web-1",
+            "/registry/pods/kube-system/coredns-7db6d8ff4d-abcde",
+            "/registry/pods/kube-system/coredns-7db6d8ff4d-abcdf",
+        ];
+        for (i, k) in keys.iter().enumerate() {
+            let main = 2 + i as i64;
+            index.push(k.as_bytes(), put(main), Some(Generation::created_at(main)));
+        }
+        let bytes = encode(&index, plan(5));
+        let decoded = decode(&bytes).unwrap();
+        assert_eq!(decoded.plan, plan(5));
+        assert_eq!(decoded.index.first_difference(&index), None);
+        assert_eq!(decoded.index.len(), keys.len());
+    }
+
+    /// Events newer than the plan's revision stay out, and so does the
+    /// newest event's generation when that event is left out.
+    #[test]
+    fn a_checkpoint_holds_the_index_as_it_stood_at_its_revision() {
+        let mut index = KeyIndex::default();
+        index.push(b"a", put(2), Some(Generation::created_at(2)));
+        index.push(b"b", put(3), Some(Generation::created_at(3)));
+        index.push(b"a", put(4), Some(Generation::created_at(2).next()));
+        let decoded = decode(&encode(&index, plan(3))).unwrap();
+        let mut at_3 = KeyIndex::default();
+        at_3.push(b"a", put(2), None);
+        at_3.push(b"b", put(3), None);
+        assert_eq!(decoded.index.first_difference(&at_3), None);
+        assert_eq!(decoded.index.newest(b"a", 5), Newest::Unknown);
+        assert_eq!(
+            decoded.index.newest(b"b", 5),
+            Newest::Put(Generation::created_at(3))
+        );
+    }
+
+    /// A small file whose keys reuse one long prefix many times is refused
+    /// before it makes the decoder hold far more than the file.
+    #[test]
+    fn shared_prefixes_cannot_blow_up_memory() {
+        let mut index = KeyIndex::default();
+        let long = vec![b'x'; 64 << 10];
+        for i in 0..600i64 {
+            let mut key = long.clone();
+            key.extend_from_slice(format!("{i:05}").as_bytes());
+            index.push(&key, put(2 + i), None);
+        }
+        let bytes = encode(&index, plan(700));
+        assert!(bytes.len() < 128 << 10, "{} bytes", bytes.len());
+        assert!(matches!(decode(&bytes), Err(CheckpointError::Damaged(_))));
+    }
 }

@@ -480,6 +480,23 @@ impl KeyIndex {
             Some(last) => Bound::Excluded(last),
             None => Bound::Included(start),
         };
+        self.slice_from(start, end, max_keys, |k, s| {
+            if let Some(r) = s.visible(at) {
+                f(k, r);
+            }
+        })
+    }
+
+    /// Calls `f` for at most `max_keys` (at least one) keys from `start`
+    /// up to `end` with their slots; the last key examined when keys of the
+    /// range remain (where the next slice resumes, exclusive).
+    fn slice_from(
+        &self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        max_keys: usize,
+        mut f: impl FnMut(&[u8], &Slot),
+    ) -> Option<Bytes> {
         let budget = max_keys.max(1);
         let mut examined = 0;
         let mut last: Option<&[u8]> = None;
@@ -490,9 +507,7 @@ impl KeyIndex {
                 return false;
             }
             examined += 1;
-            if let Some(r) = s.visible(at) {
-                f(k, r);
-            }
+            f(k, s);
             last = Some(k);
             true
         });
@@ -673,17 +688,7 @@ impl KeyIndex {
         mut f: impl FnMut(&[u8], &[Rev], Option<Rev>, Option<Generation>),
     ) -> Option<Bytes> {
         let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-        let budget = max_keys.max(1);
-        let mut examined = 0;
-        let mut last: Option<&[u8]> = None;
-        let mut cut = false;
-        self.for_each_from(start, Bound::Unbounded, |k, s| {
-            if examined == budget {
-                cut = true;
-                return false;
-            }
-            examined += 1;
-            last = Some(k);
+        self.slice_from(start, Bound::Unbounded, max_keys, |k, s| {
             if s.main <= at {
                 f(k, s.older(), Some(s.newest()), s.generation());
             } else {
@@ -693,13 +698,7 @@ impl KeyIndex {
                     f(k, upto, None, None);
                 }
             }
-            true
-        });
-        if cut {
-            last.map(Bytes::copy_from_slice)
-        } else {
-            None
-        }
+        })
     }
 
     /// Adds `key` with `events` (oldest first, at least one) and its

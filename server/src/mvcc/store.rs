@@ -175,10 +175,16 @@ fn usable_checkpoint(
             expected: cluster_id,
         });
     }
-    if plan.applied_index > engine_applied || plan.compact_revision > compact_rev {
+    if plan.applied_index > engine_applied {
         return Err(CheckpointError::Ahead {
             checkpoint: plan.applied_index,
             engine: engine_applied,
+        });
+    }
+    if plan.compact_revision > compact_rev {
+        return Err(CheckpointError::CompactedAhead {
+            checkpoint: plan.compact_revision,
+            engine: compact_rev,
         });
     }
     if compact_rev > plan.revision {
