@@ -111,7 +111,7 @@ fn the_block_cache_is_counted_apart_on_the_http_api() {
     let rt = runtime();
     rt.block_on(fill(&s, 64));
     // Persisted, restarted and read back: the pages come through the cache.
-    s.wait_for_checkpoint_after(50, "after the fill");
+    s.wait_for_checkpoint_after(49, "after the fill");
     s.restart();
     rt.block_on(async {
         let mut c = connect(&s).await;

@@ -68,6 +68,11 @@ pub struct Server {
     pub extra: Vec<String>,
     /// The client URL is `https://` (client TLS flags in `extra`).
     client_https: bool,
+    /// Runs with `METCD_VERIFY_INDEX_CHECKPOINT=1` (the default): a start-up
+    /// that loads a key index checkpoint compares it with a full rebuild
+    /// and refuses to serve on a difference. Off for tests that damage an
+    /// engine on purpose and check what the member does without it.
+    pub verify_index_checkpoint: bool,
     child: Option<Child>,
     log: PathBuf,
 }
@@ -99,6 +104,7 @@ impl Server {
             data_dir: data_dir.to_path_buf(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             client_https,
+            verify_index_checkpoint: true,
             child: None,
             log: data_dir.with_extension("log"),
         };
@@ -159,9 +165,10 @@ impl Server {
                 &["--shards", "2"][..]
             })
             .args(&self.extra)
-            // A start-up that loads a key index checkpoint compares it with
-            // a full rebuild and refuses to serve on a difference.
-            .env("METCD_VERIFY_INDEX_CHECKPOINT", "1")
+            .envs(
+                self.verify_index_checkpoint
+                    .then_some(("METCD_VERIFY_INDEX_CHECKPOINT", "1")),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
