@@ -210,13 +210,14 @@ mod tests {
                 physical: false,
             }),
         );
-        let reader = store.reader();
-        let mut encoder = reader.index_checkpoint(store.index_checkpoint_plan(1));
         let mut bytes = Vec::new();
-        while let Some(chunk) = reader.encode_index_checkpoint(&mut encoder, 8).unwrap() {
-            bytes.extend_from_slice(&chunk);
-        }
-        bytes.extend_from_slice(&encoder.finish());
+        store
+            .reader()
+            .encode_index_checkpoint(store.index_checkpoint_plan(1), 8, |chunk| {
+                bytes.extend_from_slice(chunk);
+                Ok::<_, mvcc::CheckpointError>(())
+            })
+            .unwrap();
         bytes
     }
 

@@ -103,16 +103,11 @@ fn write_tmp(
 ) -> Result<(u64, u64), WriteError> {
     let file = std::fs::File::create(tmp).map_err(io("create", tmp))?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let mut encoder = reader.index_checkpoint(plan);
     let mut bytes = 0u64;
-    while let Some(chunk) = reader.encode_index_checkpoint(&mut encoder, KEYS_PER_CHUNK)? {
-        out.write_all(&chunk).map_err(io("write", tmp))?;
+    let keys = reader.encode_index_checkpoint(plan, KEYS_PER_CHUNK, |chunk| {
         bytes += chunk.len() as u64;
-    }
-    let keys = encoder.keys();
-    let end = encoder.finish();
-    out.write_all(&end).map_err(io("write", tmp))?;
-    bytes += end.len() as u64;
+        out.write_all(chunk).map_err(io("write", tmp))
+    })?;
     let file = out.into_inner().map_err(|e| WriteError::Io {
         what: "write",
         path: tmp.to_path_buf(),

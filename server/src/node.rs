@@ -671,14 +671,17 @@ const BTREE_CHECKPOINT_ENTRIES: u64 = 20_000;
 /// checkpoint forward, at most this often.
 const FORCED_CHECKPOINT_SPACING: Duration = Duration::from_secs(10);
 
+/// A key index checkpoint to write: a reader of the store, what the
+/// checkpoint describes, and the WAL bytes written when it was planned.
+type PlannedIndexCheckpoint = (mvcc::StoreReader<AnyEngine>, mvcc::IndexCheckpointPlan, u64);
+
 /// The state of key index checkpointing (see [`crate::index_file`]).
 #[derive(Default)]
 struct IndexCheckpointing {
-    /// Planned with the engine checkpoint in flight: a reader of the store,
-    /// what the checkpoint describes, and the WAL bytes written then.
-    planned: Option<(mvcc::StoreReader<AnyEngine>, mvcc::IndexCheckpointPlan, u64)>,
+    /// Planned with the engine checkpoint in flight.
+    planned: Option<PlannedIndexCheckpoint>,
     /// The same, once the engine checkpoint is durable: to be written.
-    ready: Option<(mvcc::StoreReader<AnyEngine>, mvcc::IndexCheckpointPlan, u64)>,
+    ready: Option<PlannedIndexCheckpoint>,
     in_flight: bool,
     /// WAL bytes written when the last one was planned, and its size.
     last_written: (u64, u64),

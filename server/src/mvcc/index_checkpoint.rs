@@ -25,8 +25,6 @@
 //! Keys ascend strictly; a key's events ascend strictly by `(main, sub)`,
 //! all at or below the header's revision; a generation belongs to a put.
 
-use bytes::Bytes;
-
 use super::key_index::{Generation, KeyIndex, Rev};
 
 const MAGIC: &[u8; 8] = b"MKIXv001";
@@ -90,16 +88,12 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 
 /// Encodes a checkpoint chunk by chunk; [`Encoder::finish`] adds the end.
 #[derive(Debug)]
-pub struct Encoder {
+pub(crate) struct Encoder {
     plan: IndexCheckpointPlan,
     previous_key: Vec<u8>,
     keys: u64,
     crc: u32,
     started: bool,
-    /// Resume point of the walk over the index: `None` before the first
-    /// chunk and after the last.
-    pub(crate) after: Option<Bytes>,
-    pub(crate) done: bool,
 }
 
 impl Encoder {
@@ -110,17 +104,11 @@ impl Encoder {
             keys: 0,
             crc: 0,
             started: false,
-            after: None,
-            done: false,
         }
     }
 
-    pub fn plan(&self) -> IndexCheckpointPlan {
-        self.plan
-    }
-
     /// Keys encoded so far.
-    pub fn keys(&self) -> u64 {
+    pub(crate) fn keys(&self) -> u64 {
         self.keys
     }
 
@@ -185,7 +173,7 @@ impl Encoder {
     }
 
     /// The last chunk: the end marker, the key count and the checksum.
-    pub fn finish(mut self) -> Vec<u8> {
+    pub(crate) fn finish(mut self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + HEADER_LEN);
         self.begin_chunk(&mut out);
         out.push(TAG_END);

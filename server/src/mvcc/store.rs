@@ -414,49 +414,47 @@ impl<E: Engine> StoreReader<E> {
         walk_range(&self.engine, &self.shared, walk, max_keys)
     }
 
-    /// Starts a key index checkpoint described by `plan` (taken with
-    /// [`MvccStore::index_checkpoint_plan`] on this store).
-    pub fn index_checkpoint(&self, plan: IndexCheckpointPlan) -> index_checkpoint::Encoder {
-        index_checkpoint::Encoder::new(plan)
-    }
-
-    /// The next chunk of `encoder`'s checkpoint, up to `max_keys` keys
-    /// encoded under one hold of the read lock (the owner's next apply
-    /// waits at most that long); `None` once every key is in (then
-    /// [`index_checkpoint::Encoder::finish`] gives the last bytes). The
-    /// index as it stood at the plan's revision is what goes in: later
-    /// events are left out; a compaction since the plan makes that
-    /// impossible and fails the checkpoint.
-    pub fn encode_index_checkpoint(
+    /// Encodes the key index checkpoint `plan` describes (taken with
+    /// [`MvccStore::index_checkpoint_plan`] on this store) and hands it to
+    /// `sink` chunk by chunk, each chunk up to `keys_per_chunk` keys encoded
+    /// under one hold of the read lock (the owner's next apply waits at most
+    /// that long). The index as it stood at the plan's revision is what goes
+    /// in: later events are left out; a compaction since the plan makes that
+    /// impossible and fails the checkpoint. Returns the number of keys.
+    pub fn encode_index_checkpoint<Err: From<CheckpointError>>(
         &self,
-        encoder: &mut index_checkpoint::Encoder,
-        max_keys: usize,
-    ) -> Result<Option<Vec<u8>>, CheckpointError> {
-        if encoder.done {
-            return Ok(None);
-        }
-        let plan = encoder.plan();
-        let mut chunk = Vec::new();
-        encoder.begin_chunk(&mut chunk);
-        {
-            let st = self.shared.read();
-            if st.compact_rev != plan.compact_revision || st.current_rev < plan.revision {
-                return Err(CheckpointError::Interrupted);
+        plan: IndexCheckpointPlan,
+        keys_per_chunk: usize,
+        mut sink: impl FnMut(&[u8]) -> Result<(), Err>,
+    ) -> Result<u64, Err> {
+        let mut encoder = index_checkpoint::Encoder::new(plan);
+        let mut after: Option<Bytes> = None;
+        loop {
+            let mut chunk = Vec::new();
+            encoder.begin_chunk(&mut chunk);
+            {
+                let st = self.shared.read();
+                if st.compact_rev != plan.compact_revision || st.current_rev < plan.revision {
+                    return Err(CheckpointError::Interrupted.into());
+                }
+                after = st.index.visit_history_slice(
+                    plan.revision,
+                    after.as_deref(),
+                    keys_per_chunk,
+                    |key, older, newest, generation| {
+                        encoder.key(&mut chunk, key, older, newest, generation);
+                    },
+                );
             }
-            let after = encoder.after.take();
-            let next = st.index.visit_history_slice(
-                plan.revision,
-                after.as_deref(),
-                max_keys,
-                |key, older, newest, generation| {
-                    encoder.key(&mut chunk, key, older, newest, generation);
-                },
-            );
-            encoder.done = next.is_none();
-            encoder.after = next;
+            encoder.end_chunk(&chunk);
+            sink(&chunk)?;
+            if after.is_none() {
+                break;
+            }
         }
-        encoder.end_chunk(&chunk);
-        Ok(Some(chunk))
+        let keys = encoder.keys();
+        sink(&encoder.finish())?;
+        Ok(keys)
     }
 
     /// A read-only txn, as [`MvccStore::read_txn`] runs it.
@@ -685,33 +683,26 @@ impl<E: Engine> MvccStore<E> {
             usable_checkpoint(&d.plan, cluster_id, snap.applied_index(), compact_rev)?;
             Ok::<_, CheckpointError>(d)
         });
-        let (mut index, after, source) = match loaded {
-            None => (KeyIndex::default(), 0, IndexSource::Rebuilt { why: None }),
-            Some(Err(why)) => (
-                KeyIndex::default(),
-                0,
-                IndexSource::Rebuilt { why: Some(why) },
-            ),
+        let (mut index, from_checkpoint, refused) = match loaded {
+            None => (KeyIndex::default(), None, None),
+            Some(Err(why)) => (KeyIndex::default(), None, Some(why)),
             Some(Ok(mut d)) => {
                 if compact_rev > d.plan.compact_revision {
                     d.index.compact(compact_rev);
                 }
-                let source = IndexSource::Checkpoint {
-                    revision: d.plan.revision,
-                    keys: d.index.len(),
-                    revisions_after: 0,
-                };
-                (d.index, d.plan.revision, source)
+                (d.index, Some(d.plan.revision), None)
             }
         };
+        let keys_loaded = index.len();
+        let after = from_checkpoint.unwrap_or(0);
         let (max_main, read) = index_revisions_after(&snap, &mut index, after)?;
-        let source = match source {
-            IndexSource::Checkpoint { revision, keys, .. } => IndexSource::Checkpoint {
+        let source = match from_checkpoint {
+            Some(revision) => IndexSource::Checkpoint {
                 revision,
-                keys,
+                keys: keys_loaded,
                 revisions_after: read,
             },
-            other => other,
+            None => IndexSource::Rebuilt { why: refused },
         };
         let indexed = Indexed {
             index,

@@ -1017,13 +1017,14 @@ fn check_outcome_without_watchers(
 
 /// A key index checkpoint of `store` as it stands, encoded two keys a chunk.
 fn index_checkpoint<E: Engine + Clone>(store: &MvccStore<E>) -> Vec<u8> {
-    let reader = store.reader();
-    let mut encoder = reader.index_checkpoint(store.index_checkpoint_plan(CLUSTER));
     let mut bytes = Vec::new();
-    while let Some(chunk) = reader.encode_index_checkpoint(&mut encoder, 2).unwrap() {
-        bytes.extend_from_slice(&chunk);
-    }
-    bytes.extend_from_slice(&encoder.finish());
+    store
+        .reader()
+        .encode_index_checkpoint(store.index_checkpoint_plan(CLUSTER), 2, |chunk| {
+            bytes.extend_from_slice(chunk);
+            Ok::<_, mvcc::CheckpointError>(())
+        })
+        .unwrap();
     bytes
 }
 
