@@ -1841,20 +1841,12 @@ impl Node {
         }
     }
 
-    /// Registers a receiver of applied events; it must only enqueue.
+    /// Registers a receiver of applied events; it must only enqueue. Its
+    /// first item is the store's revision now ([`crate::watch::Feed::Base`]).
     pub fn subscribe_events(&self, f: crate::watch::EventSubscriber) {
+        let revision = self.mvcc.borrow().current_revision();
+        f(&crate::watch::Feed::Base { revision });
         self.watch_subscribers.borrow_mut().push(f);
-    }
-
-    /// Events in `[key, range_end)` from `from_rev` to the current revision
-    /// (for a watcher's history), and that revision.
-    pub fn watch_history(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        from_rev: i64,
-    ) -> Result<(Vec<mvcc::Event>, i64)> {
-        Ok(self.mvcc.borrow().events_since(key, range_end, from_rev)?)
     }
 
     /// Rewrites the engine's file compactly (btree); writes wait meanwhile,

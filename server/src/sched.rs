@@ -1,17 +1,23 @@
 //! Which work runs ahead of which on a shard executor.
 //!
-//! Every shard runs two glommio task queues:
+//! Every shard runs three glommio task queues:
 //!
 //! - the executor's default queue, the **write path**: the Raft loop, WAL
 //!   completions, apply, connection I/O, every small request and every
 //!   reply. It has glommio's default 1000 shares.
-//! - **`metcd-reads`**, the expensive halves of ranges: the owner's
-//!   key-index walk, loading the values, building and encoding the
-//!   response. It has `--range-cpu-shares` (default 250), so while both
-//!   have work the write path gets 4/5 of the core, and reads take what
-//!   the write path leaves idle (waiting for the disk or the network).
-//!   Range work ends every slice with [`end_of_slice`], so a put that
-//!   becomes ready waits for at most one slice, not a whole scan.
+//! - **`metcd-watch`**, watch fan-out: matching applied events against
+//!   this shard's watchers and queueing their responses. Its own queue so
+//!   that the Raft loop only enqueues events (however many watchers there
+//!   are) and ranges cannot starve watchers; 1000 shares, as the write
+//!   path's, so fan-out keeps up with the writes it follows.
+//! - **`metcd-reads`**, the expensive reads: ranges (the key-index walk,
+//!   loading the values, building and encoding the response) and
+//!   watchers' history. It has `--range-cpu-shares` (default 250), so
+//!   while the write path alone has work besides, it gets 4/5 of the core,
+//!   and reads take what the write path leaves idle (waiting for the disk
+//!   or the network). Read work ends every slice with [`end_of_slice`], so
+//!   a put that becomes ready waits for at most one slice, not a whole
+//!   scan.
 //!
 //! glommio reaps network and disk completions only between two passes of
 //! its task queues, so a slice ends with a timer wait that parks the range
@@ -33,20 +39,30 @@ use glommio::{Latency, Shares, TaskQueueHandle};
 /// The shares of the write path's queue (glommio's default queue).
 pub const WRITE_PATH_SHARES: usize = 1000;
 
+/// The shares of the watch fan-out queue.
+pub const WATCH_FANOUT_SHARES: usize = WRITE_PATH_SHARES;
+
 thread_local! {
     static READS: Cell<Option<TaskQueueHandle>> = const { Cell::new(None) };
+    static WATCH: Cell<Option<TaskQueueHandle>> = const { Cell::new(None) };
 }
 
-/// Creates this executor's reads queue with `shares` (1..=1000). Call once
-/// per shard, on its executor.
-pub fn install(shares: usize) {
-    let shares = shares.clamp(1, WRITE_PATH_SHARES);
-    let handle = glommio::executor().create_task_queue(
-        Shares::Static(shares),
+/// Creates this executor's reads queue with `range_shares` (1..=1000) and
+/// its watch fan-out queue. Call once per shard, on its executor.
+pub fn install(range_shares: usize) {
+    let executor = glommio::executor();
+    let reads = executor.create_task_queue(
+        Shares::Static(range_shares.clamp(1, WRITE_PATH_SHARES)),
         Latency::NotImportant,
         "metcd-reads",
     );
-    READS.with(|r| r.set(Some(handle)));
+    READS.with(|r| r.set(Some(reads)));
+    let watch = executor.create_task_queue(
+        Shares::Static(WATCH_FANOUT_SHARES),
+        Latency::NotImportant,
+        "metcd-watch",
+    );
+    WATCH.with(|w| w.set(Some(watch)));
 }
 
 /// Runs `work` in this shard's reads queue and waits for it; inline when
@@ -66,8 +82,21 @@ pub async fn off_the_write_path<T: 'static>(work: impl Future<Output = T> + 'sta
 /// Spawns `work` (detached) in this shard's reads queue, or in the
 /// caller's when there is none.
 pub fn spawn_read(work: impl Future<Output = ()> + 'static) {
-    let task = match READS.with(Cell::get) {
-        Some(reads) => glommio::spawn_local_into(work, reads).ok(),
+    spawn_into(&READS, work);
+}
+
+/// Spawns `work` (detached) in this shard's watch fan-out queue, or in the
+/// caller's when there is none.
+pub fn spawn_watch_fanout(work: impl Future<Output = ()> + 'static) {
+    spawn_into(&WATCH, work);
+}
+
+fn spawn_into(
+    queue: &'static std::thread::LocalKey<Cell<Option<TaskQueueHandle>>>,
+    work: impl Future<Output = ()> + 'static,
+) {
+    let task = match queue.with(Cell::get) {
+        Some(handle) => glommio::spawn_local_into(work, handle).ok(),
         None => Some(glommio::spawn_local(work)),
     };
     if let Some(task) = task {

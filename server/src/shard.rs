@@ -34,9 +34,9 @@ use crate::watch::{EventSubscriber, Feed, HeaderIds, WatchHub};
 pub const OWNER_SHARD: usize = 0;
 /// Messages (batches of up to [`MAX_BATCH`]) a link's channel holds.
 const LINK_CAPACITY: usize = MAX_IN_FLIGHT / MAX_BATCH + 1;
-/// Feed batches (one per applied batch of entries) the event channel to a
-/// shard holds before the owner's forwarding task waits (the Raft loop
-/// itself only queues).
+/// Messages (each up to [`MAX_BATCH`] feed items, one item per applied
+/// entry's events) the event channel to a shard holds before the owner's
+/// forwarding task waits (the Raft loop itself only queues).
 const CHANNEL_CAPACITY: usize = 4096;
 
 /// A request to the group owner.
@@ -57,12 +57,6 @@ pub enum Command {
     },
     HashKv(i64),
     Hash,
-    /// Events of `[key, range_end)` from a revision on, for a new watcher.
-    WatchHistory {
-        key: bytes::Bytes,
-        range_end: bytes::Bytes,
-        from_rev: i64,
-    },
     LeaseGrant {
         id: i64,
         ttl: i64,
@@ -124,14 +118,6 @@ pub enum Command {
     },
 }
 
-impl Command {
-    /// Whether the owner runs this in its reads queue ([`crate::sched`]):
-    /// work that grows with the keys it reads.
-    fn is_read_work(&self) -> bool {
-        matches!(self, Command::WatchHistory { .. })
-    }
-}
-
 /// The owner's answer; `term` is the Raft term when it was produced (for
 /// etcd's response headers).
 #[derive(Debug)]
@@ -142,7 +128,6 @@ pub enum Reply {
     HashKv(Result<mvcc::HashKv>, u64),
     /// (hash, revision)
     Hash(Result<(u32, i64)>, u64),
-    WatchHistory(Result<(Vec<mvcc::Event>, i64)>, u64),
     /// (lease id, granted TTL, revision)
     LeaseGrant(Result<(i64, i64, i64)>, u64),
     LeaseRevoke(Result<i64>, u64),
@@ -339,7 +324,42 @@ impl Backend {
             Err(e) => (Err(e), 0),
         }
     }
+
+    /// A watcher's history: the events of `[key, range_end)` from
+    /// `from_rev` up to the current revision, and that revision (see
+    /// [`StoreReader::begin_history`]). Read on this shard from the read
+    /// view, in its reads queue a slice at a time; the owner does nothing
+    /// for it. (The watcher's permission was checked when it was created;
+    /// a watch is never linearizable, as in etcd.) Also answers the Raft
+    /// term for the response header.
+    pub async fn watch_history(
+        &self,
+        key: bytes::Bytes,
+        range_end: bytes::Bytes,
+        from_rev: i64,
+    ) -> (Result<(Vec<mvcc::Event>, i64)>, u64) {
+        let view = self.read_view();
+        let Some(reader) = view.reader() else {
+            return (Err(ServerError::Stopped), 0);
+        };
+        let read = crate::sched::off_the_write_path(async move {
+            let mut walk = reader.begin_history(key, range_end, from_rev)?;
+            while !reader.walk_history(&mut walk, WATCH_HISTORY_SLICE)? {
+                crate::sched::end_of_slice().await;
+            }
+            Ok(walk.finish())
+        })
+        .await
+        .unwrap_or(Err(ServerError::Stopped));
+        (read, view.term())
+    }
 }
+
+/// Key revisions one slice of a watcher's history reads under the store's
+/// read lock: each costs a decode and, for its previous value, an index
+/// lookup and an engine read (about a microsecond), so the owner's next
+/// apply waits a few hundred microseconds at most.
+const WATCH_HISTORY_SLICE: usize = 256;
 
 /// A range's walk and value loading, in slices.
 async fn walk_and_load(
@@ -435,14 +455,6 @@ async fn execute(node: &Node, cmd: Command) -> Reply {
             lease_reply(node, LeaseInfo::TimeToLive(node.lease_time_to_live(id)))
         }
         Command::Leases => lease_reply(node, LeaseInfo::List(node.leases())),
-        Command::WatchHistory {
-            key,
-            range_end,
-            from_rev,
-        } => Reply::WatchHistory(
-            node.watch_history(&key, &range_end, from_rev),
-            node.status().term,
-        ),
         Command::Members => Reply::Members(node.members(), node.status().term),
         Command::Authorize { token, requirement } => {
             Reply::Authorized(node.authorize(token.as_deref(), || requirement))
@@ -562,6 +574,13 @@ impl<T: Send + 'static> Outbox<T> {
         self.ready.notify();
     }
 
+    /// The oldest queued items, at most [`MAX_BATCH`].
+    fn take_batch(&self) -> Vec<T> {
+        let mut queue = self.queue.borrow_mut();
+        let n = queue.len().min(MAX_BATCH);
+        queue.drain(..n).collect()
+    }
+
     /// Moves queued items to `to` in batches until the other side is gone.
     /// The task wakes after the tasks that queued, so a turn's items go in
     /// one message.
@@ -569,11 +588,7 @@ impl<T: Send + 'static> Outbox<T> {
         loop {
             self.ready.notified().await;
             loop {
-                let batch: Vec<T> = {
-                    let mut queue = self.queue.borrow_mut();
-                    let n = queue.len().min(MAX_BATCH);
-                    queue.drain(..n).collect()
-                };
+                let batch = self.take_batch();
                 if batch.is_empty() {
                     break;
                 }
@@ -677,16 +692,11 @@ async fn serve_remote(
         for (id, cmd) in batch {
             let node = node.clone();
             let outbox = outbox.clone();
-            let reads = cmd.is_read_work();
-            let work = async move {
+            glommio::spawn_local(async move {
                 let reply = execute(&node, cmd).await;
                 outbox.push((id, reply));
-            };
-            if reads {
-                crate::sched::spawn_read(work);
-            } else {
-                glommio::spawn_local(work).detach();
-            }
+            })
+            .detach();
         }
     }
 }
@@ -856,7 +866,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
             requests: shared_channel::new_bounded(LINK_CAPACITY),
             replies: shared_channel::new_bounded(LINK_CAPACITY),
         };
-        let (events_tx, events_rx) = shared_channel::new_bounded::<Feed>(CHANNEL_CAPACITY);
+        let (events_tx, events_rx) = shared_channel::new_bounded::<Vec<Feed>>(CHANNEL_CAPACITY);
         owner_side.push((link.requests.1, link.replies.0, events_tx));
         remote_side.push((link.requests.0, link.replies.1, events_rx));
     }
@@ -892,8 +902,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
                 owner_listeners.header_ids(),
                 owner_listeners.http_limits.max_request_bytes,
             );
-            let local = hub.clone();
-            node.subscribe_events(Box::new(move |item| local.feed(item)));
+            node.subscribe_events(feed_in_watch_queue(hub.clone()));
             for (requests, replies, events) in owner_side {
                 let requests = requests.connect().await;
                 let replies = replies.connect().await;
@@ -936,12 +945,11 @@ pub fn run(mut cfg: Config) -> Result<()> {
                 );
                 let events = events.connect().await;
                 let feed = hub.clone();
-                glommio::spawn_local(async move {
-                    while let Some(item) = events.recv().await {
-                        feed.feed(&item);
+                crate::sched::spawn_watch_fanout(async move {
+                    while let Some(batch) = events.recv().await {
+                        feed_batch(&feed, &batch).await;
                     }
-                })
-                .detach();
+                });
                 spawn_progress_notifier(hub.clone(), progress_every);
                 let backend = Backend::Remote(remote);
                 spawn_watch_resync(hub.clone(), backend.clone());
@@ -1036,29 +1044,42 @@ fn member_info(cfg: &Config, cluster_id: u64, member_id: u64) -> MemberInfo {
 }
 
 /// The owner's end of a remote shard's event feed: the Raft loop only
-/// enqueues (never waits for another core); a task moves batches across.
-fn forward_events(to_shard: ConnectedSender<Feed>) -> EventSubscriber {
-    let queue: Rc<RefCell<std::collections::VecDeque<Feed>>> = Rc::default();
-    let ready = Rc::new(crate::notify::Notify::default());
-    let (q, r) = (queue.clone(), ready.clone());
-    glommio::spawn_local(async move {
+/// enqueues (never waits for another core); a task moves what each turn
+/// queued across as one message.
+fn forward_events(to_shard: ConnectedSender<Vec<Feed>>) -> EventSubscriber {
+    let outbox = Outbox::new();
+    glommio::spawn_local(outbox.clone().drain_into(to_shard)).detach();
+    Box::new(move |item| outbox.push(item.clone()))
+}
+
+/// The owner's own hub, fed in this shard's watch fan-out queue
+/// ([`crate::sched`]): the Raft loop only enqueues, so matching events
+/// against many watchers never lengthens its turn.
+fn feed_in_watch_queue(hub: Rc<WatchHub>) -> EventSubscriber {
+    let outbox: Rc<Outbox<Feed>> = Outbox::new();
+    let queued = outbox.clone();
+    crate::sched::spawn_watch_fanout(async move {
         loop {
-            let next = q.borrow_mut().pop_front();
-            match next {
-                Some(batch) => {
-                    if to_shard.send(batch).await.is_err() {
-                        return;
-                    }
+            queued.ready.notified().await;
+            loop {
+                let batch = queued.take_batch();
+                if batch.is_empty() {
+                    break;
                 }
-                None => r.notified().await,
+                feed_batch(&hub, &batch).await;
             }
         }
-    })
-    .detach();
-    Box::new(move |batch| {
-        queue.borrow_mut().push_back(batch.clone());
-        ready.notify();
-    })
+    });
+    Box::new(move |item| outbox.push(item.clone()))
+}
+
+/// Feeds `batch` to `hub` in order, letting the other queues run after it
+/// if its time is up.
+async fn feed_batch(hub: &WatchHub, batch: &[Feed]) {
+    for item in batch {
+        hub.feed(item);
+    }
+    glommio::yield_if_needed().await;
 }
 
 /// After this member installed a leader's snapshot, its watchers re-read
@@ -1071,20 +1092,20 @@ fn spawn_watch_resync(hub: Rc<WatchHub>, backend: Backend) {
         loop {
             let mut pending = hub.take_resync().await;
             while let Some(from) = pending.iter().map(|(_, rev)| *rev).min() {
-                let history = backend
-                    .call(Command::WatchHistory {
-                        key: bytes::Bytes::from_static(b"\0"),
-                        range_end: bytes::Bytes::from_static(b"\0"),
-                        from_rev: from,
-                    })
+                let (history, _) = backend
+                    .watch_history(
+                        bytes::Bytes::from_static(b"\0"),
+                        bytes::Bytes::from_static(b"\0"),
+                        from,
+                    )
                     .await;
                 match history {
-                    Reply::WatchHistory(Ok((events, upto)), _) => {
+                    Ok((events, upto)) => {
                         for ((stream, watch_id), _) in pending.drain(..) {
                             hub.finish_sync(stream, watch_id, &events, upto);
                         }
                     }
-                    Reply::WatchHistory(Err(ServerError::Mvcc(mvcc::MvccError::Compacted)), _) => {
+                    Err(ServerError::Mvcc(mvcc::MvccError::Compacted)) => {
                         let compacted = match backend.call(Command::CompactRevision).await {
                             Reply::CompactRevision(rev) => rev,
                             _ => i64::MAX,
@@ -1104,9 +1125,9 @@ fn spawn_watch_resync(hub: Rc<WatchHub>, backend: Backend) {
                             glommio::timer::sleep(Duration::from_millis(10)).await;
                         }
                     }
-                    other => {
+                    Err(e) => {
                         // The owner is stopping; nothing to resync into.
-                        eprintln!("metcd: watch resync after a snapshot failed: {other:?}");
+                        eprintln!("metcd: watch resync after a snapshot failed: {e}");
                         break;
                     }
                 }

@@ -3,10 +3,14 @@
 //! The owner core publishes every applied batch's events (an `Arc` slice,
 //! shared, never copied) to the hub of every shard; each hub matches them
 //! against its own watchers (gRPC Watch streams accepted on that shard) and
-//! pushes responses into the streams' queues. A watcher with a past
-//! `start_revision` first receives history read from MVCC on the owner;
-//! live events that arrive meanwhile are buffered and de-duplicated by
-//! revision, so it sees every revision exactly once, in order.
+//! pushes responses into the streams' queues. Every hub, the owner's own
+//! too, takes the feed in its shard's watch fan-out queue
+//! ([`crate::sched`]), behind the owner's apply. A watcher with a past
+//! `start_revision` first receives history, read on its shard from the
+//! owner's published store ([`crate::read_view`]) in slices; live events
+//! that arrive meanwhile are buffered and de-duplicated by revision, so it
+//! sees every revision exactly once, in order. A progress notification
+//! names a revision only once every event up to it went out.
 //!
 //! Must never: block the Raft loop (publishing only enqueues), or deliver an
 //! event twice or out of revision order to one watcher.
@@ -36,6 +40,9 @@ pub enum Feed {
     /// events in between were never applied here one by one, so every
     /// watcher re-reads them from the new store ([`WatchHub::take_resync`]).
     Restored { revision: i64 },
+    /// The first item of every subscription: the store's revision then.
+    /// Events up to it are not fed (a watcher reads them as history).
+    Base { revision: i64 },
 }
 
 /// Receives the feed; it must only enqueue, never wait.
@@ -158,8 +165,15 @@ pub struct HeaderIds {
 pub struct WatchHub {
     watchers: RefCell<BTreeMap<(u64, i64), Watcher>>,
     next_stream: Cell<u64>,
-    /// The newest revision this hub has seen in the feed.
+    /// The newest revision this hub knows of (from the feed or from the
+    /// owner): response headers carry it.
     revision: Cell<i64>,
+    /// The revision of the last feed item this hub took: every event up
+    /// to it went to the watchers that were in sync (fan-out runs behind
+    /// the owner's apply, in its own queue).
+    fed: Cell<i64>,
+    /// Tasks waiting for [`WatchHub::fed_up_to`].
+    fed_waiters: RefCell<Vec<std::task::Waker>>,
     term: Cell<u64>,
     ids: Cell<HeaderIds>,
     /// Largest fragment for watchers that asked for fragmentation
@@ -251,10 +265,40 @@ impl WatchHub {
 
     /// Applies one item of the owner's feed.
     pub fn feed(&self, item: &Feed) {
-        match item {
-            Feed::Events(batch) => self.publish(batch),
-            Feed::Restored { revision } => self.restored(*revision),
+        let revision = match item {
+            Feed::Events(batch) => {
+                self.publish(batch);
+                batch.last().map_or(0, |e| e.kv.mod_revision)
+            }
+            Feed::Restored { revision } => {
+                self.restored(*revision);
+                *revision
+            }
+            Feed::Base { revision } => {
+                self.note_revision(*revision);
+                *revision
+            }
+        };
+        if revision > self.fed.get() {
+            self.fed.set(revision);
+            for waker in self.fed_waiters.borrow_mut().drain(..) {
+                waker.wake();
+            }
         }
+    }
+
+    /// Waits until the feed reached `revision`: every event up to it went
+    /// to this hub's watchers that were in sync (etcd's progress
+    /// notification promises that).
+    pub async fn fed_up_to(&self, revision: i64) {
+        std::future::poll_fn(|cx| {
+            if self.fed.get() >= revision {
+                return std::task::Poll::Ready(());
+            }
+            self.fed_waiters.borrow_mut().push(cx.waker().clone());
+            std::task::Poll::Pending
+        })
+        .await;
     }
 
     /// Every watcher holds live events from now on and is queued for a
@@ -427,13 +471,17 @@ impl WatchHub {
     }
 
     /// Progress notifications for watchers that asked for them
-    /// (`--experimental-watch-progress-notify-interval`).
+    /// (`--experimental-watch-progress-notify-interval`), each at the
+    /// revision its events were delivered up to.
     pub fn notify_progress(&self) {
-        let rev = self.revision.get();
+        let (fed, known) = (self.fed.get(), self.revision.get());
         for w in self.watchers.borrow().values() {
             if w.spec.progress_notify && w.syncing.is_none() {
+                // A watcher's history may have run past the feed; one
+                // that starts in the future has seen nothing past "now".
+                let delivered = fed.max((w.next_rev - 1).min(known));
                 let _ = w.out.unbounded_send(pb::WatchResponse {
-                    header: self.header(rev),
+                    header: self.header(delivered),
                     watch_id: w.watch_id,
                     ..Default::default()
                 });
@@ -659,6 +707,45 @@ mod tests {
         hub.add(2, 0, spec("k", "l"), 1, false, tx);
         hub.publish(&[big("k6", 3), big("k7", 3), big("k8", 3)]);
         assert_eq!(rx.try_recv().unwrap().events.len(), 3);
+    }
+
+    /// Fan-out runs behind apply: a progress answer waits until the feed
+    /// reached its revision, and a periodic one names what each watcher
+    /// was delivered up to (never a revision still queued for it, never
+    /// one that does not exist yet).
+    #[test]
+    fn progress_names_only_delivered_revisions() {
+        use futures_lite::future::{block_on, poll_once};
+        let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
+        hub.feed(&Feed::Base { revision: 5 });
+        block_on(hub.fed_up_to(5));
+        let mut waiting = Box::pin(hub.fed_up_to(7));
+        assert!(block_on(poll_once(waiting.as_mut())).is_none());
+        hub.feed(&Feed::Events(Arc::from(vec![put("k6", 6)])));
+        assert!(block_on(poll_once(waiting.as_mut())).is_none());
+        hub.feed(&Feed::Events(Arc::from(vec![put("k7", 7)])));
+        assert!(block_on(poll_once(waiting.as_mut())).is_some());
+
+        let with_progress = |key| {
+            let mut s = spec(key, "");
+            s.progress_notify = true;
+            s
+        };
+        let (caught_up_tx, mut caught_up) = unbounded();
+        let (future_tx, mut future) = unbounded();
+        hub.add(1, 0, with_progress("a"), 1, true, caught_up_tx);
+        hub.add(2, 0, with_progress("b"), 100, false, future_tx);
+        // The first watcher's history ran to 9, past the feed (7).
+        hub.note_revision(9);
+        hub.finish_sync(1, 0, &[], 9);
+        hub.notify_progress();
+        let header_rev = |r: pb::WatchResponse| r.header.unwrap().revision;
+        assert_eq!(header_rev(caught_up.try_recv().unwrap()), 9);
+        assert_eq!(header_rev(future.try_recv().unwrap()), 9);
+        hub.feed(&Feed::Events(Arc::from(vec![put("c", 10)])));
+        hub.notify_progress();
+        assert_eq!(header_rev(caught_up.try_recv().unwrap()), 10);
+        assert_eq!(header_rev(future.try_recv().unwrap()), 10);
     }
 
     #[test]

@@ -90,18 +90,20 @@ fn parse_rev_key(k: &[u8]) -> Result<(i64, u32), MvccError> {
 }
 
 /// Visits stored key revisions in revision order from engine key `start`
-/// (within the `k` space), stopping at the first error `visit` returns.
+/// up to `end` (excluded; both within the `k` space), until `visit` says
+/// stop or fails.
 fn scan_revisions<S: EngineSnapshot>(
     snap: &S,
     start: &[u8],
-    mut visit: impl FnMut(i64, u32, &Bytes) -> Result<(), MvccError>,
+    end: &[u8],
+    mut visit: impl FnMut(i64, u32, &Bytes) -> Result<Scan, MvccError>,
 ) -> Result<(), MvccError> {
     let mut failed = None;
     snap.scan(
         Bound::Included(start),
-        Bound::Excluded(&[KEY_PREFIX + 1][..]),
+        Bound::Excluded(end),
         |k, v| match parse_rev_key(k).and_then(|(main, sub)| visit(main, sub, v)) {
-            Ok(()) => Scan::Continue,
+            Ok(next) => next,
             Err(e) => {
                 failed = Some(e);
                 Scan::Stop
@@ -139,7 +141,7 @@ fn index_revisions_after<S: EngineSnapshot>(
     let mut max_main = 0i64;
     let mut read = 0u64;
     let start = rev_key(after.saturating_add(1).max(1), 0);
-    scan_revisions(snap, &start, |main, sub, v| {
+    scan_revisions(snap, &start, &[KEY_PREFIX + 1], |main, sub, v| {
         let (tombstone, key) =
             codec::decode_kv_key(v).map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
         // Generations are not decoded here (open stays a key scan): the
@@ -155,7 +157,7 @@ fn index_revisions_after<S: EngineSnapshot>(
         );
         max_main = main;
         read += 1;
-        Ok(())
+        Ok(Scan::Continue)
     })?;
     Ok((max_main, read))
 }
@@ -457,12 +459,139 @@ impl<E: Engine> StoreReader<E> {
         Ok(keys)
     }
 
+    /// Begins a watcher's history read: every change to a key in
+    /// `[key, range_end)` at revision `from_rev` or later, up to the
+    /// store's current revision (`from_rev <= 0` or in the future: no
+    /// events). Fails with `Compacted` when `from_rev` is below the
+    /// compact revision, as etcd's watch does. Continue it with
+    /// [`StoreReader::walk_history`].
+    pub fn begin_history(
+        &self,
+        key: Bytes,
+        range_end: Bytes,
+        from_rev: i64,
+    ) -> Result<HistoryWalk, MvccError> {
+        begin_history(&self.shared.read(), key, range_end, from_rev)
+    }
+
+    /// Reads about `max_entries` more key revisions of `walk` (whole main
+    /// revisions: a txn's changes stay together) under one hold of the
+    /// read lock; true once the walk reached its end revision. Between two
+    /// slices the store may apply anything: revisions up to the walk's end
+    /// never change, and a compaction past the next one fails the walk
+    /// with `Compacted` (etcd cancels such a watcher).
+    pub fn walk_history(
+        &self,
+        walk: &mut HistoryWalk,
+        max_entries: usize,
+    ) -> Result<bool, MvccError> {
+        walk_history(&self.engine, &self.shared.read(), walk, max_entries)
+    }
+
     /// A read-only txn, as [`MvccStore::read_txn`] runs it.
     pub fn read_txn(&self, req: &TxnRequest) -> Result<TxnResponse, MvccError> {
         let (response, counts) = read_txn(&self.engine, &self.shared.read(), req)?;
         self.shared.count_reads(counts);
         Ok(response)
     }
+}
+
+/// A watcher's history read in progress ([`StoreReader::begin_history`]).
+#[derive(Debug)]
+pub struct HistoryWalk {
+    key: Bytes,
+    range_end: Bytes,
+    /// The next main revision to read.
+    next_rev: i64,
+    /// The store's current revision when the walk began: the last one read.
+    upto: i64,
+    events: Vec<Event>,
+}
+
+impl HistoryWalk {
+    /// The events read, in revision order, and the revision they run up to.
+    pub fn finish(self) -> (Vec<Event>, i64) {
+        (self.events, self.upto)
+    }
+}
+
+fn begin_history(
+    st: &Indexed,
+    key: Bytes,
+    range_end: Bytes,
+    from_rev: i64,
+) -> Result<HistoryWalk, MvccError> {
+    let upto = st.current_rev;
+    let next_rev = if from_rev <= 0 || from_rev > upto {
+        upto + 1
+    } else if from_rev < st.compact_rev {
+        return Err(MvccError::Compacted);
+    } else {
+        from_rev
+    };
+    Ok(HistoryWalk {
+        key,
+        range_end,
+        next_rev,
+        upto,
+        events: Vec::new(),
+    })
+}
+
+fn walk_history<E: Engine>(
+    engine: &E,
+    st: &Indexed,
+    walk: &mut HistoryWalk,
+    max_entries: usize,
+) -> Result<bool, MvccError> {
+    if walk.next_rev > walk.upto {
+        return Ok(true);
+    }
+    if walk.next_rev < st.compact_rev {
+        // The previous values (and the revisions themselves) below the
+        // compact revision are gone.
+        return Err(MvccError::Compacted);
+    }
+    let snap = engine.snapshot();
+    let view = view_of(st, &snap);
+    let start = rev_key(walk.next_rev, 0);
+    let end = rev_key(walk.upto + 1, 0);
+    let mut read = 0usize;
+    let mut last_main = 0;
+    let mut stopped_at = None;
+    scan_revisions(&snap, &start, &end, |main, sub, v| {
+        if read >= max_entries && main != last_main {
+            stopped_at = Some(main);
+            return Ok(Scan::Stop);
+        }
+        read += 1;
+        last_main = main;
+        let (tombstone, kv) = codec::decode_kv(v, main)
+            .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
+        if crate::watch::in_range(&kv.key, &walk.key, &walk.range_end) {
+            // A create (also one after a delete in the same txn) has
+            // no prev_kv, as the apply path and etcd say.
+            let prev_kv = if !tombstone && kv.create_revision == main {
+                None
+            } else {
+                view.get(&kv.key, main - 1)?
+            };
+            let kind = if tombstone {
+                EventKind::Delete
+            } else {
+                EventKind::Put
+            };
+            walk.events.push(Event {
+                kind,
+                kv,
+                prev_kv,
+                prev_kv_unread: false,
+            });
+        }
+        Ok(Scan::Continue)
+    })?;
+    walk.next_rev = stopped_at.unwrap_or(walk.upto + 1);
+    Ok(stopped_at.is_none())
 }
 
 fn new_walk<E: Engine>(
@@ -937,58 +1066,6 @@ impl<E: Engine> MvccStore<E> {
                 Scan::Continue
             })?;
         Ok(out)
-    }
-
-    /// A watcher's history: every change to a key in `[key, range_end)`
-    /// at revision `from_rev` or later, in revision order, each with the
-    /// key's previous value (for `prev_kv`), and the current revision the
-    /// history runs up to. `from_rev <= 0` or in the future: no events.
-    /// Fails with `Compacted` when `from_rev` is below the compact revision,
-    /// as etcd's watch does.
-    pub fn events_since(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        from_rev: i64,
-    ) -> Result<(Vec<Event>, i64), MvccError> {
-        let st = self.shared.read();
-        let cur = st.current_rev;
-        if from_rev <= 0 || from_rev > cur {
-            return Ok((Vec::new(), cur));
-        }
-        if from_rev < st.compact_rev {
-            return Err(MvccError::Compacted);
-        }
-        let snap = self.engine.snapshot();
-        let view = view_of(&st, &snap);
-        let start = rev_key(from_rev, 0);
-        let mut events = Vec::new();
-        scan_revisions(&snap, &start, |main, sub, v| {
-            let (tombstone, kv) = codec::decode_kv(v, main)
-                .map_err(|e| corrupt(format!("revision {main}/{sub}: {e}")))?;
-            if crate::watch::in_range(&kv.key, key, range_end) {
-                // A create (also one after a delete in the same txn) has
-                // no prev_kv, as the apply path and etcd say.
-                let prev_kv = if !tombstone && kv.create_revision == main {
-                    None
-                } else {
-                    view.get(&kv.key, main - 1)?
-                };
-                let kind = if tombstone {
-                    EventKind::Delete
-                } else {
-                    EventKind::Put
-                };
-                events.push(Event {
-                    kind,
-                    kv,
-                    prev_kv,
-                    prev_kv_unread: false,
-                });
-            }
-            Ok(())
-        })?;
-        Ok((events, cur))
     }
 
     /// A Range at `req.revision` (`<= 0`: the current revision), with etcd's

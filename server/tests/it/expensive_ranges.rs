@@ -1,12 +1,15 @@
-//! Expensive ranges never block writes (the product card's promise): on a
+//! Expensive reads never block writes (the product card's promise): on a
 //! one-shard member, where every request shares one core, a stream of puts
 //! keeps being acknowledged while clients scan a large prefix back to
-//! back, and every scan answers the whole prefix at one revision.
+//! back (every scan answers the whole prefix at one revision), or while
+//! watchers read that prefix's whole history (each gets every event once,
+//! in order), and a progress notification never names a revision whose
+//! events have not gone out yet.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use etcd_client::{GetOptions, Txn, TxnOp};
+use etcd_client::{Client, GetOptions, Txn, TxnOp, WatchOptions};
 
 use crate::etcd_client::{connect, runtime, within};
 use crate::support::Server;
@@ -23,17 +26,7 @@ fn puts_are_acknowledged_while_large_ranges_run_on_one_shard() {
     let s = Server::start(&dir.path().join("m"), &["--shards", "1"]);
     runtime().block_on(async {
         let mut c = connect(&s).await;
-        let value = "v".repeat(256);
-        let keys: Vec<String> = (0..SCANNED_KEYS).map(|i| format!("/scan/{i:06}")).collect();
-        for chunk in keys.chunks(128) {
-            let ops: Vec<TxnOp> = chunk
-                .iter()
-                .map(|k| TxnOp::put(k.as_str(), value.as_str(), None))
-                .collect();
-            within("prefill", c.txn(Txn::new().and_then(ops)))
-                .await
-                .unwrap();
-        }
+        prefill(&mut c).await;
 
         let writing = Arc::new(AtomicBool::new(true));
         let scans_during_puts = Arc::new(AtomicUsize::new(0));
@@ -100,6 +93,151 @@ fn puts_are_acknowledged_while_large_ranges_run_on_one_shard() {
             written.count(),
             PUTS as i64,
             "every acknowledged put is there"
+        );
+    });
+}
+
+/// Puts [`SCANNED_KEYS`] keys of 256 bytes under `/scan/`, 128 per txn.
+/// Returns the revision after them.
+async fn prefill(c: &mut Client) -> i64 {
+    let value = "v".repeat(256);
+    let keys: Vec<String> = (0..SCANNED_KEYS).map(|i| format!("/scan/{i:06}")).collect();
+    let mut revision = 0;
+    for chunk in keys.chunks(128) {
+        let ops: Vec<TxnOp> = chunk
+            .iter()
+            .map(|k| TxnOp::put(k.as_str(), value.as_str(), None))
+            .collect();
+        let done = within("prefill", c.txn(Txn::new().and_then(ops)))
+            .await
+            .unwrap();
+        revision = done.header().unwrap().revision();
+    }
+    revision
+}
+
+const HISTORY_READERS: usize = 3;
+/// Whole-history watches each reader creates at most.
+const MAX_HISTORIES_EACH: usize = 200;
+/// Puts between two progress requests of the live watcher.
+const PROGRESS_EVERY: usize = 30;
+
+#[test]
+fn puts_are_acknowledged_while_watchers_read_long_histories_on_one_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("m"), &["--shards", "1"]);
+    runtime().block_on(async {
+        let mut c = connect(&s).await;
+        let prefilled = prefill(&mut c).await;
+        let (mut live, mut live_events) = within(
+            "live watch",
+            c.watch("/w/", Some(WatchOptions::new().with_prefix())),
+        )
+        .await
+        .unwrap();
+
+        let writing = Arc::new(AtomicBool::new(true));
+        let histories_during_puts = Arc::new(AtomicUsize::new(0));
+        let mut readers = Vec::new();
+        for _ in 0..HISTORY_READERS {
+            let mut reader = connect(&s).await;
+            let (writing, during) = (writing.clone(), histories_during_puts.clone());
+            readers.push(tokio::spawn(async move {
+                for _ in 0..MAX_HISTORIES_EACH {
+                    if !writing.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let options = WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(1)
+                        .with_prev_key();
+                    let (mut watcher, mut events) =
+                        within("history watch", reader.watch("/scan/", Some(options)))
+                            .await
+                            .unwrap();
+                    let mut seen = Vec::with_capacity(SCANNED_KEYS);
+                    while seen.len() < SCANNED_KEYS {
+                        let resp = within("history", events.message())
+                            .await
+                            .unwrap()
+                            .expect("the history stream ended early");
+                        assert!(!resp.canceled(), "history watch canceled: {resp:?}");
+                        for e in resp.events() {
+                            let kv = e.kv().unwrap();
+                            seen.push((kv.mod_revision(), kv.key().to_vec()));
+                        }
+                    }
+                    assert_eq!(seen.len(), SCANNED_KEYS, "every prefilled key once");
+                    assert!(
+                        seen.windows(2).all(|w| w[0] < w[1]),
+                        "history in revision order, each event once"
+                    );
+                    assert_eq!(seen.last().unwrap().0, prefilled);
+                    watcher.cancel().await.unwrap();
+                    if writing.load(Ordering::Acquire) {
+                        during.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+            }));
+        }
+        // Puts start once the first history reads are in flight.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut delivered = Vec::new();
+        for i in 0..PUTS {
+            let put = within(
+                "put while reading history",
+                c.put(format!("/w/{i}"), "x", None),
+            )
+            .await
+            .unwrap();
+            let rev = put.header().unwrap().revision();
+            if i % PROGRESS_EVERY != PROGRESS_EVERY - 1 {
+                continue;
+            }
+            // Everything up to the acknowledged put arrives before the
+            // progress notification that covers it.
+            live.request_progress().await.unwrap();
+            loop {
+                let resp = within("live watch", live_events.message())
+                    .await
+                    .unwrap()
+                    .expect("the live watch ended");
+                if resp.events().is_empty() && !resp.created() && !resp.canceled() {
+                    let progress = resp.header().unwrap().revision();
+                    assert!(
+                        progress >= rev,
+                        "progress at {progress} after a put at {rev}"
+                    );
+                    assert_eq!(
+                        delivered.last(),
+                        Some(&rev),
+                        "progress at {progress} came before the event of the put at {rev}"
+                    );
+                    break;
+                }
+                delivered.extend(resp.events().iter().map(|e| e.kv().unwrap().mod_revision()));
+            }
+        }
+        writing.store(false, Ordering::Release);
+        for reader in readers {
+            reader.await.unwrap();
+        }
+        let during = histories_during_puts.load(Ordering::Acquire);
+        assert!(
+            during >= HISTORY_READERS,
+            "history reads were in flight while the {PUTS} puts ran: {during} completed"
+        );
+        while delivered.len() < PUTS {
+            let resp = within("live watch", live_events.message())
+                .await
+                .unwrap()
+                .expect("the live watch ended");
+            delivered.extend(resp.events().iter().map(|e| e.kv().unwrap().mod_revision()));
+        }
+        let want: Vec<i64> = (prefilled + 1..=prefilled + PUTS as i64).collect();
+        assert_eq!(
+            delivered, want,
+            "the live watcher saw every put once, in order"
         );
     });
 }

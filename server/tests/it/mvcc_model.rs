@@ -1070,6 +1070,85 @@ fn reopen<E: Engine + Clone>(
     Ok(store)
 }
 
+/// A watcher's history of `[req.key, req.range_end)` from `req.revision`,
+/// read a revision at a time and in one go: the events applied from that
+/// revision on, each with the previous value they were applied with
+/// (where compaction left it: etcd too sends none once it is gone), and
+/// of the compact revision's own events only those compaction kept.
+fn check_history<E: Engine + Clone>(
+    store: &MvccStore<E>,
+    model: &Model,
+    applied: &[Event],
+    req: &RangeRequest,
+) -> Result<(), TestCaseError> {
+    let (from, cur) = (req.revision, model.cur());
+    let read = |slice: usize| {
+        let reader = store.reader();
+        let mut walk = reader.begin_history(req.key.clone(), req.range_end.clone(), from)?;
+        while !reader.walk_history(&mut walk, slice)? {}
+        Ok::<_, MvccError>(walk.finish())
+    };
+    let in_one_go = read(usize::MAX);
+    prop_assert_eq!(
+        format!("{:?}", read(1)),
+        format!("{in_one_go:?}"),
+        "history sliced and whole, {:?}",
+        req
+    );
+    if from > 0 && from <= cur && from < model.compact {
+        prop_assert!(
+            matches!(in_one_go, Err(MvccError::Compacted)),
+            "history from compacted {} (compact {}): {:?}",
+            from,
+            model.compact,
+            in_one_go
+        );
+        return Ok(());
+    }
+    let (events, upto) = in_one_go.map_err(|e| TestCaseError::fail(format!("history: {e}")))?;
+    prop_assert_eq!(upto, cur);
+    let first = if from <= 0 { cur + 1 } else { from };
+    let want: Vec<Event> = applied
+        .iter()
+        .filter(|e| e.kv.mod_revision >= first && in_range(&e.kv.key, &req.key, &req.range_end))
+        .map(|e| {
+            let mut e = e.clone();
+            if e.kv.mod_revision - 1 < model.compact {
+                e.prev_kv = None;
+            }
+            e
+        })
+        .collect();
+    let got: Vec<Event> = events
+        .into_iter()
+        .map(|mut e| {
+            if e.kv.mod_revision - 1 < model.compact {
+                e.prev_kv = None;
+            }
+            e
+        })
+        .collect();
+    // Compaction at C keeps revision C's records only where they are a
+    // key's last (and no tombstone), as etcd's; later ones all stay.
+    let at_compact = |e: &&Event| e.kv.mod_revision <= model.compact;
+    for e in got.iter().filter(at_compact) {
+        prop_assert!(
+            want.contains(e),
+            "history of {:?}: {:?} never applied",
+            req,
+            e
+        );
+    }
+    let after = |events: Vec<Event>| -> Vec<Event> {
+        events
+            .into_iter()
+            .filter(|e| e.kv.mod_revision > model.compact)
+            .collect()
+    };
+    prop_assert_eq!(after(got), after(want), "history of {:?}", req);
+    Ok(())
+}
+
 fn run_model(steps: &[(Step, Vec<(RangeRequest, RevSel)>)]) -> Result<(), TestCaseError> {
     let main = Probe::new(MemoryEngine::new());
     let twin = Probe::new(MapEngine::default());
@@ -1082,6 +1161,8 @@ fn run_model(steps: &[(Step, Vec<(RangeRequest, RevSel)>)]) -> Result<(), TestCa
     let mut model = Model::new();
     let mut index = 0u64;
     let mut checkpoints: Option<(Vec<u8>, Vec<u8>)> = None;
+    // Every event applied so far, as watchers received them live.
+    let mut applied_events: Vec<Event> = Vec::new();
 
     for (step, reads) in steps {
         let req = match step {
@@ -1138,6 +1219,9 @@ fn run_model(steps: &[(Step, Vec<(RangeRequest, RevSel)>)]) -> Result<(), TestCa
             let got = store.apply(index, &req);
             let want = model.apply(&req);
             check_outcome(&got, &want, &req)?;
+            if let Ok((_, events)) = &want {
+                applied_events.extend(events.iter().cloned());
+            }
             // Exactly one batch, carrying the index, success or user error.
             prop_assert_eq!(main.writes(), writes + 1);
             prop_assert_eq!(main.last_applied(), Some(index));
@@ -1154,6 +1238,7 @@ fn run_model(steps: &[(Step, Vec<(RangeRequest, RevSel)>)]) -> Result<(), TestCa
             };
             check_same_read(store.range(&req), model.read(&req), &req)?;
             check_same_read(planned_range(&store, &req), model.read(&req), &req)?;
+            check_history(&store, &model, &applied_events, &req)?;
         }
         prop_assert_eq!(stored_revisions(&main), model.reachable());
     }
@@ -1599,6 +1684,62 @@ fn a_range_walked_in_slices_is_a_point_in_time() {
         };
         assert_eq!(got, expected, "{req:?}");
     }
+}
+
+/// A watcher's history read in slices while the owner applies: it ends at
+/// the revision it began at (later writes are the live feed's), each txn's
+/// changes stay in one slice, and a compaction past the next revision to
+/// read fails it as etcd cancels a watcher that fell behind compaction.
+#[test]
+fn a_history_walked_in_slices_ends_where_it_began_and_fails_on_compaction() {
+    let mut t = T::new();
+    for i in 0..10 {
+        t.put(&format!("k{i}"), "v");
+    }
+    let two_keys = TxnRequest {
+        success: ["k1", "k2"]
+            .iter()
+            .map(|k| {
+                RequestOp::Put(PutRequest {
+                    key: b(k),
+                    value: b("txn"),
+                    ..PutRequest::default()
+                })
+            })
+            .collect(),
+        ..TxnRequest::default()
+    };
+    t.txn(two_keys).unwrap();
+    let began_at = t.s.current_revision();
+    let reader = t.s.reader();
+    let mut walk = reader.begin_history(b("k"), b("l"), 2).unwrap();
+    let mut slices = 0;
+    while !reader.walk_history(&mut walk, 1).unwrap() {
+        slices += 1;
+        t.put(&format!("k{slices}"), "later");
+    }
+    let (events, upto) = walk.finish();
+    assert_eq!(upto, began_at);
+    let revs: Vec<i64> = events.iter().map(|e| e.kv.mod_revision).collect();
+    let want: Vec<i64> = (2..=11).chain([12, 12]).collect();
+    assert_eq!(revs, want, "revision 12 is the txn's two changes");
+    assert_eq!(slices, 10, "one slice per revision, the txn's whole");
+
+    let mut walk = reader.begin_history(b("k"), b("l"), 2).unwrap();
+    assert!(!reader.walk_history(&mut walk, 1).unwrap());
+    t.apply(Request::Compaction(CompactionRequest {
+        revision: 5,
+        physical: true,
+    }))
+    .unwrap();
+    assert!(matches!(
+        reader.walk_history(&mut walk, 1),
+        Err(MvccError::Compacted)
+    ));
+    assert!(matches!(
+        reader.begin_history(b("k"), b("l"), 4),
+        Err(MvccError::Compacted)
+    ));
 }
 
 /// A reader on another thread (a shard other than the owner) walks the

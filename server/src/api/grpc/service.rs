@@ -84,6 +84,18 @@ impl Shared {
         SendWrapper::new(async move { self.backend.range(req, token).await }).await
     }
 
+    /// A watcher's history, read on this shard in its reads queue (see
+    /// [`Backend::watch_history`]), and the Raft term.
+    pub(super) async fn watch_history(
+        &self,
+        key: bytes::Bytes,
+        range_end: bytes::Bytes,
+        from_rev: i64,
+    ) -> (crate::error::Result<(Vec<mvcc::Event>, i64)>, u64) {
+        SendWrapper::new(async move { self.backend.watch_history(key, range_end, from_rev).await })
+            .await
+    }
+
     /// A read-only txn by the caller behind `token`, read on this shard
     /// in its reads queue (see [`Backend::read_txn`], [`crate::sched`]).
     pub(super) async fn read_txn(
@@ -418,6 +430,9 @@ impl WatchStream {
                 Some(RequestUnion::CancelRequest(_)) => {}
                 Some(RequestUnion::ProgressRequest(_)) => {
                     let (rev, _) = self.current().await;
+                    // Fan-out runs behind apply: the answer waits until
+                    // every event up to `rev` went out.
+                    self.hub.fed_up_to(rev).await;
                     // etcd 3.4+: one notification for the stream, watch id -1.
                     self.send(pb::WatchResponse {
                         header: self.hub.header(rev),
@@ -572,21 +587,14 @@ pub(super) async fn register_watch(
 ) -> crate::error::Result<(Vec<mvcc::Event>, i64)> {
     let (key, range_end) = (spec.key.clone(), spec.range_end.clone());
     hub.add(id.0, id.1, spec, start, true, out);
-    let history = shared
-        .call(Command::WatchHistory {
-            key,
-            range_end,
-            from_rev: start,
-        })
-        .await;
+    let (history, term) = shared.watch_history(key, range_end, start).await;
     let outcome = match history {
-        Reply::WatchHistory(Ok((events, upto)), term) => {
+        Ok((events, upto)) => {
             hub.note_term(term);
             hub.note_revision(upto);
             return Ok((events, upto));
         }
-        Reply::WatchHistory(Err(e), _) => Err(e),
-        _ => Err(ServerError::Stopped),
+        Err(e) => Err(e),
     };
     hub.remove(id.0, id.1);
     outcome
