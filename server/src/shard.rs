@@ -1091,7 +1091,7 @@ fn spawn_watch_resync(hub: Rc<WatchHub>, backend: Backend) {
     glommio::spawn_local(async move {
         loop {
             let mut pending = hub.take_resync().await;
-            while let Some(from) = pending.iter().map(|(_, rev)| *rev).min() {
+            while let Some(from) = pending.iter().map(|claim| claim.from).min() {
                 let (history, _) = backend
                     .watch_history(
                         bytes::Bytes::from_static(b"\0"),
@@ -1101,8 +1101,8 @@ fn spawn_watch_resync(hub: Rc<WatchHub>, backend: Backend) {
                     .await;
                 match history {
                     Ok((events, upto)) => {
-                        for ((stream, watch_id), _) in pending.drain(..) {
-                            hub.finish_sync(stream, watch_id, &events, upto);
+                        for claim in pending.drain(..) {
+                            hub.finish_resync(&claim, &events, upto);
                         }
                     }
                     Err(ServerError::Mvcc(mvcc::MvccError::Compacted)) => {
@@ -1111,9 +1111,9 @@ fn spawn_watch_resync(hub: Rc<WatchHub>, backend: Backend) {
                             _ => i64::MAX,
                         };
                         let before = pending.len();
-                        pending.retain(|&((stream, watch_id), rev)| {
-                            if rev < compacted {
-                                hub.cancel_compacted(stream, watch_id, compacted);
+                        pending.retain(|claim| {
+                            if claim.from < compacted {
+                                hub.cancel_compacted(claim.id.0, claim.id.1, compacted);
                                 false
                             } else {
                                 true

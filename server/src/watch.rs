@@ -10,7 +10,9 @@
 //! owner's published store ([`crate::read_view`]) in slices; live events
 //! that arrive meanwhile are buffered and de-duplicated by revision, so it
 //! sees every revision exactly once, in order. A progress notification
-//! names a revision only once every event up to it went out.
+//! names a revision only once the hub's feed reached it, so every event up
+//! to it went to the watchers in sync (after a snapshot install, those
+//! still re-reading history may lag it, as in etcd 3.4).
 //!
 //! Must never: block the Raft loop (publishing only enqueues), or deliver an
 //! event twice or out of revision order to one watcher.
@@ -138,9 +140,17 @@ struct Watcher {
     next_rev: i64,
     /// While history is being read: live events held back.
     syncing: Option<Vec<mvcc::Event>>,
-    /// A snapshot was installed since this watcher's history read began:
-    /// live events stay held until it re-reads from the new store.
+    /// A re-read of history is owed (a snapshot was installed, or a
+    /// previous value was not read): live events stay held until the
+    /// resync's history is delivered ([`WatchHub::finish_resync`]).
     needs_resync: bool,
+    /// Counts the resyncs asked for: a resync finishes the hold only if no
+    /// newer one was asked for while it read.
+    resync_generation: u64,
+    /// Its creator delivered its first history ([`WatchHub::finish_sync`]):
+    /// only then may a resync read for it (its next revision means
+    /// something, and its client knows it exists).
+    created: bool,
     out: UnboundedSender<pb::WatchResponse>,
     _counted: Counted,
 }
@@ -151,7 +161,17 @@ impl Watcher {
     fn hold_for_resync(&mut self) {
         self.syncing.get_or_insert_with(Vec::new);
         self.needs_resync = true;
+        self.resync_generation += 1;
     }
+}
+
+/// A watcher's resync taken by the resync task ([`WatchHub::take_resync`]):
+/// read history from `from` on and hand it to [`WatchHub::finish_resync`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResyncClaim {
+    pub id: (u64, i64),
+    pub from: i64,
+    generation: u64,
 }
 
 /// Identity for response headers.
@@ -247,6 +267,8 @@ impl WatchHub {
                 next_rev: start_rev,
                 syncing: syncing.then(Vec::new),
                 needs_resync: false,
+                resync_generation: 0,
+                created: !syncing,
                 out,
             },
         );
@@ -301,25 +323,28 @@ impl WatchHub {
         .await;
     }
 
-    /// Every watcher holds live events from now on and is queued for a
-    /// history read from the new store (also those creating right now:
-    /// their history may have come from the old store; delivery skips
-    /// what they already got).
+    /// Every watcher holds live events from now on and owes a history
+    /// read from the new store (also those creating right now: their
+    /// history may come from the old store; their creator queues the
+    /// resync once it delivered that, and delivery skips what they already
+    /// got).
     fn restored(&self, revision: i64) {
         self.note_revision(revision);
         let mut watchers = self.watchers.borrow_mut();
         let mut resync = self.resync.borrow_mut();
         for (key, w) in watchers.iter_mut() {
             w.hold_for_resync();
-            resync.push(*key);
+            if w.created {
+                resync.push(*key);
+            }
         }
         drop((watchers, resync));
         self.resync_ready.notify();
     }
 
-    /// Waits for watchers queued by a snapshot install and returns them
-    /// with the revision each needs history from; those gone are skipped.
-    pub async fn take_resync(&self) -> Vec<((u64, i64), i64)> {
+    /// Waits for watchers that owe a resync and returns them with the
+    /// revision each needs history from; those gone are skipped.
+    pub async fn take_resync(&self) -> Vec<ResyncClaim> {
         loop {
             let found = self.claim_resync();
             if !found.is_empty() {
@@ -329,14 +354,19 @@ impl WatchHub {
         }
     }
 
-    fn claim_resync(&self) -> Vec<((u64, i64), i64)> {
-        let keys = std::mem::take(&mut *self.resync.borrow_mut());
-        let mut watchers = self.watchers.borrow_mut();
+    fn claim_resync(&self) -> Vec<ResyncClaim> {
+        let mut keys = std::mem::take(&mut *self.resync.borrow_mut());
+        keys.sort_unstable();
+        keys.dedup();
+        let watchers = self.watchers.borrow();
         keys.into_iter()
-            .filter_map(|k| {
-                let w = watchers.get_mut(&k)?;
-                w.needs_resync = false;
-                Some((k, w.next_rev.max(1)))
+            .filter_map(|id| {
+                let w = watchers.get(&id)?;
+                (w.created && w.needs_resync).then_some(ResyncClaim {
+                    id,
+                    from: w.next_rev.max(1),
+                    generation: w.resync_generation,
+                })
             })
             .collect()
     }
@@ -356,21 +386,44 @@ impl WatchHub {
         });
     }
 
-    /// Delivers history (events up to `upto`, in order) and then whatever
-    /// arrived live while it was read, skipping what the history covered.
+    /// A new watcher's creator delivers its history (events up to `upto`,
+    /// in order) and then whatever arrived live while it was read,
+    /// skipping what the history covered.
     pub fn finish_sync(&self, stream: u64, watch_id: i64, history: &[mvcc::Event], upto: i64) {
+        let id = (stream, watch_id);
         let mut watchers = self.watchers.borrow_mut();
-        let Some(w) = watchers.get_mut(&(stream, watch_id)) else {
+        let Some(w) = watchers.get_mut(&id) else {
             return;
         };
+        w.created = true;
         let header_rev = upto.max(self.revision.get());
         self.deliver(w, history.iter(), header_rev);
         w.next_rev = w.next_rev.max(upto + 1);
         if w.needs_resync {
             // The store changed under this read: the held events may lie
-            // past a gap only the resync's history fills.
+            // past a gap only a resync's history fills.
+            self.resync.borrow_mut().push(id);
+            self.resync_ready.notify();
             return;
         }
+        let held = w.syncing.take().unwrap_or_default();
+        self.deliver(w, held.iter(), header_rev);
+    }
+
+    /// The resync task delivers `claim`'s history (up to `upto`), then,
+    /// unless a newer resync was asked for meanwhile, the held events.
+    pub fn finish_resync(&self, claim: &ResyncClaim, history: &[mvcc::Event], upto: i64) {
+        let mut watchers = self.watchers.borrow_mut();
+        let Some(w) = watchers.get_mut(&claim.id) else {
+            return;
+        };
+        let header_rev = upto.max(self.revision.get());
+        self.deliver(w, history.iter(), header_rev);
+        w.next_rev = w.next_rev.max(upto + 1);
+        if w.resync_generation != claim.generation {
+            return;
+        }
+        w.needs_resync = false;
         let held = w.syncing.take().unwrap_or_default();
         self.deliver(w, held.iter(), header_rev);
     }
@@ -618,10 +671,11 @@ mod tests {
             "held events wait for the resync"
         );
         let pending = futures_lite::future::block_on(hub.take_resync());
-        assert_eq!(pending, vec![((1, 0), 3), ((2, 0), 3)]);
+        let claimed: Vec<_> = pending.iter().map(|c| (c.id, c.from)).collect();
+        assert_eq!(claimed, vec![((1, 0), 3), ((2, 0), 3)]);
         let history = [put("k3", 3), put("x", 4), put("k9", 9)];
-        for ((stream, id), _) in pending {
-            hub.finish_sync(stream, id, &history, 9);
+        for claim in &pending {
+            hub.finish_resync(claim, &history, 9);
         }
         assert_eq!(revs(&mut synced), vec![3, 9, 10]);
         assert_eq!(revs(&mut creating), vec![3, 9, 10]);
@@ -630,6 +684,40 @@ mod tests {
         assert!(cancelled.canceled);
         assert_eq!(cancelled.compact_revision, 11);
         assert_eq!(hub.watcher_count(), 1);
+    }
+
+    /// A snapshot install while a watcher's creator reads its history
+    /// (now in slices, so the resync task may run first): the resync
+    /// waits for the creator, the creator's old-store history never
+    /// releases the held events, and a second install during a resync
+    /// keeps them held until its own resync: no revision is skipped.
+    #[test]
+    fn a_restore_during_creation_waits_for_the_creator_and_skips_nothing() {
+        use futures_lite::future::{block_on, poll_once};
+        let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
+        let (tx, mut rx) = unbounded();
+        hub.add(1, 0, spec("k", "l"), 0, true, tx);
+        hub.feed(&Feed::Restored { revision: 9 });
+        hub.publish(&[put("k10", 10)]);
+        assert!(
+            block_on(poll_once(hub.take_resync())).is_none(),
+            "no resync before the creator delivered"
+        );
+        // The creator's history came from the old store, up to 5.
+        hub.finish_sync(1, 0, &[put("k5", 5)], 5);
+        assert_eq!(revs(&mut rx), vec![5], "held events wait for the resync");
+        let pending = block_on(hub.take_resync());
+        let claimed: Vec<_> = pending.iter().map(|c| (c.id, c.from)).collect();
+        assert_eq!(claimed, vec![((1, 0), 6)]);
+        // A second install while that resync reads.
+        hub.feed(&Feed::Restored { revision: 20 });
+        hub.publish(&[put("k21", 21)]);
+        hub.finish_resync(&pending[0], &[put("k7", 7), put("k9", 9)], 9);
+        assert_eq!(revs(&mut rx), vec![7, 9], "the second resync owes 11..=20");
+        let pending = block_on(hub.take_resync());
+        assert_eq!(pending[0].from, 10);
+        hub.finish_resync(&pending[0], &[put("k10", 10), put("k15", 15)], 20);
+        assert_eq!(revs(&mut rx), vec![10, 15, 21]);
     }
 
     /// A put applied without reading its previous value reaches a
@@ -659,10 +747,11 @@ mod tests {
         assert_eq!(revs(&mut plain), vec![2, 3, 3, 4]);
         assert_eq!(revs(&mut prev), vec![2], "revision 3 waits, whole");
         let pending = futures_lite::future::block_on(hub.take_resync());
-        assert_eq!(pending, vec![((2, 0), 3)]);
+        let claimed: Vec<_> = pending.iter().map(|c| (c.id, c.from)).collect();
+        assert_eq!(claimed, vec![((2, 0), 3)]);
         let mut replaced = put("k2", 3);
         replaced.prev_kv = Some(put("k2", 2).kv);
-        hub.finish_sync(2, 0, &[put("k3", 3), replaced, put("k4", 4)], 4);
+        hub.finish_resync(&pending[0], &[put("k3", 3), replaced, put("k4", 4)], 4);
         let got: Vec<_> = std::iter::from_fn(|| prev.try_recv().ok())
             .flat_map(|r| r.events)
             .map(|e| {

@@ -505,6 +505,8 @@ pub struct HistoryWalk {
     next_rev: i64,
     /// The store's current revision when the walk began: the last one read.
     upto: i64,
+    /// The compact revision when the walk began.
+    compacted_at_begin: i64,
     events: Vec<Event>,
 }
 
@@ -534,6 +536,7 @@ fn begin_history(
         range_end,
         next_rev,
         upto,
+        compacted_at_begin: st.compact_rev,
         events: Vec::new(),
     })
 }
@@ -547,9 +550,12 @@ fn walk_history<E: Engine>(
     if walk.next_rev > walk.upto {
         return Ok(true);
     }
-    if walk.next_rev < st.compact_rev {
-        // The previous values (and the revisions themselves) below the
-        // compact revision are gone.
+    let compacted_since = st.compact_rev != walk.compacted_at_begin;
+    if walk.next_rev < st.compact_rev || (compacted_since && walk.next_rev == st.compact_rev) {
+        // The revisions below the compact revision are gone, and so are
+        // the compact revision's own tombstones and replaced values: a
+        // walk may begin there (as etcd's watch may) but not pass a
+        // compaction to it.
         return Err(MvccError::Compacted);
     }
     let snap = engine.snapshot();

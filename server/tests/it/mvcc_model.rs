@@ -1727,6 +1727,20 @@ fn a_history_walked_in_slices_ends_where_it_began_and_fails_on_compaction() {
 
     let mut walk = reader.begin_history(b("k"), b("l"), 2).unwrap();
     assert!(!reader.walk_history(&mut walk, 1).unwrap());
+    // A compaction to exactly the next revision to read removes that
+    // revision's tombstones and replaced values: the walk fails too.
+    t.apply(Request::Compaction(CompactionRequest {
+        revision: 3,
+        physical: true,
+    }))
+    .unwrap();
+    assert!(matches!(
+        reader.walk_history(&mut walk, 1),
+        Err(MvccError::Compacted)
+    ));
+    // Begun at the compact revision, as etcd allows, it reads on.
+    let mut walk = reader.begin_history(b("k"), b("l"), 3).unwrap();
+    assert!(!reader.walk_history(&mut walk, 1).unwrap());
     t.apply(Request::Compaction(CompactionRequest {
         revision: 5,
         physical: true,
