@@ -19,9 +19,11 @@
 //! So the owner spends O(1) per read (nothing, or one gate), however many
 //! keys the read covers. A watcher's history is read the same way, without
 //! a gate (its permission is checked when it is created; a watch is never
-//! linearizable), a slice of key revisions at a time. Must never: hold the store's lock across an await
-//! (a walk slice is synchronous), or be the only place a reader is kept
-//! (the owner's store stays the authority).
+//! linearizable), a slice of key revisions at a time.
+//!
+//! Must never: hold the store's lock across an await (a walk slice is
+//! synchronous), or be the only place a reader is kept (the owner's store
+//! stays the authority).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -581,21 +581,27 @@ impl<T: Send + 'static> Outbox<T> {
         queue.drain(..n).collect()
     }
 
+    /// The next batch: what is queued (at most [`MAX_BATCH`]), or, when
+    /// nothing is, what the tasks of the turn that wakes it queued.
+    async fn next_batch(&self) -> Vec<T> {
+        loop {
+            let batch = self.take_batch();
+            if !batch.is_empty() {
+                return batch;
+            }
+            self.ready.notified().await;
+        }
+    }
+
     /// Moves queued items to `to` in batches until the other side is gone.
     /// The task wakes after the tasks that queued, so a turn's items go in
     /// one message.
     async fn drain_into(self: Rc<Self>, to: ConnectedSender<Vec<T>>) {
         loop {
-            self.ready.notified().await;
-            loop {
-                let batch = self.take_batch();
-                if batch.is_empty() {
-                    break;
-                }
-                self.messages.set(self.messages.get() + 1);
-                if to.send(batch).await.is_err() {
-                    return;
-                }
+            let batch = self.next_batch().await;
+            self.messages.set(self.messages.get() + 1);
+            if to.send(batch).await.is_err() {
+                return;
             }
         }
     }
@@ -1060,14 +1066,7 @@ fn feed_in_watch_queue(hub: Rc<WatchHub>) -> EventSubscriber {
     let queued = outbox.clone();
     crate::sched::spawn_watch_fanout(async move {
         loop {
-            queued.ready.notified().await;
-            loop {
-                let batch = queued.take_batch();
-                if batch.is_empty() {
-                    break;
-                }
-                feed_batch(&hub, &batch).await;
-            }
+            feed_batch(&hub, &queued.next_batch().await).await;
         }
     });
     Box::new(move |item| outbox.push(item.clone()))

@@ -396,9 +396,7 @@ impl WatchHub {
             return;
         };
         w.created = true;
-        let header_rev = upto.max(self.revision.get());
-        self.deliver(w, history.iter(), header_rev);
-        w.next_rev = w.next_rev.max(upto + 1);
+        let header_rev = self.deliver_history(w, history, upto);
         if w.needs_resync {
             // The store changed under this read: the held events may lie
             // past a gap only a resync's history fills.
@@ -406,8 +404,7 @@ impl WatchHub {
             self.resync_ready.notify();
             return;
         }
-        let held = w.syncing.take().unwrap_or_default();
-        self.deliver(w, held.iter(), header_rev);
+        self.release_held(w, header_rev);
     }
 
     /// The resync task delivers `claim`'s history (up to `upto`), then,
@@ -417,13 +414,26 @@ impl WatchHub {
         let Some(w) = watchers.get_mut(&claim.id) else {
             return;
         };
-        let header_rev = upto.max(self.revision.get());
-        self.deliver(w, history.iter(), header_rev);
-        w.next_rev = w.next_rev.max(upto + 1);
+        let header_rev = self.deliver_history(w, history, upto);
         if w.resync_generation != claim.generation {
             return;
         }
         w.needs_resync = false;
+        self.release_held(w, header_rev);
+    }
+
+    /// Delivers a history read up to `upto` and moves the watcher past
+    /// it; answers the revision for the response headers.
+    fn deliver_history(&self, w: &mut Watcher, history: &[mvcc::Event], upto: i64) -> i64 {
+        let header_rev = upto.max(self.revision.get());
+        self.deliver(w, history.iter(), header_rev);
+        w.next_rev = w.next_rev.max(upto + 1);
+        header_rev
+    }
+
+    /// Ends the hold: delivers what arrived live meanwhile (skipping what
+    /// the history covered), and live events from now on.
+    fn release_held(&self, w: &mut Watcher, header_rev: i64) {
         let held = w.syncing.take().unwrap_or_default();
         self.deliver(w, held.iter(), header_rev);
     }

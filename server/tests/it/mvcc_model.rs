@@ -1519,6 +1519,15 @@ impl T {
         .unwrap()
     }
 
+    /// A physical compaction at `revision`, which must succeed.
+    fn compact(&mut self, revision: i64) {
+        self.apply(Request::Compaction(CompactionRequest {
+            revision,
+            physical: true,
+        }))
+        .unwrap();
+    }
+
     fn txn(&mut self, t: TxnRequest) -> Result<TxnResponse, MvccError> {
         self.apply(Request::Txn(t)).map(|o| match o.response {
             Response::Txn(t) => t,
@@ -1621,11 +1630,7 @@ fn a_planned_range_is_a_point_in_time() {
         t.put(&format!("k{i:02}"), "overwritten");
     }
     t.delete("k", "l");
-    t.apply(Request::Compaction(CompactionRequest {
-        revision: t.s.current_revision(),
-        physical: true,
-    }))
-    .unwrap();
+    t.compact(t.s.current_revision());
     let got = plan.finish().unwrap();
     assert_eq!(got, expected);
     assert_eq!(got.kvs.len(), 30);
@@ -1729,11 +1734,7 @@ fn a_history_walked_in_slices_ends_where_it_began_and_fails_on_compaction() {
     assert!(!reader.walk_history(&mut walk, 1).unwrap());
     // A compaction to exactly the next revision to read removes that
     // revision's tombstones and replaced values: the walk fails too.
-    t.apply(Request::Compaction(CompactionRequest {
-        revision: 3,
-        physical: true,
-    }))
-    .unwrap();
+    t.compact(3);
     assert!(matches!(
         reader.walk_history(&mut walk, 1),
         Err(MvccError::Compacted)
@@ -1741,11 +1742,7 @@ fn a_history_walked_in_slices_ends_where_it_began_and_fails_on_compaction() {
     // Begun at the compact revision, as etcd allows, it reads on.
     let mut walk = reader.begin_history(b("k"), b("l"), 3).unwrap();
     assert!(!reader.walk_history(&mut walk, 1).unwrap());
-    t.apply(Request::Compaction(CompactionRequest {
-        revision: 5,
-        physical: true,
-    }))
-    .unwrap();
+    t.compact(5);
     assert!(matches!(
         reader.walk_history(&mut walk, 1),
         Err(MvccError::Compacted)
@@ -1823,11 +1820,7 @@ fn a_reader_on_another_thread_sees_whole_revisions_while_the_owner_applies() {
     for round in 1..=ROUNDS {
         t.apply(rewrite(round)).unwrap();
         if round % 10 == 0 {
-            t.apply(Request::Compaction(CompactionRequest {
-                revision: t.s.current_revision(),
-                physical: true,
-            }))
-            .unwrap();
+            t.compact(t.s.current_revision());
         }
         std::thread::yield_now();
     }
@@ -1887,11 +1880,7 @@ fn a_compaction_during_a_walk_restarts_it_or_fails_it() {
     for i in 0..10 {
         t.put(&format!("k{i}"), "new");
     }
-    t.apply(Request::Compaction(CompactionRequest {
-        revision: t.s.current_revision(),
-        physical: true,
-    }))
-    .unwrap();
+    t.compact(t.s.current_revision());
     assert!(matches!(
         t.s.reader().walk_range(&mut walk_pinned, 4),
         Err(MvccError::Compacted)
@@ -2680,11 +2669,7 @@ fn hash_kv_equals_etcd_3_4_for_the_same_history() {
     t.put("a", "again");
     t.put("c", "ccc");
     assert_eq!(hash(&t, 7).unwrap(), 1_122_300_089);
-    t.apply(Request::Compaction(CompactionRequest {
-        revision: 5,
-        physical: true,
-    }))
-    .unwrap();
+    t.compact(5);
     // The compaction point itself is compacted for HashKV.
     assert!(matches!(hash(&t, 5), Err(MvccError::Compacted)));
     assert!(matches!(hash(&t, 4), Err(MvccError::Compacted)));
@@ -2696,11 +2681,7 @@ fn hash_kv_equals_etcd_3_4_for_the_same_history() {
     assert_eq!(hash(&t, 0).unwrap(), 3_610_636_194);
     t.delete("", "\0");
     assert_eq!(hash(&t, 0).unwrap(), 2_102_674_377);
-    t.apply(Request::Compaction(CompactionRequest {
-        revision: 9,
-        physical: true,
-    }))
-    .unwrap();
+    t.compact(9);
     let h = t.s.hash_kv(0).unwrap();
     assert_eq!((h.hash, h.compact_revision), (1_084_519_789, 9));
     t.put("z", "1");
