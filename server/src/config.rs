@@ -11,6 +11,8 @@ use std::time::Duration;
 use clap::Parser;
 use serde::Deserialize;
 
+pub use crate::net::Endpoint;
+
 /// Default `--max-request-bytes`, as etcd's (1.5 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
 /// The longest `--auth-token-ttl` taken: 10 years.
@@ -662,10 +664,11 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(format!("{}.metcd", self.name)))
     }
 
-    /// The socket addresses of `--listen-client-urls` (etcd's gRPC API);
-    /// `https://` ones with client TLS (checked at load).
-    pub fn client_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
-        parse_urls_with("listen-client-urls", &self.listen_client_urls, true)
+    /// Where `--listen-client-urls` listen (etcd's gRPC API): TCP
+    /// addresses, `https://` ones with client TLS (checked at load), or
+    /// Unix sockets.
+    pub fn client_listen_addrs(&self) -> Result<Vec<Endpoint>, ConfigError> {
+        parse_endpoints_with("listen-client-urls", &self.listen_client_urls, true)
     }
 
     /// This member's etcd member ID.
@@ -739,7 +742,7 @@ impl Config {
 
     /// Where to accept peer connections; empty for a member without peers
     /// unless `--listen-peer-urls` asks for it.
-    pub fn peer_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+    pub fn peer_listen_addrs(&self) -> Result<Vec<Endpoint>, ConfigError> {
         match &self.listen_peer_urls {
             Some(urls) => parse_peer_urls("listen-peer-urls", urls),
             None if self.initial_members()?.len() > 1 => parse_peer_urls(
@@ -958,21 +961,28 @@ pub fn split_list(s: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Parses `http://host:port[,http://host:port...]` into socket addresses.
+/// Parses `http://host:port[,http://host:port...]` (the seed API's
+/// URLs) into socket addresses.
 pub fn parse_urls(flag: &'static str, urls: &str) -> Result<Vec<SocketAddr>, ConfigError> {
-    parse_urls_with(flag, urls, false)
+    Ok(parse_endpoints_with(flag, urls, false)?
+        .iter()
+        .filter_map(Endpoint::tcp)
+        .collect())
 }
 
-/// Peer URLs: `http://` or, with peer TLS, `https://`.
-pub fn parse_peer_urls(flag: &'static str, urls: &str) -> Result<Vec<SocketAddr>, ConfigError> {
-    parse_urls_with(flag, urls, true)
+/// Peer URLs: `http://`, with peer TLS `https://`, or `unix://`.
+pub fn parse_peer_urls(flag: &'static str, urls: &str) -> Result<Vec<Endpoint>, ConfigError> {
+    parse_endpoints_with(flag, urls, true)
 }
 
-fn parse_urls_with(
+/// `etcd_urls`: etcd's client and peer URLs, which may also be
+/// `https://` and `unix://` (`unixs://`, TLS over a Unix socket, is not
+/// supported).
+fn parse_endpoints_with(
     flag: &'static str,
     urls: &str,
-    https_ok: bool,
-) -> Result<Vec<SocketAddr>, ConfigError> {
+    etcd_urls: bool,
+) -> Result<Vec<Endpoint>, ConfigError> {
     let mut out = Vec::new();
     for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
         let invalid = |reason: &str| ConfigError::Invalid {
@@ -980,11 +990,20 @@ fn parse_urls_with(
             value: url.to_string(),
             reason: reason.to_string(),
         };
+        if let (true, Some(file)) = (etcd_urls, url.strip_prefix("unix://")) {
+            if file.is_empty() {
+                return Err(invalid(
+                    "a unix:// URL names its socket file, e.g. unix://etcd.sock:1",
+                ));
+            }
+            out.push(Endpoint::Unix(PathBuf::from(file)));
+            continue;
+        }
         let rest = match url.strip_prefix("http://") {
             Some(rest) => rest,
-            None if https_ok => url
+            None if etcd_urls => url
                 .strip_prefix("https://")
-                .ok_or_else(|| invalid("expected an http:// or https:// URL"))?,
+                .ok_or_else(|| invalid("expected an http://, https:// or unix:// URL"))?,
             None => return Err(invalid("only http:// URLs are supported")),
         };
         let hostport = rest.trim_end_matches('/');
@@ -996,7 +1015,7 @@ fn parse_urls_with(
         let addr: SocketAddr = hostport
             .parse()
             .map_err(|_| invalid("expected an IP address and port, e.g. http://127.0.0.1:3379"))?;
-        out.push(addr);
+        out.push(Endpoint::Tcp(addr));
     }
     if out.is_empty() {
         return Err(ConfigError::Invalid {
@@ -1345,7 +1364,7 @@ mod tests {
         assert_eq!(tls.trusted_ca, Some(ca.as_path()));
         assert_eq!(
             cfg.client_listen_addrs().unwrap(),
-            ["127.0.0.1:2379".parse().unwrap()]
+            [Endpoint::Tcp("127.0.0.1:2379".parse().unwrap())]
         );
         assert!(load(&[]).unwrap().client_tls_files().is_none());
         let open_http = ["--listen-http-urls", "http://0.0.0.0:3379"];
@@ -1509,6 +1528,23 @@ mod tests {
         assert_eq!(addrs.len(), 2);
         assert!(parse_urls("x", "https://1.2.3.4:1").is_err());
         assert!(parse_urls("x", "http://nohost").is_err());
+        // The seed API is TCP only; etcd's URLs may name Unix sockets, by
+        // host and path as etcd names them.
+        assert!(parse_urls("x", "unix://etcd.unix:1").is_err());
+        assert_eq!(
+            parse_peer_urls(
+                "x",
+                "unix://etcd.unix:1,unix:///run/e.sock,https://127.0.0.1:2"
+            )
+            .unwrap(),
+            vec![
+                Endpoint::Unix("etcd.unix:1".into()),
+                Endpoint::Unix("/run/e.sock".into()),
+                Endpoint::Tcp("127.0.0.1:2".parse().unwrap()),
+            ]
+        );
+        assert!(parse_peer_urls("x", "unix://").is_err());
+        assert!(parse_peer_urls("x", "unixs://etcd.unix:1").is_err());
     }
 
     #[test]

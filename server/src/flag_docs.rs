@@ -67,14 +67,14 @@ pub const FLAGS: &[FlagDoc] = &[
         "listen-peer-urls",
         "<urls>",
         "(the advertise peer URLs, when the cluster has peers)",
-        "Where peers connect (metcd's own peer protocol over TCP or TLS).",
+        "Where peers connect (metcd's own peer protocol over TCP or TLS, or over a Unix socket: `unix://<file>`, the file named by the URL's host and path as in etcd).",
     ),
     flag(
         "Member",
         "listen-client-urls",
         "<urls>",
         "http://127.0.0.1:2379",
-        "etcd's v3 gRPC API, its JSON gateway and /health, /version, /metrics.",
+        "etcd's v3 gRPC API, its JSON gateway and /health, /version, /metrics; `unix://<file>` listens on a Unix socket (on one shard).",
     ),
     flag(
         "Member",

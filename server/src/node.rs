@@ -1118,7 +1118,7 @@ impl Node {
         for addr in peer_addrs {
             // A member killed a moment ago may still hold the port.
             crate::net::retry_while_in_use(|| {
-                peer::listen(addr, id, cluster_id, inbound.clone(), tls.clone())
+                peer::listen(addr.clone(), id, cluster_id, inbound.clone(), tls.clone())
             })
             .map_err(|e| ServerError::Startup(format!("cannot listen for peers on {addr}: {e}")))?;
         }

@@ -16,9 +16,9 @@
 //! with backoff. Must never: block the Raft loop (it only enqueues), or
 //! deliver a message from a member of another cluster.
 
+use crate::net::Endpoint;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -173,7 +173,7 @@ fn log(msg: std::fmt::Arguments<'_>) {
 }
 
 struct Link {
-    addrs: Vec<SocketAddr>,
+    addrs: Vec<Endpoint>,
     queue: RefCell<Vec<Message>>,
     ready: Notify,
     /// When the current connection to the peer was made; `None` while down.
@@ -213,7 +213,7 @@ impl Transport {
     }
 
     /// Starts (or replaces the addresses of) the link to `peer`.
-    pub fn add_peer(self: &Rc<Self>, peer: u64, addrs: Vec<SocketAddr>) {
+    pub fn add_peer(self: &Rc<Self>, peer: u64, addrs: Vec<Endpoint>) {
         if peer == self.self_id {
             return;
         }
@@ -340,22 +340,12 @@ impl Transport {
         &self,
         magic: &[u8; 8],
         peer: u64,
-        addrs: &[SocketAddr],
+        addrs: &[Endpoint],
     ) -> std::io::Result<PeerStream> {
         let mut last = std::io::Error::other("no address");
         for addr in addrs {
-            match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT).await {
-                Ok(tcp) => {
-                    let _ = tcp.set_nodelay(true);
-                    let mut stream = match &self.tls {
-                        Some(tls) => tls.connect(addr, tcp).await.map_err(|e| {
-                            std::io::Error::other(format!(
-                                "TLS handshake with {addr}: {}",
-                                described(&e)
-                            ))
-                        })?,
-                        None => PeerStream::Plain(tcp),
-                    };
+            match self.open(addr).await {
+                Ok(mut stream) => {
                     let mut hello = Vec::with_capacity(HELLO_BYTES);
                     hello.extend_from_slice(magic);
                     hello.extend_from_slice(&self.cluster_id.to_le_bytes());
@@ -381,10 +371,35 @@ impl Transport {
                         ))),
                     };
                 }
-                Err(e) => last = std::io::Error::other(e.to_string()),
+                Err(e) => last = e,
             }
         }
         Err(last)
+    }
+
+    /// A connection to `addr`, TLS first with peer TLS (a Unix socket
+    /// is plaintext: the configuration refuses TLS with unix:// URLs).
+    async fn open(&self, addr: &Endpoint) -> std::io::Result<PeerStream> {
+        let tcp_addr = match addr {
+            Endpoint::Tcp(tcp_addr) => tcp_addr,
+            Endpoint::Unix(path) => {
+                let connecting = glommio::net::UnixStream::connect(path);
+                return glommio::timer::timeout(CONNECT_TIMEOUT, connecting)
+                    .await
+                    .map(PeerStream::Unix)
+                    .map_err(|e| std::io::Error::other(format!("{addr}: {e}")));
+            }
+        };
+        let tcp = TcpStream::connect_timeout(tcp_addr, CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            Some(tls) => tls.connect(tcp_addr, tcp).await.map_err(|e| {
+                std::io::Error::other(format!("TLS handshake with {addr}: {}", described(&e)))
+            }),
+            None => Ok(PeerStream::Plain(tcp)),
+        }
     }
 
     /// Asks `peer` a question (one connection per question: keep-alives
@@ -496,7 +511,7 @@ fn encode_frame(m: &Message, buf: &mut Vec<u8>) -> std::io::Result<()> {
 /// used once, before the executors start, by a member joining a running
 /// cluster).
 pub fn probe_cluster(
-    addrs: &[SocketAddr],
+    addrs: &[Endpoint],
     limit: Duration,
     tls: Option<&PeerTls>,
 ) -> Option<(u64, Vec<MemberRecord>)> {
@@ -506,19 +521,33 @@ pub fn probe_cluster(
     let deadline = std::time::Instant::now() + limit;
     while std::time::Instant::now() < deadline {
         for addr in addrs {
-            let Ok(tcp) = std::net::TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) else {
-                continue;
-            };
-            let _ = tcp.set_read_timeout(Some(CONNECT_TIMEOUT));
-            let _ = tcp.set_write_timeout(Some(CONNECT_TIMEOUT));
-            let mut s: Box<dyn Stream> = match tls {
-                None => Box::new(tcp),
-                Some(tls) => {
-                    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-                    let Ok(conn) = rustls::ClientConnection::new(tls.client_config(), name) else {
+            let mut s: Box<dyn Stream> = match addr {
+                Endpoint::Unix(path) => {
+                    let Ok(unix) = std::os::unix::net::UnixStream::connect(path) else {
                         continue;
                     };
-                    Box::new(rustls::StreamOwned::new(conn, tcp))
+                    let _ = unix.set_read_timeout(Some(CONNECT_TIMEOUT));
+                    let _ = unix.set_write_timeout(Some(CONNECT_TIMEOUT));
+                    Box::new(unix)
+                }
+                Endpoint::Tcp(addr) => {
+                    let Ok(tcp) = std::net::TcpStream::connect_timeout(addr, CONNECT_TIMEOUT)
+                    else {
+                        continue;
+                    };
+                    let _ = tcp.set_read_timeout(Some(CONNECT_TIMEOUT));
+                    let _ = tcp.set_write_timeout(Some(CONNECT_TIMEOUT));
+                    match tls {
+                        None => Box::new(tcp),
+                        Some(tls) => {
+                            let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+                            let Ok(conn) = rustls::ClientConnection::new(tls.client_config(), name)
+                            else {
+                                continue;
+                            };
+                            Box::new(rustls::StreamOwned::new(conn, tcp))
+                        }
+                    }
                 }
             };
             let mut hello = Vec::with_capacity(HELLO_BYTES);
@@ -548,34 +577,37 @@ pub fn probe_cluster(
 
 /// Accepts peer connections on `addr` and hands every message to `deliver`.
 pub fn listen(
-    addr: SocketAddr,
+    addr: Endpoint,
     self_id: u64,
     cluster_id: u64,
     inbound: Rc<Inbound>,
     tls: Option<PeerTls>,
 ) -> std::io::Result<()> {
-    let listener = crate::net::listen(addr, crate::net::PortSharing::Exclusive)?;
+    let listener = crate::net::Listener::bind(&addr, crate::net::PortSharing::Exclusive)?;
     glommio::spawn_local(async move {
         loop {
             match listener.accept().await {
-                Ok(tcp) => {
+                Ok(conn) => {
                     let inbound = inbound.clone();
                     let tls = tls.clone();
                     glommio::spawn_local(async move {
-                        let _ = tcp.set_nodelay(true);
-                        let peer_addr = tcp.peer_addr().ok();
-                        let stream = match &tls {
-                            Some(tls) => match tls.accept(tcp).await {
-                                Ok(stream) => stream,
-                                Err(e) => {
-                                    log(format_args!(
-                                        "TLS handshake with {peer_addr:?} refused: {}",
-                                        described(&e)
-                                    ));
-                                    return;
+                        let stream = match (&tls, conn) {
+                            (None, conn) => PeerStream::from(conn),
+                            // Refused at start: TLS peer URLs are https://.
+                            (Some(_), crate::net::Accepted::Unix(_)) => return,
+                            (Some(tls), crate::net::Accepted::Tcp(tcp)) => {
+                                let peer_addr = tcp.peer_addr().ok();
+                                match tls.accept(tcp).await {
+                                    Ok(stream) => stream,
+                                    Err(e) => {
+                                        log(format_args!(
+                                            "TLS handshake with {peer_addr:?} refused: {}",
+                                            described(&e)
+                                        ));
+                                        return;
+                                    }
                                 }
-                            },
-                            None => PeerStream::Plain(tcp),
+                            }
                         };
                         if let Err(e) = receive(stream, self_id, cluster_id, &inbound).await {
                             if e.kind() != std::io::ErrorKind::UnexpectedEof {

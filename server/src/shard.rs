@@ -836,8 +836,12 @@ pub fn run(mut cfg: Config) -> Result<()> {
     let grpc_addrs = cfg
         .client_listen_addrs()
         .map_err(|e| ServerError::Startup(e.to_string()))?;
-    for addr in addrs.iter().chain(&grpc_addrs) {
-        probe_port(*addr)?;
+    for addr in addrs
+        .iter()
+        .copied()
+        .chain(grpc_addrs.iter().filter_map(crate::net::Endpoint::tcp))
+    {
+        probe_port(addr)?;
     }
     let _lock = crate::node::lock_data_dir(&cfg.data_dir())?;
     crate::tls::auto_tls(&mut cfg).map_err(ServerError::Startup)?;
@@ -852,8 +856,17 @@ pub fn run(mut cfg: Config) -> Result<()> {
         client_tls,
         cert_users: cfg.client_cert_auth,
         max_concurrent_streams: cfg.max_concurrent_streams,
-        http: addrs.clone(),
+        http: addrs
+            .iter()
+            .copied()
+            .map(crate::net::Endpoint::Tcp)
+            .collect(),
         grpc: grpc_addrs.clone(),
+        unix_shard: if owner_accepts_clients {
+            OWNER_SHARD
+        } else {
+            OWNER_SHARD + 1
+        },
         http_limits: HttpLimits {
             max_request_bytes: cfg.max_request_bytes,
             auth_enabled: member.auth_enabled.clone(),
@@ -964,7 +977,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
             .map_err(|e| ServerError::Startup(format!("starting shard {shard}: {e}")))?;
         handles.push(handle);
     }
-    let list = |a: &[std::net::SocketAddr]| {
+    let list = |a: &[crate::net::Endpoint]| {
         a.iter()
             .map(|a| a.to_string())
             .collect::<Vec<_>>()
@@ -973,7 +986,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
     eprintln!(
         "metcd: {shards} shard(s); etcd gRPC API on {}; HTTP API on {}",
         list(&grpc_addrs),
-        list(&addrs)
+        list(&listeners.http)
     );
     for h in handles {
         h.join()
@@ -996,8 +1009,11 @@ fn probe_port(addr: std::net::SocketAddr) -> Result<()> {
 /// What every shard listens on.
 #[derive(Clone)]
 struct Listeners {
-    http: Vec<std::net::SocketAddr>,
-    grpc: Vec<std::net::SocketAddr>,
+    http: Vec<crate::net::Endpoint>,
+    grpc: Vec<crate::net::Endpoint>,
+    /// The shard that listens on the Unix sockets among the client URLs
+    /// (one socket file, one listener; TCP ports are shared by all).
+    unix_shard: usize,
     http_limits: HttpLimits,
     member: MemberInfo,
     max_grpc_message_bytes: usize,
@@ -1153,15 +1169,18 @@ const SERVING_POLL: Duration = Duration::from_millis(20);
 
 async fn serve_all(listeners: &Listeners, shard: usize, backend: Backend, hub: Rc<WatchHub>) {
     let mut tasks = Vec::new();
-    let bind = |addr: &std::net::SocketAddr| match http::bind(*addr) {
+    let bind = |endpoint: &crate::net::Endpoint| match http::bind(endpoint) {
         Ok(listener) => listener,
         Err(e) => {
-            eprintln!("metcd: cannot listen on {addr}: {e}");
+            eprintln!("metcd: cannot listen on {endpoint}: {e}");
             std::process::exit(1);
         }
     };
+    let mine = |endpoint: &&crate::net::Endpoint| {
+        matches!(endpoint, crate::net::Endpoint::Tcp(_)) || shard == listeners.unix_shard
+    };
     let http_listeners: Vec<_> = listeners.http.iter().map(bind).collect();
-    let grpc_listeners: Vec<_> = listeners.grpc.iter().map(bind).collect();
+    let grpc_listeners: Vec<_> = listeners.grpc.iter().filter(mine).map(bind).collect();
     // As etcd: listening at once (connections wait in the backlog), serving
     // once this member has applied its start-up publish (node.rs,
     // publish_attributes). Polled: once per start, on every shard.

@@ -330,14 +330,18 @@ pub fn auto_tls(cfg: &mut crate::config::Config) -> Result<(), String> {
 /// `dir/cert.pem` and `dir/key.pem`, made for `hosts` unless both exist.
 fn self_signed(
     dir: &Path,
-    hosts: &[std::net::SocketAddr],
+    hosts: &[crate::net::Endpoint],
     flag: &str,
 ) -> Result<(std::path::PathBuf, std::path::PathBuf), String> {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     if cert.exists() && key.exists() {
         return Ok((cert, key));
     }
-    let hosts: Vec<String> = hosts.iter().map(|a| a.ip().to_string()).collect();
+    let hosts: Vec<String> = hosts
+        .iter()
+        .filter_map(crate::net::Endpoint::tcp)
+        .map(|a| a.ip().to_string())
+        .collect();
     let made = |e: rcgen::Error| format!("{flag}: {e}");
     let pair = rcgen::KeyPair::generate().map_err(made)?;
     let mut params = rcgen::CertificateParams::new(hosts).map_err(made)?;
@@ -803,17 +807,28 @@ impl AsyncWrite for HandshakeBuffered {
     }
 }
 
-/// A peer or client connection, plain or TLS.
+/// A peer or client connection, plain or TLS, or on a Unix socket.
 pub enum PeerStream {
     Plain(TcpStream),
+    Unix(glommio::net::UnixStream),
     Client(Box<futures_rustls::client::TlsStream<TcpStream>>),
     Server(Box<futures_rustls::server::TlsStream<HandshakeBuffered>>),
+}
+
+impl From<crate::net::Accepted> for PeerStream {
+    fn from(conn: crate::net::Accepted) -> Self {
+        match conn {
+            crate::net::Accepted::Tcp(s) => PeerStream::Plain(s),
+            crate::net::Accepted::Unix(s) => PeerStream::Unix(s),
+        }
+    }
 }
 
 impl PeerStream {
     pub fn set_nodelay(&self) {
         let tcp = match self {
             PeerStream::Plain(s) => s,
+            PeerStream::Unix(_) => return,
             PeerStream::Client(s) => s.get_ref().0,
             PeerStream::Server(s) => &s.get_ref().0.inner,
         };
@@ -829,6 +844,7 @@ impl AsyncRead for PeerStream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             PeerStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            PeerStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
             PeerStream::Client(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             PeerStream::Server(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
@@ -843,6 +859,7 @@ impl AsyncWrite for PeerStream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             PeerStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            PeerStream::Unix(s) => Pin::new(s).poll_write(cx, buf),
             PeerStream::Client(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             PeerStream::Server(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
@@ -851,6 +868,7 @@ impl AsyncWrite for PeerStream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             PeerStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            PeerStream::Unix(s) => Pin::new(s).poll_flush(cx),
             PeerStream::Client(s) => Pin::new(s.as_mut()).poll_flush(cx),
             PeerStream::Server(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
@@ -859,6 +877,7 @@ impl AsyncWrite for PeerStream {
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             PeerStream::Plain(s) => Pin::new(s).poll_close(cx),
+            PeerStream::Unix(s) => Pin::new(s).poll_close(cx),
             PeerStream::Client(s) => Pin::new(s.as_mut()).poll_close(cx),
             PeerStream::Server(s) => Pin::new(s.as_mut()).poll_close(cx),
         }

@@ -22,7 +22,6 @@
 //! only through [`Backend`].
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Full, Limited};
@@ -39,6 +38,7 @@ use crate::auth::Requirement;
 use crate::error::ServerError;
 use crate::mvcc::{self, KeyValue};
 use crate::shard::{Backend, Command, Reply};
+use crate::tls::PeerStream;
 
 pub const REVISION_HEADER: &str = "x-metcd-revision";
 
@@ -54,7 +54,7 @@ pub struct HttpLimits {
 type HttpResponse = Response<Full<Bytes>>;
 
 /// Serves the HTTP API on `listener`, one task per connection.
-pub async fn serve(listener: glommio::net::TcpListener, backend: Backend, limits: HttpLimits) {
+pub async fn serve(listener: crate::net::Listener, backend: Backend, limits: HttpLimits) {
     super::accept_loop(listener, "http", move |stream| {
         let backend = backend.clone();
         let limits = limits.clone();
@@ -68,7 +68,7 @@ pub async fn serve(listener: glommio::net::TcpListener, backend: Backend, limits
             // already answered with 400): nothing to do but drop the socket.
             let _ = hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)
-                .serve_connection(HyperStream::new(stream), service)
+                .serve_connection(HyperStream::new(PeerStream::from(stream)), service)
                 .await;
         }
     })
@@ -336,9 +336,10 @@ const JSON_CONTENT_TYPE: &str = "application/json";
 /// Prometheus' text exposition format, as etcd serves it.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Binds one shard's listener on the shared port (crate::net).
-pub fn bind(addr: SocketAddr) -> std::io::Result<glommio::net::TcpListener> {
-    crate::net::listen(addr, crate::net::PortSharing::EveryShard)
+/// Binds one shard's listener: on the port every shard shares, or on a
+/// Unix socket, which one shard alone binds (crate::net).
+pub fn bind(endpoint: &crate::net::Endpoint) -> std::io::Result<crate::net::Listener> {
+    crate::net::Listener::bind(endpoint, crate::net::PortSharing::EveryShard)
 }
 
 async fn handle(backend: &Backend, limits: HttpLimits, req: Request<Incoming>) -> HttpResponse {

@@ -10,18 +10,14 @@ use std::future::Future;
 /// Accepts connections forever, one task per connection (`serve_one`).
 /// A failed accept (e.g. out of file descriptors) is logged and retried
 /// after a pause, never fatal.
-pub async fn accept_loop<F, Fut>(
-    listener: glommio::net::TcpListener,
-    api: &'static str,
-    serve_one: F,
-) where
-    F: Fn(glommio::net::TcpStream) -> Fut,
+pub async fn accept_loop<F, Fut>(listener: crate::net::Listener, api: &'static str, serve_one: F)
+where
+    F: Fn(crate::net::Accepted) -> Fut,
     Fut: Future<Output = ()> + 'static,
 {
     loop {
         match listener.accept().await {
             Ok(stream) => {
-                let _ = stream.set_nodelay(true);
                 glommio::spawn_local(serve_one(stream)).detach();
             }
             Err(e) => {

@@ -2041,3 +2041,92 @@ fn peer_auto_tls_forms_a_cluster_over_tls() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("O = etcd"), "{out}");
 }
+
+/// etcd's `unix://` URLs: three members that reach each other over Unix
+/// sockets (etcd names the file by the URL's host and path) and serve
+/// etcdctl on Unix sockets beside their TCP ports. A member killed with
+/// -9 leaves its socket files behind and takes them over at restart.
+#[test]
+fn members_and_clients_over_unix_sockets() {
+    use crate::etcd_peer::{etcdctl_ok, require_etcd};
+    require_etcd();
+    let _serial = ONE_CLUSTER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let unix = |name: String| format!("unix://{}", dir.path().join(name).display());
+    let initial = (1..=3)
+        .map(|i| format!("n{i}={}", unix(format!("n{i}.peer"))))
+        .collect::<Vec<_>>()
+        .join(",");
+    let election = ELECTION_TIMEOUT_MS.to_string();
+    let mut members: Vec<Server> = (1..=3)
+        .map(|i| {
+            let (name, peer, client) = (
+                format!("n{i}"),
+                unix(format!("n{i}.peer")),
+                unix(format!("n{i}.sock")),
+            );
+            let flags = [
+                "--name",
+                &name,
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+                "--initial-cluster",
+                &initial,
+                "--listen-client-urls",
+                &client,
+                "--heartbeat-interval",
+                "100",
+                "--election-timeout",
+                &election,
+            ];
+            Server::start_unchecked(&dir.path().join(&name), &flags)
+        })
+        .collect();
+    for m in &mut members {
+        m.wait_healthy();
+    }
+    for i in 1..=3 {
+        assert!(dir.path().join(format!("n{i}.peer")).exists());
+    }
+    let endpoints: Vec<String> = (1..=3).map(|i| unix(format!("n{i}.sock"))).collect();
+    etcdctl_ok(&endpoints.join(","), &["put", "k", "over-unix"]);
+    // Every member has it (a serializable read answers from the member's
+    // own store, so each one must have received it over its peer socket).
+    let value_at =
+        |ep: &str| etcdctl_ok(ep, &["get", "k", "--consistency=s", "--print-value-only"]);
+    for ep in &endpoints {
+        until(
+            || value_at(ep) == "over-unix\n",
+            &format!("{ep} sees the put"),
+        );
+    }
+    let list = etcdctl_ok(&endpoints[0], &["member", "list"]);
+    for i in 1..=3 {
+        let line = format!(
+            "n{i}, {}, {}",
+            unix(format!("n{i}.peer")),
+            unix(format!("n{i}.sock"))
+        );
+        assert!(list.contains(&line), "{line} not in:\n{list}");
+    }
+    members[2].kill9();
+    etcdctl_ok(&endpoints[0], &["put", "k", "while-n3-was-down"]);
+    members[2].restart();
+    until(
+        || value_at(&endpoints[2]) == "while-n3-was-down\n",
+        "the restarted member catches up over its peer socket",
+    );
+}
+
+/// Polls `done` (bounded: 15 s) until it holds.
+fn until(done: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -261,7 +261,7 @@ fn encoded_body(collected: http_body_util::Collected<Bytes>) -> tonic::body::Bod
 /// With `tls` (`--cert-file`) every connection is TLS first; one that
 /// fails the handshake is dropped, never served in plaintext.
 pub async fn serve(
-    listener: glommio::net::TcpListener,
+    listener: crate::net::Listener,
     router: Router,
     gateway: Gateway,
     backend: crate::shard::Backend,
@@ -269,32 +269,36 @@ pub async fn serve(
     cert_users: bool,
     max_concurrent_streams: u32,
 ) {
-    crate::api::accept_loop(listener, "grpc", move |tcp| {
+    crate::api::accept_loop(listener, "grpc", move |conn| {
         let router = router.clone();
         let gateway = gateway.clone();
         let backend = backend.clone();
         let tls = tls.clone();
         async move {
             let mut cert_user = None;
-            let mut stream = match tls {
-                None => PeerStream::Plain(tcp),
-                Some(acceptor) => match crate::tls::accept_sending_alerts(&acceptor, tcp).await {
-                    Ok(s) => {
-                        if cert_users {
-                            cert_user = s
-                                .get_ref()
-                                .1
-                                .peer_certificates()
-                                .and_then(|chain| chain.first())
-                                .and_then(|cert| crate::der::certificate_common_name(cert))
-                                .map(|name| CertUser(std::sync::Arc::from(name)));
+            let mut stream = match (tls, conn) {
+                (None, conn) => PeerStream::from(conn),
+                // Refused at start: TLS client URLs are all https://.
+                (Some(_), crate::net::Accepted::Unix(_)) => return,
+                (Some(acceptor), crate::net::Accepted::Tcp(tcp)) => {
+                    match crate::tls::accept_sending_alerts(&acceptor, tcp).await {
+                        Ok(s) => {
+                            if cert_users {
+                                cert_user = s
+                                    .get_ref()
+                                    .1
+                                    .peer_certificates()
+                                    .and_then(|chain| chain.first())
+                                    .and_then(|cert| crate::der::certificate_common_name(cert))
+                                    .map(|name| CertUser(std::sync::Arc::from(name)));
+                            }
+                            PeerStream::Server(Box::new(s))
                         }
-                        PeerStream::Server(Box::new(s))
+                        // The client's problem (no or untrusted certificate,
+                        // plaintext on a TLS port); the alert said why.
+                        Err(_) => return,
                     }
-                    // The client's problem (no or untrusted certificate,
-                    // plaintext on a TLS port); the alert said why.
-                    Err(_) => return,
-                },
+                }
             };
             let Ok(head) = read_preface(&mut stream).await else {
                 return;
