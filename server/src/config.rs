@@ -66,9 +66,12 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
     /// The seed's curl API.
     pub listen_http_urls: String,
-    /// The etcd v3 gRPC API (accepted now, served once the gRPC API lands).
+    /// The etcd v3 gRPC API, its JSON gateway and etcd's HTTP endpoints.
     pub listen_client_urls: String,
     pub advertise_client_urls: Option<String>,
+    /// etcd's `--listen-metrics-urls`: more URLs serving `/metrics` and
+    /// `/health` only (empty: none).
+    pub listen_metrics_urls: String,
     /// Peer URLs this member advertises; with the cluster token they
     /// determine its member ID, as in etcd.
     pub initial_advertise_peer_urls: String,
@@ -225,6 +228,7 @@ impl Default for Config {
             listen_http_urls: "http://127.0.0.1:3379".into(),
             listen_client_urls: "http://127.0.0.1:2379".into(),
             advertise_client_urls: None,
+            listen_metrics_urls: String::new(),
             initial_advertise_peer_urls: "http://localhost:2380".into(),
             initial_cluster_token: "etcd-cluster".into(),
             initial_cluster: String::new(),
@@ -313,6 +317,8 @@ pub struct Flags {
     pub listen_client_urls: Option<String>,
     #[arg(long)]
     pub advertise_client_urls: Option<String>,
+    #[arg(long)]
+    pub listen_metrics_urls: Option<String>,
     #[arg(long)]
     pub initial_advertise_peer_urls: Option<String>,
     #[arg(long)]
@@ -559,6 +565,7 @@ impl Config {
             name,
             listen_http_urls,
             listen_client_urls,
+            listen_metrics_urls,
             initial_advertise_peer_urls,
             initial_cluster_token,
             initial_cluster,
@@ -763,6 +770,31 @@ impl Config {
         parse_urls("listen-http-urls", &self.listen_http_urls)
     }
 
+    /// Where `--listen-metrics-urls` listen: `http://`, or `https://`
+    /// with the client URLs' certificate (as etcd), or `unix://`.
+    pub fn metrics_listen_addrs(&self) -> Result<Vec<(Endpoint, bool)>, ConfigError> {
+        let urls = split_list(&self.listen_metrics_urls);
+        let endpoints = if urls.is_empty() {
+            Vec::new()
+        } else {
+            parse_endpoints_with("listen-metrics-urls", &self.listen_metrics_urls, true)?
+        };
+        let has_certificate = self.cert_file.is_some() && self.key_file.is_some();
+        let mut out = Vec::with_capacity(urls.len());
+        for (url, endpoint) in urls.iter().zip(endpoints) {
+            let https = url.starts_with("https://");
+            if https && !has_certificate {
+                return Err(invalid_flag(
+                    "listen-metrics-urls",
+                    url.to_string(),
+                    "https:// metrics URLs use the client URLs' --cert-file and --key-file",
+                ));
+            }
+            out.push((endpoint, https));
+        }
+        Ok(out)
+    }
+
     /// `None` when progress notifications are off.
     pub fn watch_progress_notify_interval(&self) -> Result<Option<Duration>, ConfigError> {
         optional_interval(
@@ -925,6 +957,7 @@ impl Config {
         }
         self.http_listen_addrs()?;
         self.client_listen_addrs()?;
+        self.metrics_listen_addrs()?;
         self.initial_members()?;
         self.peer_listen_addrs()?;
         if !matches!(self.initial_cluster_state.as_str(), "new" | "existing") {

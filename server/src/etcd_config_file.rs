@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::config::{Config, ConfigError};
+use crate::flag_docs::{ETCD_ONLY, ETCD_REFUSED};
 
 /// `client-transport-security` / `peer-transport-security`.
 #[derive(Debug, Default, Deserialize)]
@@ -34,6 +35,7 @@ struct EtcdYaml {
     data_dir: Option<String>,
     listen_peer_urls: Option<String>,
     listen_client_urls: Option<String>,
+    listen_metrics_urls: Option<String>,
     initial_advertise_peer_urls: Option<String>,
     advertise_client_urls: Option<String>,
     initial_cluster: Option<String>,
@@ -66,51 +68,6 @@ struct EtcdYaml {
     rest: std::collections::BTreeMap<String, serde_yaml::Value>,
 }
 
-/// etcd keys that only tune etcd itself (logging, profiling, the v2 API,
-/// gRPC keep-alives): noted and ignored.
-const IGNORED: &[&str] = &[
-    "debug",
-    "logger",
-    "log-level",
-    "log-outputs",
-    "log-output",
-    "log-package-levels",
-    "enable-v2",
-    "enable-pprof",
-    "enable-grpc-gateway",
-    "metrics",
-    "listen-metrics-urls",
-    "cors",
-    "host-whitelist",
-    "grpc-keepalive-interval",
-    "grpc-keepalive-min-time",
-    "grpc-keepalive-timeout",
-    "initial-election-tick-advance",
-    "pre-vote",
-    "max-snapshots",
-    "max-wals",
-    "backend-batch-interval",
-    "backend-batch-limit",
-    "experimental-backend-bbolt-freelist-type",
-    "experimental-compaction-batch-limit",
-    "experimental-enable-v2v3",
-    "experimental-warning-apply-duration",
-    "experimental-enable-lease-checkpoint-persist",
-];
-
-/// etcd keys whose meaning metcd does not have yet and whose absence would
-/// change where data lives, how it is written or how members find each
-/// other: refused.
-const REFUSED: &[&str] = &[
-    "wal-dir",
-    "unsafe-no-fsync",
-    "force-new-cluster",
-    "discovery",
-    "discovery-proxy",
-    "discovery-srv",
-    "discovery-srv-name",
-];
-
 fn nanos(value: u64) -> String {
     format!("{}ms", value / 1_000_000)
 }
@@ -132,13 +89,19 @@ pub fn load(file: &Path) -> Result<Config, ConfigError> {
     };
     let mut y: EtcdYaml = serde_yaml::from_str(&text).map_err(|e| parse(e.to_string()))?;
     let mut cfg = Config::default();
-    for key in y.rest.keys() {
-        if REFUSED.contains(&key.as_str()) {
+    for (key, value) in &y.rest {
+        let unused = match value {
+            serde_yaml::Value::Null => true,
+            serde_yaml::Value::Bool(on) => !on,
+            serde_yaml::Value::String(s) => crate::flag_docs::is_unused_value(s),
+            _ => false,
+        };
+        if ETCD_REFUSED.contains(&key.as_str()) && !unused {
             return Err(parse(format!(
                 "{key} is not supported by metcd; remove it to start (see docs/operations.md)"
             )));
         }
-        if IGNORED.contains(&key.as_str()) {
+        if ETCD_ONLY.iter().any(|(only, _)| only == key) {
             eprintln!(
                 "metcd: --config-file {}: ignoring {key} (etcd's own)",
                 file.display()
@@ -150,6 +113,7 @@ pub fn load(file: &Path) -> Result<Config, ConfigError> {
         y,
         name,
         listen_client_urls,
+        listen_metrics_urls,
         initial_advertise_peer_urls,
         initial_cluster,
         initial_cluster_token,
@@ -241,6 +205,28 @@ mod tests {
         assert_eq!(cfg.cert_file, Some(PathBuf::from("s.pem")));
         assert!(cfg.client_cert_auth);
         assert_eq!(cfg.listen_http_urls, "");
+    }
+
+    #[test]
+    fn a_config_file_written_from_etcds_sample_is_taken() {
+        let text = include_str!("../tests/fixtures/etcd-3.4-style.conf.yml");
+        let cfg = load_text(text).unwrap();
+        assert_eq!(cfg.name, "default");
+        assert_eq!(cfg.listen_client_urls, "http://localhost:2379");
+        assert_eq!(cfg.initial_advertise_peer_urls, "http://localhost:2380");
+        assert!(!cfg.strict_reconfig_check);
+        assert_eq!(cfg.cert_file, None);
+        // Unused refused keys are fine; used ones are not.
+        for used in [
+            "force-new-cluster: true",
+            "proxy: 'on'",
+            "discovery: https://d/x",
+        ] {
+            let err = load_text(&format!("name: a\n{used}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("is not supported"), "{used}: {err}");
+        }
     }
 
     #[test]

@@ -78,6 +78,13 @@ pub const FLAGS: &[FlagDoc] = &[
     ),
     flag(
         "Member",
+        "listen-metrics-urls",
+        "<urls>",
+        "(none)",
+        "More URLs serving /metrics and /health only (for Prometheus); https:// ones use --cert-file and --key-file (and --client-cert-auth), as in etcd.",
+    ),
+    flag(
+        "Member",
         "snapshot-count",
         "<entries>",
         "100000",
@@ -452,13 +459,134 @@ pub fn command() -> clap::Command {
     cmd
 }
 
-/// Parses the process's arguments with the documented command.
+/// Parses the process's arguments with the documented command, etcd's
+/// own flags ([`ETCD_ONLY`]) noted and left out first.
 pub fn parse() -> Flags {
-    let matches = command().get_matches();
+    let args = match without_etcd_only_flags(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(refusal) => {
+            eprintln!("metcd: {refusal}");
+            std::process::exit(2);
+        }
+    };
+    let matches = command().get_matches_from(args);
     match Flags::from_arg_matches(&matches) {
         Ok(flags) => flags,
         Err(e) => e.exit(),
     }
+}
+
+/// How an etcd flag takes its value on etcd's command line (Go's flag
+/// package): a switch takes none (`--pre-vote`, or `--pre-vote=false`),
+/// the others the next argument or `=value`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takes {
+    Nothing,
+    Value,
+}
+
+/// etcd 3.4 flags (and config file keys) that tune only etcd itself: its
+/// logging, profiling, v2 API, gRPC keep-alives and bbolt. An operator's
+/// etcd command line or config file may carry them; metcd notes each one
+/// on stderr and ignores it.
+pub const ETCD_ONLY: &[(&str, Takes)] = &[
+    ("debug", Takes::Nothing),
+    ("logger", Takes::Value),
+    ("log-level", Takes::Value),
+    ("log-outputs", Takes::Value),
+    ("log-output", Takes::Value),
+    ("log-package-levels", Takes::Value),
+    ("enable-v2", Takes::Nothing),
+    ("experimental-enable-v2v3", Takes::Value),
+    ("enable-pprof", Takes::Nothing),
+    ("enable-grpc-gateway", Takes::Nothing),
+    ("metrics", Takes::Value),
+    ("cors", Takes::Value),
+    ("host-whitelist", Takes::Value),
+    ("grpc-keepalive-interval", Takes::Value),
+    ("grpc-keepalive-min-time", Takes::Value),
+    ("grpc-keepalive-timeout", Takes::Value),
+    ("initial-election-tick-advance", Takes::Nothing),
+    ("pre-vote", Takes::Nothing),
+    ("max-snapshots", Takes::Value),
+    ("max-wals", Takes::Value),
+    ("backend-batch-interval", Takes::Value),
+    ("backend-batch-limit", Takes::Value),
+    ("experimental-backend-bbolt-freelist-type", Takes::Value),
+    ("experimental-compaction-batch-limit", Takes::Value),
+    ("experimental-warning-apply-duration", Takes::Value),
+    (
+        "experimental-enable-lease-checkpoint-persist",
+        Takes::Nothing,
+    ),
+];
+
+/// etcd flags (and config file keys) whose meaning metcd does not have
+/// and whose absence would change where data lives, how safely it is
+/// written, how members find each other or who may connect: refused,
+/// unless their value says they are unused ([`is_unused_value`]: etcd's
+/// sample config file lists `wal-dir:` empty and `proxy: 'off'`).
+pub const ETCD_REFUSED: &[&str] = &[
+    "wal-dir",
+    "unsafe-no-fsync",
+    "force-new-cluster",
+    "proxy",
+    "discovery",
+    "discovery-proxy",
+    "discovery-srv",
+    "discovery-srv-name",
+    "client-cert-allowed-hostname",
+    "experimental-peer-skip-client-san-verification",
+];
+
+/// A refused flag's value that leaves it unused: empty, `false`, `off`.
+pub fn is_unused_value(value: &str) -> bool {
+    matches!(value, "" | "false" | "off")
+}
+
+/// `args` (the program name first) without the flags of [`ETCD_ONLY`],
+/// each noted on stderr; a flag of [`ETCD_REFUSED`] is the refusal. As
+/// Go's flag package, `-name` is `--name`, and nothing after `--` is a flag.
+pub fn without_etcd_only_flags(
+    args: Vec<std::ffi::OsString>,
+) -> Result<Vec<std::ffi::OsString>, String> {
+    let mut kept = Vec::with_capacity(args.len());
+    let mut args = args.into_iter();
+    kept.extend(args.next());
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            kept.push(arg);
+            kept.extend(args.by_ref());
+            break;
+        }
+        let text = arg.to_string_lossy();
+        let Some(flag) = text.strip_prefix("--").or_else(|| text.strip_prefix('-')) else {
+            kept.push(arg);
+            continue;
+        };
+        let (name, inline_value) = match flag.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (flag, None),
+        };
+        if ETCD_REFUSED.contains(&name) {
+            if inline_value.is_some_and(is_unused_value) {
+                continue;
+            }
+            return Err(format!(
+                "--{name} is not supported by metcd; remove it to start (see docs/operations.md)"
+            ));
+        }
+        match ETCD_ONLY.iter().find(|(only, _)| *only == name) {
+            Some((_, takes)) => {
+                eprintln!("metcd: ignoring --{name} (etcd's own; see docs/operations.md)");
+                if *takes == Takes::Value && inline_value.is_none() {
+                    args.next();
+                }
+            }
+            None => kept.push(arg),
+        }
+    }
+    Ok(kept)
 }
 
 /// The flag table of docs/operations.md.
@@ -478,12 +606,78 @@ pub fn markdown() -> String {
             ));
         }
     }
+    let names = |names: &mut dyn Iterator<Item = &str>| {
+        names
+            .map(|n| format!("`--{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    out.push_str(&format!(
+        "\n**etcd's own flags**, which tune only etcd (logging, profiling, the v2 API, \
+         gRPC keep-alives, bbolt): metcd notes each on stderr and ignores it, on the \
+         command line and as keys of `--config-file`: {}.\n\n\
+         **Refused** (their absence would change where data lives, how safely it is \
+         written, how members find each other or who may connect): {}.\n",
+        names(&mut ETCD_ONLY.iter().map(|(n, _)| *n)),
+        names(&mut ETCD_REFUSED.iter().copied()),
+    ));
     out
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn etcds_own_flags_are_left_out_and_refused_ones_refuse() {
+        let args = |list: &[&str]| {
+            list.iter()
+                .map(std::ffi::OsString::from)
+                .collect::<Vec<_>>()
+        };
+        let kept = super::without_etcd_only_flags(args(&[
+            "metcd",
+            "--enable-v2",
+            "--name",
+            "e1",
+            "--log-level",
+            "debug",
+            "--pre-vote=true",
+            "-logger=zap",
+            "--experimental-enable-v2v3",
+            "v2/",
+            "--data-dir",
+            "d",
+            "--",
+            "--debug",
+        ]))
+        .unwrap();
+        assert_eq!(
+            kept,
+            args(&["metcd", "--name", "e1", "--data-dir", "d", "--", "--debug"])
+        );
+        let flags = <super::Flags as clap::Parser>::try_parse_from(&kept[..3]).unwrap();
+        assert_eq!(flags.name.as_deref(), Some("e1"));
+        let unused = [
+            "metcd",
+            "--force-new-cluster=false",
+            "--wal-dir=",
+            "--proxy=off",
+        ];
+        assert_eq!(
+            super::without_etcd_only_flags(args(&unused)).unwrap(),
+            args(&["metcd"])
+        );
+        for refused in [
+            "--force-new-cluster",
+            "--wal-dir=/w",
+            "-discovery-srv",
+            "--proxy=on",
+        ] {
+            let err = super::without_etcd_only_flags(args(&["metcd", refused])).unwrap_err();
+            assert!(err.contains("not supported by metcd"), "{err}");
+        }
+    }
     use super::*;
     use crate::config::Config;
 

@@ -836,10 +836,14 @@ pub fn run(mut cfg: Config) -> Result<()> {
     let grpc_addrs = cfg
         .client_listen_addrs()
         .map_err(|e| ServerError::Startup(e.to_string()))?;
+    let metrics_addrs = cfg
+        .metrics_listen_addrs()
+        .map_err(|e| ServerError::Startup(e.to_string()))?;
     for addr in addrs
         .iter()
         .copied()
         .chain(grpc_addrs.iter().filter_map(crate::net::Endpoint::tcp))
+        .chain(metrics_addrs.iter().filter_map(|(e, _)| e.tcp()))
     {
         probe_port(addr)?;
     }
@@ -862,7 +866,8 @@ pub fn run(mut cfg: Config) -> Result<()> {
             .map(crate::net::Endpoint::Tcp)
             .collect(),
         grpc: grpc_addrs.clone(),
-        unix_shard: if owner_accepts_clients {
+        metrics: metrics_addrs,
+        lone_listener_shard: if owner_accepts_clients {
             OWNER_SHARD
         } else {
             OWNER_SHARD + 1
@@ -1011,9 +1016,12 @@ fn probe_port(addr: std::net::SocketAddr) -> Result<()> {
 struct Listeners {
     http: Vec<crate::net::Endpoint>,
     grpc: Vec<crate::net::Endpoint>,
-    /// The shard that listens on the Unix sockets among the client URLs
-    /// (one socket file, one listener; TCP ports are shared by all).
-    unix_shard: usize,
+    /// `--listen-metrics-urls`, each with whether it is https://.
+    metrics: Vec<(crate::net::Endpoint, bool)>,
+    /// The shard that serves what one listener alone may take: the Unix
+    /// sockets among the client URLs (one socket file) and the metrics
+    /// URLs (little traffic). The client URLs' TCP ports are every shard's.
+    lone_listener_shard: usize,
     http_limits: HttpLimits,
     member: MemberInfo,
     max_grpc_message_bytes: usize,
@@ -1169,23 +1177,43 @@ const SERVING_POLL: Duration = Duration::from_millis(20);
 
 async fn serve_all(listeners: &Listeners, shard: usize, backend: Backend, hub: Rc<WatchHub>) {
     let mut tasks = Vec::new();
-    let bind = |endpoint: &crate::net::Endpoint| match http::bind(endpoint) {
+    use crate::net::{Endpoint, Listener, PortSharing};
+    let bind = |endpoint: &Endpoint, sharing| match Listener::bind(endpoint, sharing) {
         Ok(listener) => listener,
         Err(e) => {
             eprintln!("metcd: cannot listen on {endpoint}: {e}");
             std::process::exit(1);
         }
     };
-    let mine = |endpoint: &&crate::net::Endpoint| {
-        matches!(endpoint, crate::net::Endpoint::Tcp(_)) || shard == listeners.unix_shard
-    };
-    let http_listeners: Vec<_> = listeners.http.iter().map(bind).collect();
-    let grpc_listeners: Vec<_> = listeners.grpc.iter().filter(mine).map(bind).collect();
+    let lone = shard == listeners.lone_listener_shard;
+    let http_listeners: Vec<_> = (listeners.http.iter())
+        .map(|endpoint| bind(endpoint, PortSharing::EveryShard))
+        .collect();
+    let grpc_listeners: Vec<_> = (listeners.grpc.iter())
+        .filter(|endpoint| matches!(endpoint, Endpoint::Tcp(_)) || lone)
+        .map(|endpoint| bind(endpoint, PortSharing::EveryShard))
+        .collect();
+    let metrics_listeners: Vec<_> = (listeners.metrics.iter())
+        .filter(|_| lone)
+        .map(|(endpoint, https)| (bind(endpoint, PortSharing::Exclusive), *https))
+        .collect();
     // As etcd: listening at once (connections wait in the backlog), serving
     // once this member has applied its start-up publish (node.rs,
     // publish_attributes). Polled: once per start, on every shard.
     while !matches!(backend.call(Command::Serving).await, Reply::Serving(true)) {
         glommio::timer::sleep(SERVING_POLL).await;
+    }
+    for (listener, https) in metrics_listeners {
+        let tls = if https {
+            listeners.client_tls.clone()
+        } else {
+            None
+        };
+        tasks.push(glommio::spawn_local(http::serve_metrics(
+            listener,
+            backend.clone(),
+            tls,
+        )));
     }
     for listener in http_listeners {
         tasks.push(glommio::spawn_local(http::serve(

@@ -99,6 +99,52 @@ where
         .await;
 }
 
+/// Serves one of etcd's `--listen-metrics-urls`: `/metrics` and `/health`
+/// over HTTP/1.1 (TLS first with `tls`, the client URLs' acceptor, as
+/// etcd), and nothing else: the port is for monitoring, and no request
+/// reaches the store's data through it.
+pub async fn serve_metrics(
+    listener: crate::net::Listener,
+    backend: Backend,
+    tls: Option<futures_rustls::TlsAcceptor>,
+) {
+    super::accept_loop(listener, "metrics", move |conn| {
+        let backend = backend.clone();
+        let tls = tls.clone();
+        async move {
+            let stream = match (tls, conn) {
+                (None, conn) => PeerStream::from(conn),
+                (Some(_), crate::net::Accepted::Unix(_)) => return,
+                (Some(acceptor), crate::net::Accepted::Tcp(tcp)) => {
+                    match crate::tls::accept_sending_alerts(&acceptor, tcp).await {
+                        Ok(s) => PeerStream::Server(Box::new(s)),
+                        // The client's problem; the alert said why.
+                        Err(_) => return,
+                    }
+                }
+            };
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let backend = backend.clone();
+                async move {
+                    let path = req.uri().path();
+                    let resp = if matches!(path, "/metrics" | "/health") {
+                        etcd_http1(&backend, req.method(), path).await
+                    } else {
+                        go_error(StatusCode::NOT_FOUND, "404 page not found\n")
+                    };
+                    Ok::<_, Infallible>(in_go_framing(resp))
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .title_case_headers(true)
+                .serve_connection(HyperStream::new(stream), service)
+                .await;
+        }
+    })
+    .await
+}
+
 /// One request on a client URL that is not gRPC, over HTTP/1.1 or HTTP/2
 /// (etcd's mux serves both the same): the JSON gateway's POST routes, and
 /// `/version`, `/health`, `/metrics`.
@@ -126,14 +172,14 @@ pub async fn client_url_request(
             return with_cors(resp.map(Either::Left));
         }
     }
-    etcd_http1(backend, req.method(), &path)
-        .await
-        .map(Either::Left)
+    with_cors(etcd_http1(backend, req.method(), &path).await).map(Either::Left)
 }
 
-/// etcd's answers on its client URLs over HTTP/1.1, headers in the order
-/// Go writes them (sorted): its handlers' CORS headers, then `Allow` (405),
-/// `Content-Type` and, for Go's `http.Error` (404, 405), `nosniff`.
+/// etcd's answers to `/version`, `/health` and `/metrics` over HTTP/1.1,
+/// headers in the order Go writes them (sorted): `Allow` (405),
+/// `Content-Type` and, for Go's `http.Error` (404, 405), `nosniff`. On a
+/// client URL etcd adds its CORS headers ([`with_cors`]); its metrics
+/// URLs have none.
 async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> HttpResponse {
     const TEXT: &str = "text/plain; charset=utf-8";
     let get_only = matches!(path, "/version" | "/health");
@@ -198,7 +244,7 @@ async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> Ht
             HeaderValue::from_static("nosniff"),
         );
     }
-    with_cors(resp)
+    resp
 }
 
 /// Go's buffer before it commits to a length: a handler that wrote more
@@ -335,12 +381,6 @@ const JSON_CONTENT_TYPE: &str = "application/json";
 
 /// Prometheus' text exposition format, as etcd serves it.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Binds one shard's listener: on the port every shard shares, or on a
-/// Unix socket, which one shard alone binds (crate::net).
-pub fn bind(endpoint: &crate::net::Endpoint) -> std::io::Result<crate::net::Listener> {
-    crate::net::Listener::bind(endpoint, crate::net::PortSharing::EveryShard)
-}
 
 async fn handle(backend: &Backend, limits: HttpLimits, req: Request<Incoming>) -> HttpResponse {
     match route(backend, limits, req).await {

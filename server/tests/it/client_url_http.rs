@@ -943,3 +943,43 @@ fn grpc_metrics_count_as_etcds() {
         "metcd (left) and etcd (right) counted differently"
     );
 }
+
+/// `--listen-metrics-urls` (etcd's flag): a port that serves `/metrics`
+/// and `/health` as etcd's does, and nothing else — not `/version`, not
+/// the JSON gateway, so a monitoring port never reaches the data.
+#[test]
+fn metrics_urls_serve_metrics_and_health_only_as_etcds() {
+    require_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let (theirs, ours) = (crate::support::free_port(), crate::support::free_port());
+    let flag = |port: u16| format!("http://127.0.0.1:{port}");
+    let etcd = RealEtcd::spawn_with(
+        &dir.path().join("etcd"),
+        &["--listen-metrics-urls", &flag(theirs)],
+    );
+    let mut etcd = etcd;
+    etcd.wait_healthy();
+    let metcd = Server::start(
+        &dir.path().join("metcd"),
+        &["--shards", "2", "--listen-metrics-urls", &flag(ours)],
+    );
+    let (theirs, ours) = (format!("127.0.0.1:{theirs}"), format!("127.0.0.1:{ours}"));
+    let put = etcdctl(&metcd.client_endpoint(), &["put", "k", "v"]);
+    assert!(put.status.success(), "{put:?}");
+    for (method, path) in [
+        ("GET", "/health"),
+        ("GET", "/version"),
+        ("GET", "/nope"),
+        ("POST", "/v3/kv/range"),
+    ] {
+        let (t, o) = (request(&theirs, method, path), request(&ours, method, path));
+        assert_eq!(
+            (comparable_head(&o.0), &o.1),
+            (comparable_head(&t.0), &t.1),
+            "{method} {path} on the metrics URL: metcd (left) differs from etcd (right)"
+        );
+    }
+    let (status, body) = get(&ours, "/metrics");
+    assert!(status.ends_with("200 OK"), "{status}");
+    assert!(body.contains("etcd_server_has_leader 1"), "{body}");
+}

@@ -597,3 +597,46 @@ fn an_etcd_config_file_starts_a_member() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("wal-dir is not supported by metcd"), "{err}");
 }
+
+/// An etcd command line starts metcd unchanged: etcd's own flags (the v2
+/// API switch the e2e tests turn on, logging, pre-vote) are noted and
+/// ignored, switches and valued flags alike; a flag whose absence would
+/// change where data lives refuses the start with a clear message.
+#[test]
+fn etcds_own_flags_are_noted_and_ignored_and_unsafe_ones_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = [
+        "--enable-v2",
+        "--name",
+        "s1",
+        "--logger",
+        "zap",
+        "--log-level=debug",
+        "--pre-vote",
+        "--snapshot-count",
+        "5",
+    ];
+    let server = Server::start(&dir.path().join("m"), &flags);
+    let endpoint = server.client_endpoint();
+    crate::etcd_peer::etcdctl_ok(&endpoint, &["put", "k", "v"]);
+    let list = crate::etcd_peer::etcdctl_ok(&endpoint, &["member", "list"]);
+    assert!(list.contains(", started, s1, "), "{list}");
+    let log = server.log_text();
+    for flag in ["--enable-v2", "--logger", "--log-level", "--pre-vote"] {
+        assert!(
+            log.contains(&format!("ignoring {flag} (etcd's own")),
+            "{flag}:\n{log}"
+        );
+    }
+    let out = crate::support::run_metcd_to_exit_with(&dir.path().join("w"), &["--wal-dir", "w"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--wal-dir is not supported by metcd; remove it to start"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("w").exists(),
+        "a refused start made its data dir"
+    );
+}
