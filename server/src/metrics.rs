@@ -108,6 +108,9 @@ pub struct Gauges {
     pub ops: crate::mvcc::OpCounts,
     pub watchers: usize,
     pub quota_backend_bytes: u64,
+    /// The store's revision and its last compaction's.
+    pub revision: i64,
+    pub compact_revision: i64,
 }
 
 /// A metric with one sample: its HELP and TYPE lines, then `name`,
@@ -188,6 +191,18 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
             value,
         );
     };
+    gauge(
+        &mut out,
+        "etcd_debugging_mvcc_compact_revision",
+        "The revision of the last compaction in store.",
+        g.compact_revision.max(0) as u64,
+    );
+    gauge(
+        &mut out,
+        "etcd_debugging_mvcc_current_revision",
+        "The current revision of store.",
+        g.revision.max(0) as u64,
+    );
     op_counter(&mut out, "etcd_debugging", ops[0]);
     gauge(
         &mut out,
@@ -302,7 +317,9 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
     if let Some(grpc) = crate::api::grpc::metrics::counters() {
         grpc.render(&mut out);
     }
-    render_process(&mut out, &ProcessFigures::read());
+    let process = ProcessFigures::read();
+    render_os_fds(&mut out, &process);
+    render_process(&mut out, &process);
     out
 }
 
@@ -382,6 +399,24 @@ impl ProcessFigures {
                 .map(|(since_boot, boot)| boot + since_boot),
             virtual_bytes: field(23),
             virtual_max_bytes: limit("Max address space"),
+        }
+    }
+}
+
+/// etcd's own file descriptor gauges (the same figures as the process
+/// collector's, under etcd's names).
+fn render_os_fds(out: &mut String, p: &ProcessFigures) {
+    let families = [
+        ("os_fd_limit", "The file descriptor limit.", p.max_fds),
+        (
+            "os_fd_used",
+            "The number of used file descriptors.",
+            p.open_fds,
+        ),
+    ];
+    for (name, help, value) in families {
+        if let Some(value) = value {
+            gauge(out, name, help, value as u64);
         }
     }
 }
@@ -529,6 +564,8 @@ mod tests {
             &Gauges {
                 member_id: 0x8e9e05c52164694d,
                 has_leader: true,
+                revision: 42,
+                compact_revision: 7,
                 ..Gauges::default()
             },
             &m,
@@ -537,6 +574,17 @@ mod tests {
         assert!(page.contains("etcd_server_has_leader 1\n"));
         assert!(page.contains("etcd_server_leader_changes_seen_total 3\n"));
         assert!(page.contains("etcd_cluster_version{cluster_version=\"3.5\"} 1\n"));
+        assert!(page.contains("etcd_debugging_mvcc_current_revision 42\n"));
+        assert!(page.contains("etcd_debugging_mvcc_compact_revision 7\n"));
+        // Families in name order, as Go's registry writes them.
+        let names: Vec<&str> = page
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted);
     }
 
     #[test]
@@ -554,6 +602,12 @@ mod tests {
         assert_eq!(p.start_time_seconds, Some(1_700_000_123.0));
         assert_eq!(p.max_fds, Some(20000.0));
         assert_eq!(p.virtual_max_bytes, Some(u64::MAX as f64));
+        let mut page = String::new();
+        render_os_fds(&mut page, &p);
+        assert!(
+            page.contains("# TYPE os_fd_limit gauge\nos_fd_limit 20000\n"),
+            "{page}"
+        );
         let mut page = String::new();
         render_process(&mut page, &p);
         assert!(page.contains(

@@ -1370,6 +1370,8 @@ impl Node {
             ops,
             watchers: crate::watch::watchers_in_process(),
             quota_backend_bytes: self.backend_quota.unwrap_or(0),
+            revision: status.revision,
+            compact_revision: status.compact_revision,
         };
         (
             crate::metrics::render(&gauges, &self.metrics),

@@ -982,4 +982,7 @@ fn metrics_urls_serve_metrics_and_health_only_as_etcds() {
     let (status, body) = get(&ours, "/metrics");
     assert!(status.ends_with("200 OK"), "{status}");
     assert!(body.contains("etcd_server_has_leader 1"), "{body}");
+    // One put: revision 2, as etcd's store counts.
+    assert!(body.contains("\netcd_debugging_mvcc_current_revision 2\n"), "{body}");
+    assert!(body.contains("\nos_fd_used "), "{body}");
 }
