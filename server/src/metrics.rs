@@ -71,7 +71,21 @@ pub struct NodeMetrics {
     pub proposals_failed: Cell<u64>,
     pub wal_fsync: DiskHistogram,
     pub backend_commit: DiskHistogram,
+    /// Leases this member applied grants and revokes of, and renewed
+    /// (keep-alives, on the leader), as etcd's lessor counts them.
+    pub leases_granted: Cell<u64>,
+    pub leases_revoked: Cell<u64>,
+    pub leases_renewed: Cell<u64>,
 }
+
+/// Adds one to a counter of the Raft loop.
+pub fn count(counter: &Cell<u64>) {
+    counter.set(counter.get() + 1);
+}
+
+/// `/health` answers of this process (any shard), as etcd counts them.
+pub static HEALTH_SUCCESS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static HEALTH_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl NodeMetrics {
     /// Counts a change to a new, known leader (etcd's
@@ -86,7 +100,7 @@ impl NodeMetrics {
     }
 
     pub fn note_failed_proposal(&self) {
-        self.proposals_failed.set(self.proposals_failed.get() + 1);
+        count(&self.proposals_failed);
     }
 }
 
@@ -191,6 +205,18 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
             value,
         );
     };
+    for (what, value) in [
+        ("granted", m.leases_granted.get()),
+        ("renewed", m.leases_renewed.get()),
+        ("revoked", m.leases_revoked.get()),
+    ] {
+        counter(
+            &mut out,
+            &format!("etcd_debugging_lease_{what}_total"),
+            &format!("The total number of {what} leases."),
+            value,
+        );
+    }
     gauge(
         &mut out,
         "etcd_debugging_mvcc_compact_revision",
@@ -202,6 +228,12 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "etcd_debugging_mvcc_current_revision",
         "The current revision of store.",
         g.revision.max(0) as u64,
+    );
+    gauge(
+        &mut out,
+        "etcd_debugging_mvcc_db_total_size_in_bytes",
+        "Total size of the underlying database physically allocated in bytes.",
+        g.db_size.total_bytes,
     );
     op_counter(&mut out, "etcd_debugging", ops[0]);
     gauge(
@@ -249,6 +281,19 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "etcd_server_has_leader",
         "Whether or not a leader exists. 1 is existence, 0 is not.",
         u64::from(g.has_leader),
+    );
+    use std::sync::atomic::Ordering::Relaxed;
+    counter(
+        &mut out,
+        "etcd_server_health_failures",
+        "The total number of failed health checks",
+        HEALTH_FAILURES.load(Relaxed),
+    );
+    counter(
+        &mut out,
+        "etcd_server_health_success",
+        "The total number of successful health checks",
+        HEALTH_SUCCESS.load(Relaxed),
     );
     sample(
         &mut out,
@@ -560,6 +605,8 @@ mod tests {
         m.note_leader(0);
         m.note_leader(9);
         assert_eq!(m.leader_changes.get(), 3);
+        count(&m.leases_granted);
+        count(&m.leases_granted);
         let page = render(
             &Gauges {
                 member_id: 0x8e9e05c52164694d,
@@ -576,6 +623,8 @@ mod tests {
         assert!(page.contains("etcd_cluster_version{cluster_version=\"3.5\"} 1\n"));
         assert!(page.contains("etcd_debugging_mvcc_current_revision 42\n"));
         assert!(page.contains("etcd_debugging_mvcc_compact_revision 7\n"));
+        assert!(page.contains("etcd_debugging_lease_granted_total 2\n"));
+        assert!(page.contains("etcd_debugging_lease_revoked_total 0\n"));
         // Families in name order, as Go's registry writes them.
         let names: Vec<&str> = page
             .lines()

@@ -1454,6 +1454,7 @@ impl Node {
     pub fn lease_keepalive(&self, id: i64) -> Option<i64> {
         let mut lessor = self.lessor.borrow_mut();
         let ttl = lessor.refresh(id, Instant::now())?;
+        crate::metrics::count(&self.metrics.leases_renewed);
         let checkpointed = lessor.get(id).is_some_and(|l| l.checkpointed.is_some());
         if checkpointed || self.checkpoints_in_flight.borrow().contains(&id) {
             // The full TTL from now is what a new leader must start from
@@ -2454,6 +2455,7 @@ impl Node {
                     };
                     match granted {
                         Ok(ttl) => {
+                            crate::metrics::count(&self.metrics.leases_granted);
                             mvcc.put_meta(
                                 entry.index,
                                 &lease_record_name(lease),
@@ -2580,6 +2582,7 @@ impl Node {
                     .and_then(|()| lessor.revoke(lease).map_err(ServerError::Lease))
                 {
                     Ok(keys) => {
+                        crate::metrics::count(&self.metrics.leases_revoked);
                         if !keys.is_empty() {
                             // One revision deletes every attached key, as etcd's revoke.
                             let txn = mvcc::TxnRequest {

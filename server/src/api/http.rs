@@ -195,16 +195,22 @@ async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> Ht
             Bytes::from(version_body()),
         ),
         "/health" => match backend.call(Command::Status).await {
-            Reply::Status { healthy: true, .. } => (
-                StatusCode::OK,
-                TEXT,
-                Bytes::from_static(br#"{"health":"true"}"#),
-            ),
-            _ => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                TEXT,
-                Bytes::from_static(br#"{"health":"false"}"#),
-            ),
+            Reply::Status { healthy: true, .. } => {
+                count_health(&crate::metrics::HEALTH_SUCCESS);
+                (
+                    StatusCode::OK,
+                    TEXT,
+                    Bytes::from_static(br#"{"health":"true"}"#),
+                )
+            }
+            _ => {
+                count_health(&crate::metrics::HEALTH_FAILURES);
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    TEXT,
+                    Bytes::from_static(br#"{"health":"false"}"#),
+                )
+            }
         },
         "/metrics" => match backend.call(Command::Metrics).await {
             // etcd's families only: clients of the etcd port compare them
@@ -245,6 +251,10 @@ async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> Ht
         );
     }
     resp
+}
+
+fn count_health(counter: &std::sync::atomic::AtomicU64) {
+    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Go's buffer before it commits to a length: a handler that wrote more

@@ -979,10 +979,41 @@ fn metrics_urls_serve_metrics_and_health_only_as_etcds() {
             "{method} {path} on the metrics URL: metcd (left) differs from etcd (right)"
         );
     }
+    // A lease granted, renewed once and revoked, as etcd's lessor counts.
+    let ep = metcd.client_endpoint();
+    let grant = etcdctl(&ep, &["lease", "grant", "60"]);
+    let grant = String::from_utf8_lossy(&grant.stdout).to_string();
+    let id = grant
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    for args in [
+        &["lease", "keep-alive", "--once", &id][..],
+        &["lease", "revoke", &id],
+    ] {
+        let out = etcdctl(&ep, args);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
     let (status, body) = get(&ours, "/metrics");
     assert!(status.ends_with("200 OK"), "{status}");
+    for family in ["granted", "renewed", "revoked"] {
+        let line = format!("\netcd_debugging_lease_{family}_total 1\n");
+        assert!(body.contains(&line), "{line:?} in:\n{body}");
+    }
+    let successes = body
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd_server_health_success "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        successes >= Some(1),
+        "the GET /health above counts: {successes:?}"
+    );
     assert!(body.contains("etcd_server_has_leader 1"), "{body}");
     // One put: revision 2, as etcd's store counts.
-    assert!(body.contains("\netcd_debugging_mvcc_current_revision 2\n"), "{body}");
+    assert!(
+        body.contains("\netcd_debugging_mvcc_current_revision 2\n"),
+        "{body}"
+    );
     assert!(body.contains("\nos_fd_used "), "{body}");
 }
