@@ -795,6 +795,19 @@ impl Config {
         Ok(out)
     }
 
+    /// The cap on the JSON gateway's requests in flight in this member.
+    /// etcd's gateway reaches its server over one internal connection, so
+    /// an explicit `--max-concurrent-streams` caps every gateway request
+    /// together; metcd's default limit (per client connection, where etcd
+    /// has none) leaves the gateway uncapped, as etcd's default does.
+    pub fn gateway_request_limit(&self) -> u32 {
+        if self.max_concurrent_streams == DEFAULT_MAX_CONCURRENT_STREAMS {
+            u32::MAX
+        } else {
+            self.max_concurrent_streams
+        }
+    }
+
     /// `None` when progress notifications are off.
     pub fn watch_progress_notify_interval(&self) -> Result<Option<Duration>, ConfigError> {
         optional_interval(

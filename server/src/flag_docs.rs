@@ -111,7 +111,7 @@ pub const FLAGS: &[FlagDoc] = &[
         "max-concurrent-streams",
         "<streams>",
         "4096",
-        "HTTP/2 streams one client connection may have open at once (etcd: unlimited).",
+        "HTTP/2 streams one client connection may have open at once (etcd: unlimited). Given explicitly, it also caps the JSON gateway's requests of the member together, as etcd's gateway shares its one connection to the server.",
     ),
     flag(
         "Member",

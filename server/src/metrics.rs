@@ -205,15 +205,27 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
             value,
         );
     };
-    for (what, value) in [
-        ("granted", m.leases_granted.get()),
-        ("renewed", m.leases_renewed.get()),
-        ("revoked", m.leases_revoked.get()),
+    for (what, help, value) in [
+        (
+            "granted",
+            "The total number of granted leases.",
+            m.leases_granted.get(),
+        ),
+        (
+            "renewed",
+            "The number of renewed leases seen by the leader.",
+            m.leases_renewed.get(),
+        ),
+        (
+            "revoked",
+            "The total number of revoked leases.",
+            m.leases_revoked.get(),
+        ),
     ] {
         counter(
             &mut out,
             &format!("etcd_debugging_lease_{what}_total"),
-            &format!("The total number of {what} leases."),
+            help,
             value,
         );
     }

@@ -860,6 +860,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
         client_tls,
         cert_users: cfg.client_cert_auth,
         max_concurrent_streams: cfg.max_concurrent_streams,
+        gateway_request_limit: cfg.gateway_request_limit(),
         http: addrs
             .iter()
             .copied()
@@ -1034,6 +1035,9 @@ struct Listeners {
     cert_users: bool,
     /// `--max-concurrent-streams`, per client connection.
     max_concurrent_streams: u32,
+    /// The JSON gateway's requests in flight in the member, all together
+    /// (`Config::gateway_request_limit`).
+    gateway_request_limit: u32,
     /// The owner's published read view ([`crate::read_view`]).
     read_view: std::sync::Arc<ReadView>,
 }
@@ -1228,6 +1232,7 @@ async fn serve_all(listeners: &Listeners, shard: usize, backend: Backend, hub: R
         LeaderGuard::start(backend.clone(), listeners.election_timeout),
         backend.clone(),
         crate::api::grpc::metrics::ShardCounters::of_shard(shard),
+        listeners.gateway_request_limit,
     );
     for listener in grpc_listeners {
         tasks.push(glommio::spawn_local(grpc_serve(

@@ -1017,3 +1017,60 @@ fn metrics_urls_serve_metrics_and_health_only_as_etcds() {
     );
     assert!(body.contains("\nos_fd_used "), "{body}");
 }
+
+/// An explicit `--max-concurrent-streams` caps the JSON gateway's requests
+/// of the member together, as etcd's gateway shares its one connection to
+/// the server: with a limit of 2 and two gateway watches open, a range
+/// waits; when a watch's client goes, the range is answered.
+#[test]
+fn gateway_requests_share_an_explicit_stream_limit_as_etcds() {
+    let dir = tempfile::tempdir().unwrap();
+    let metcd = Server::start(&dir.path().join("m"), &["--max-concurrent-streams", "2"]);
+    let ep = metcd.client_endpoint();
+    let post = |path: &str, body: &str| {
+        let mut s = TcpStream::connect(&ep).unwrap();
+        let wire = format!(
+            "POST {path} HTTP/1.1\r\nHost: {ep}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(wire.as_bytes()).unwrap();
+        s
+    };
+    // What arrives until `needle` does (bounded by `limit`), or the
+    // read's error when nothing arrived in time.
+    let read_until = |s: &mut TcpStream, needle: &str, limit: Duration| {
+        s.set_read_timeout(Some(limit)).unwrap();
+        let mut got = String::new();
+        let mut buf = [0u8; 4096];
+        while !got.contains(needle) {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Err(e) if got.is_empty() => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(got)
+    };
+    let mut watches: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut w = post("/v3/watch", r#"{"create_request":{"key":"Zm9v"}}"#);
+            let created = read_until(&mut w, "\"created\":true", Duration::from_secs(10)).unwrap();
+            assert!(created.contains("\"created\":true"), "{created}");
+            w
+        })
+        .collect();
+    let mut range = post("/v3/kv/range", r#"{"key":"Zm9v"}"#);
+    let waited = read_until(&mut range, "\"header\"", Duration::from_secs(1));
+    assert!(
+        waited.as_ref().is_err_and(|e| matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )),
+        "a third gateway request was answered over a limit of 2: {waited:?}"
+    );
+    drop(watches.pop());
+    let answer = read_until(&mut range, "\"header\"", Duration::from_secs(10)).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(answer.contains("\"header\""), "{answer}");
+}

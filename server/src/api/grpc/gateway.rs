@@ -59,6 +59,57 @@ pub struct Gateway {
     pub(super) election: ElectionService,
     /// Largest request body read (`--max-request-bytes` plus gRPC's slack).
     pub(super) max_body_bytes: usize,
+    /// Gateway requests in flight at once in this member
+    /// ([`take_stream_slot`], `Config::gateway_request_limit`).
+    pub(super) max_concurrent_streams: u32,
+}
+
+/// Gateway requests in flight in this process. etcd's gateway reaches its
+/// server over one internal HTTP/2 connection, so `--max-concurrent-streams`
+/// caps every gateway request of the member together, and one over the
+/// limit waits until a request or stream ends (etcd's e2e tests rely on it:
+/// a 4th request hangs while 3 gateway watches are open with a limit of 3).
+static GATEWAY_REQUESTS_IN_FLIGHT: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// How often a gateway request over the limit looks for a free slot (the
+/// shards share the count; a request waits only when the operator set a
+/// limit and it is reached).
+const STREAM_SLOT_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// One gateway request's share of `--max-concurrent-streams`, given back
+/// when dropped (a stream's goes with its response body).
+pub struct StreamSlot(());
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        GATEWAY_REQUESTS_IN_FLIGHT.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// A slot for one gateway request, waiting while `limit` are in flight;
+/// `None` (nothing counted) without a limit.
+async fn take_stream_slot(limit: u32) -> Option<StreamSlot> {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
+    if limit == u32::MAX {
+        return None;
+    }
+    loop {
+        let in_flight = GATEWAY_REQUESTS_IN_FLIGHT.load(Acquire);
+        if in_flight < u64::from(limit) {
+            let taken = GATEWAY_REQUESTS_IN_FLIGHT.compare_exchange(
+                in_flight,
+                in_flight + 1,
+                AcqRel,
+                Acquire,
+            );
+            if taken.is_ok() {
+                return Some(StreamSlot(()));
+            }
+            continue;
+        }
+        glommio::timer::sleep(STREAM_SLOT_POLL).await;
+    }
 }
 
 /// The route of `path` under etcd's gateway prefixes (`/v3/`, and the
@@ -86,9 +137,13 @@ impl Gateway {
         body: Incoming,
         authorization: Option<HeaderValue>,
     ) -> Option<Response<StreamOutput>> {
+        if !is_stream(route) {
+            return None;
+        }
+        let slot = take_stream_slot(self.max_concurrent_streams).await;
         let (watch, lease, maintenance) = (&self.watch, &self.lease, &self.maintenance);
         let election = &self.election;
-        Some(match route {
+        let answer = match route {
             "election/observe" => {
                 self.server_stream(route, body, authorization, |r| {
                     Election::observe(election, r)
@@ -112,7 +167,11 @@ impl Gateway {
                 .await
             }
             _ => return None,
-        })
+        };
+        Some(answer.map(|mut output| {
+            output.slot = slot;
+            output
+        }))
     }
 
     /// A bidirectional RPC through the gateway: the body holds one or more
@@ -213,6 +272,8 @@ impl Gateway {
         body: Incoming,
         authorization: Option<HeaderValue>,
     ) -> Option<HttpResponse> {
+        // Held until the answer is made (a unary answer is sent whole).
+        let _slot = take_stream_slot(self.max_concurrent_streams).await;
         let body = match self.read_body(body).await {
             Ok(b) => b,
             Err(status) => return Some(error_response(&status)),
@@ -417,6 +478,7 @@ fn error_alone(http: StatusCode, body: Bytes) -> Response<StreamOutput> {
     let mut resp = Response::new(StreamOutput {
         lines: None,
         error: Some(body),
+        slot: None,
     });
     *resp.status_mut() = http;
     resp.headers_mut()
@@ -444,6 +506,7 @@ fn stream_output<Resp: Serialize + Send + 'static>(
     let mut resp = Response::new(StreamOutput {
         lines: Some(Box::pin(lines)),
         error: None,
+        slot: None,
     });
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -483,6 +546,8 @@ pub struct StreamOutput {
     lines: Option<Pin<Box<dyn futures_lite::Stream<Item = Bytes> + Send>>>,
     /// A refusal before streaming began, as its whole body.
     error: Option<Bytes>,
+    /// This stream's share of `--max-concurrent-streams`.
+    slot: Option<StreamSlot>,
 }
 
 fn result_line<T: Serialize>(resp: &T) -> Bytes {

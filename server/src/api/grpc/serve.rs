@@ -75,6 +75,7 @@ impl Router {
         leader: Rc<LeaderGuard>,
         backend: crate::shard::Backend,
         counters: Option<ShardCounters>,
+        max_concurrent_streams: u32,
     ) -> (Router, Gateway) {
         let gateway = Gateway {
             kv: services.kv.clone(),
@@ -86,6 +87,7 @@ impl Router {
             lock: services.lock.clone(),
             election: services.election.clone(),
             max_body_bytes: max_message_bytes,
+            max_concurrent_streams,
         };
         let router = Router {
             leader: SendWrapper::new(leader),
