@@ -773,15 +773,9 @@ impl Config {
     /// Where `--listen-metrics-urls` listen: `http://`, or `https://`
     /// with the client URLs' certificate (as etcd), or `unix://`.
     pub fn metrics_listen_addrs(&self) -> Result<Vec<(Endpoint, bool)>, ConfigError> {
-        let urls = split_list(&self.listen_metrics_urls);
-        let endpoints = if urls.is_empty() {
-            Vec::new()
-        } else {
-            parse_endpoints_with("listen-metrics-urls", &self.listen_metrics_urls, true)?
-        };
         let has_certificate = self.cert_file.is_some() && self.key_file.is_some();
-        let mut out = Vec::with_capacity(urls.len());
-        for (url, endpoint) in urls.iter().zip(endpoints) {
+        let mut out = Vec::new();
+        for url in split_list(&self.listen_metrics_urls) {
             let https = url.starts_with("https://");
             if https && !has_certificate {
                 return Err(invalid_flag(
@@ -790,7 +784,8 @@ impl Config {
                     "https:// metrics URLs use the client URLs' --cert-file and --key-file",
                 ));
             }
-            out.push((endpoint, https));
+            let endpoints = parse_endpoints_with("listen-metrics-urls", url, true)?;
+            out.extend(endpoints.into_iter().map(|endpoint| (endpoint, https)));
         }
         Ok(out)
     }

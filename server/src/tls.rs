@@ -824,15 +824,22 @@ impl From<crate::net::Accepted> for PeerStream {
     }
 }
 
-impl PeerStream {
-    pub fn set_nodelay(&self) {
-        let tcp = match self {
-            PeerStream::Plain(s) => s,
-            PeerStream::Unix(_) => return,
-            PeerStream::Client(s) => s.get_ref().0,
-            PeerStream::Server(s) => &s.get_ref().0.inner,
-        };
-        let _ = tcp.set_nodelay(true);
+/// A connection accepted on a client-facing URL (client or metrics):
+/// TLS first with `acceptor`, plaintext without. `None` when it must not
+/// be served: a refused handshake (the client's problem; the alert said
+/// why) or a Unix socket where TLS is due (the configuration refuses TLS
+/// with unix:// URLs, so it cannot happen).
+pub async fn accept_client(
+    acceptor: Option<&TlsAcceptor>,
+    conn: crate::net::Accepted,
+) -> Option<PeerStream> {
+    match (acceptor, conn) {
+        (None, conn) => Some(PeerStream::from(conn)),
+        (Some(_), crate::net::Accepted::Unix(_)) => None,
+        (Some(acceptor), crate::net::Accepted::Tcp(tcp)) => accept_sending_alerts(acceptor, tcp)
+            .await
+            .ok()
+            .map(|s| PeerStream::Server(Box::new(s))),
     }
 }
 

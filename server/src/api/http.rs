@@ -112,16 +112,8 @@ pub async fn serve_metrics(
         let backend = backend.clone();
         let tls = tls.clone();
         async move {
-            let stream = match (tls, conn) {
-                (None, conn) => PeerStream::from(conn),
-                (Some(_), crate::net::Accepted::Unix(_)) => return,
-                (Some(acceptor), crate::net::Accepted::Tcp(tcp)) => {
-                    match crate::tls::accept_sending_alerts(&acceptor, tcp).await {
-                        Ok(s) => PeerStream::Server(Box::new(s)),
-                        // The client's problem; the alert said why.
-                        Err(_) => return,
-                    }
-                }
+            let Some(stream) = crate::tls::accept_client(tls.as_ref(), conn).await else {
+                return;
             };
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let backend = backend.clone();

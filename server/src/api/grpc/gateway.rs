@@ -137,9 +137,6 @@ impl Gateway {
         body: Incoming,
         authorization: Option<HeaderValue>,
     ) -> Option<Response<StreamOutput>> {
-        if !is_stream(route) {
-            return None;
-        }
         let slot = take_stream_slot(self.max_concurrent_streams).await;
         let (watch, lease, maintenance) = (&self.watch, &self.lease, &self.maintenance);
         let election = &self.election;

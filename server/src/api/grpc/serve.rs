@@ -277,30 +277,18 @@ pub async fn serve(
         let backend = backend.clone();
         let tls = tls.clone();
         async move {
-            let mut cert_user = None;
-            let mut stream = match (tls, conn) {
-                (None, conn) => PeerStream::from(conn),
-                // Refused at start: TLS client URLs are all https://.
-                (Some(_), crate::net::Accepted::Unix(_)) => return,
-                (Some(acceptor), crate::net::Accepted::Tcp(tcp)) => {
-                    match crate::tls::accept_sending_alerts(&acceptor, tcp).await {
-                        Ok(s) => {
-                            if cert_users {
-                                cert_user = s
-                                    .get_ref()
-                                    .1
-                                    .peer_certificates()
-                                    .and_then(|chain| chain.first())
-                                    .and_then(|cert| crate::der::certificate_common_name(cert))
-                                    .map(|name| CertUser(std::sync::Arc::from(name)));
-                            }
-                            PeerStream::Server(Box::new(s))
-                        }
-                        // The client's problem (no or untrusted certificate,
-                        // plaintext on a TLS port); the alert said why.
-                        Err(_) => return,
-                    }
-                }
+            let Some(mut stream) = crate::tls::accept_client(tls.as_ref(), conn).await else {
+                return;
+            };
+            let cert_user = match &stream {
+                PeerStream::Server(s) if cert_users => s
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(|cert| crate::der::certificate_common_name(cert))
+                    .map(|name| CertUser(std::sync::Arc::from(name))),
+                _ => None,
             };
             let Ok(head) = read_preface(&mut stream).await else {
                 return;
