@@ -241,7 +241,7 @@ impl Backend {
 /// Values loaded between two yields while finishing a range: a chunk
 /// costs tens of microseconds, so a put queued behind a big scan waits
 /// about that long, not for the whole scan.
-const RANGE_LOAD_CHUNK: usize = 256;
+pub const RANGE_LOAD_CHUNK: usize = 256;
 
 impl Backend {
     fn read_view(&self) -> std::sync::Arc<ReadView> {
@@ -289,19 +289,53 @@ impl Backend {
         req: mvcc::RangeRequest,
         token: Option<String>,
     ) -> (Result<mvcc::RangeResponse>, u64) {
-        let gate = self
-            .read_gate(!req.serializable, token, || {
-                crate::auth::Requirement::Keys(vec![crate::auth::Need::read(
-                    &req.key,
-                    &req.range_end,
-                )])
-            })
-            .await;
-        let (reader, term) = match gate {
+        let (reader, term) = match self.range_gate(&req, token).await {
             Ok(passed) => passed,
             Err(e) => return (Err(e), 0),
         };
-        (walk_and_load(&reader, req).await, term)
+        let answer = match walk(&reader, req).await {
+            Ok(mvcc::RangeStart::Done(response)) => Ok(response),
+            Ok(mvcc::RangeStart::Plan(plan)) => load_whole(plan).await,
+            Err(e) => Err(e),
+        };
+        (answer, term)
+    }
+
+    /// A range as [`Backend::range`] reads it, except that an answer in key
+    /// order comes back with its values not loaded
+    /// ([`mvcc::RangePlan::into_chunked`]): its caller loads and sends
+    /// them a chunk at a time.
+    pub async fn range_read(
+        &self,
+        req: mvcc::RangeRequest,
+        token: Option<String>,
+    ) -> (Result<RangeRead>, u64) {
+        let (reader, term) = match self.range_gate(&req, token).await {
+            Ok(passed) => passed,
+            Err(e) => return (Err(e), 0),
+        };
+        let answer = match walk(&reader, req).await {
+            Ok(mvcc::RangeStart::Done(response)) => Ok(RangeRead::Whole(response)),
+            Ok(mvcc::RangeStart::Plan(plan)) => match plan.into_chunked() {
+                mvcc::Chunking::Chunked(chunked) => Ok(RangeRead::Chunked(chunked)),
+                mvcc::Chunking::Whole(plan) => load_whole(plan).await.map(RangeRead::Whole),
+            },
+            Err(e) => Err(e),
+        };
+        (answer, term)
+    }
+
+    /// A range's gate ([`crate::read_view`]): the store to read and the
+    /// Raft term, once a linearizable read may go and the caller may read.
+    async fn range_gate(
+        &self,
+        req: &mvcc::RangeRequest,
+        token: Option<String>,
+    ) -> Result<(StoreReader<AnyEngine>, u64)> {
+        self.read_gate(!req.serializable, token, || {
+            crate::auth::Requirement::Keys(vec![crate::auth::Need::read(&req.key, &req.range_end)])
+        })
+        .await
     }
 
     /// A txn without writes, read on this shard from the applied state
@@ -361,19 +395,31 @@ impl Backend {
 /// apply waits a few hundred microseconds at most.
 const WATCH_HISTORY_SLICE: usize = 256;
 
-/// A range's walk and value loading, in slices.
-async fn walk_and_load(
+/// The engine snapshot a range's values are read from.
+pub type Snapshot = <AnyEngine as engine::Engine>::Snapshot;
+
+/// A range read by [`Backend::range_read`].
+pub enum RangeRead {
+    /// The whole answer, values loaded.
+    Whole(mvcc::RangeResponse),
+    /// An answer in key order, its values still to load.
+    Chunked(mvcc::ChunkedRange<Snapshot>),
+}
+
+/// A range's key-index walk, in slices.
+async fn walk(
     reader: &StoreReader<AnyEngine>,
     req: mvcc::RangeRequest,
-) -> Result<mvcc::RangeResponse> {
+) -> Result<mvcc::RangeStart<Snapshot>> {
     let mut walk = reader.begin_range(req)?;
     while !reader.walk_range(&mut walk, RANGE_WALK_SLICE)? {
         crate::sched::end_of_slice().await;
     }
-    let mut plan = match walk.finish() {
-        mvcc::RangeStart::Done(response) => return Ok(response),
-        mvcc::RangeStart::Plan(plan) => plan,
-    };
+    Ok(walk.finish())
+}
+
+/// A range's values, loaded in slices, and its answer.
+async fn load_whole(mut plan: mvcc::RangePlan<Snapshot>) -> Result<mvcc::RangeResponse> {
     while !plan.load(RANGE_LOAD_CHUNK)? {
         crate::sched::end_of_slice().await;
     }

@@ -1533,6 +1533,116 @@ impl<S: EngineSnapshot> RangePlan<S> {
         self.load(usize::MAX)?;
         Ok(finish_range(&self.req, self.cur_rev, self.count, self.kvs))
     }
+
+    /// The plan as a [`ChunkedRange`] when its answer is its revisions'
+    /// values in key order (ascending, or descending: reversed) with no
+    /// revision filter to apply, so that the values can be loaded and sent
+    /// a chunk at a time, never all held at once. Otherwise (a sort by
+    /// another field, a revision filter, or values loaded already) the plan
+    /// back, to [`RangePlan::finish`].
+    pub fn into_chunked(self) -> Chunking<S> {
+        let req = &self.req;
+        let filtered = req.min_mod_revision != 0
+            || req.max_mod_revision != 0
+            || req.min_create_revision != 0
+            || req.max_create_revision != 0;
+        if filtered || req.sort_target != SortTarget::Key || !self.kvs.is_empty() {
+            return Chunking::Whole(self);
+        }
+        let descend = req.sort_order == SortOrder::Descend;
+        let (limit, keys_only) = (req.limit, req.keys_only);
+        let mut revs: Vec<Rev> = self.revs.collect();
+        if descend {
+            revs.reverse();
+        }
+        // As finish_range: the limit applies after the order.
+        let mut more = false;
+        if let Ok(limit) = usize::try_from(limit) {
+            if limit > 0 && revs.len() > limit {
+                revs.truncate(limit);
+                more = true;
+            }
+        }
+        Chunking::Chunked(ChunkedRange {
+            snap: self.snap,
+            revs,
+            next: 0,
+            keys_only,
+            revision: self.cur_rev,
+            count: self.count,
+            more,
+        })
+    }
+}
+
+/// What [`RangePlan::into_chunked`] makes of a plan.
+pub enum Chunking<S> {
+    Chunked(ChunkedRange<S>),
+    /// Not in key order: to load whole ([`RangePlan::finish`]).
+    Whole(RangePlan<S>),
+}
+
+/// A range's answer to load and send in order, a chunk at a time
+/// ([`RangePlan::into_chunked`]): what it holds is the revisions to read
+/// (16 bytes a key) and the snapshot that pins their values, not the
+/// values. Loading a key twice (a first pass to size the answer, a second
+/// to send it) gives the same key-value: the snapshot does not change.
+pub struct ChunkedRange<S> {
+    snap: S,
+    /// The answer's key revisions, in the answer's order.
+    revs: Vec<Rev>,
+    /// The position of the next load in `revs`.
+    next: usize,
+    keys_only: bool,
+    /// The store's revision the range was read at (the header's).
+    pub revision: i64,
+    /// Every key in the range, regardless of limit (etcd's `count`).
+    pub count: i64,
+    /// Whether the limit left keys out (etcd's `more`).
+    pub more: bool,
+}
+
+impl<S: EngineSnapshot> ChunkedRange<S> {
+    /// How many key-values the answer has.
+    pub fn len(&self) -> usize {
+        self.revs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.revs.is_empty()
+    }
+
+    /// The next load starts at the answer's `position`-th key-value.
+    pub fn seek(&mut self, position: usize) {
+        self.next = position.min(self.revs.len());
+    }
+
+    /// Loads up to `n` more key-values, in the answer's order, and hands
+    /// each to `each`; true once the last one was loaded.
+    pub fn load(&mut self, n: usize, mut each: impl FnMut(KeyValue)) -> Result<bool, MvccError> {
+        let end = self.next.saturating_add(n).min(self.revs.len());
+        for &rev in &self.revs[self.next..end] {
+            let mut kv = load_rev(&self.snap, rev)?;
+            if self.keys_only {
+                kv.value = Bytes::new();
+            }
+            each(kv);
+        }
+        self.next = end;
+        Ok(end == self.revs.len())
+    }
+}
+
+impl<S> std::fmt::Debug for ChunkedRange<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkedRange")
+            .field("revision", &self.revision)
+            .field("count", &self.count)
+            .field("more", &self.more)
+            .field("len", &self.revs.len())
+            .field("next", &self.next)
+            .finish_non_exhaustive()
+    }
 }
 
 struct View<'a, S> {

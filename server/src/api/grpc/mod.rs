@@ -4,6 +4,7 @@
 //! etcd's require-leader contract for clients that ask for it
 //! (`require_leader`), and etcd's JSON gateway routes (`gateway`).
 
+pub mod chunked_range;
 pub mod convert;
 pub mod gateway;
 pub mod go_json;

@@ -18,6 +18,7 @@ use hyper::body::Incoming;
 use send_wrapper::SendWrapper;
 use tonic::codegen::Service;
 
+use super::chunked_range::{ChunkedBody, MayChunk};
 use super::gateway::Gateway;
 use super::metrics::{self, Count, Counted, ShardCounters, CANCELED};
 use super::pb::etcdserverpb::{
@@ -143,8 +144,10 @@ impl Router {
         if let Some((c, method)) = counted {
             c.counters.started(c.shard, method);
         }
-        let req = req.map(|body| Counted::new(body, counted.map(|(c, m)| (c, m, Count::Received))));
+        let mut req =
+            req.map(|body| Counted::new(body, counted.map(|(c, m)| (c, m, Count::Received))));
         let resp = if req.uri().path() == RANGE_PATH {
+            req.extensions_mut().insert(MayChunk);
             range_off_the_write_path(self.dispatch(req)).await
         } else {
             match self.dispatch(req).await {
@@ -211,7 +214,9 @@ const RANGE_PATH: &str = "/etcdserverpb.KV/Range";
 /// end of its encoding: the service (index walk, values, conversion) and
 /// tonic's protobuf encoding of the answer, collected there, so that
 /// neither a big range's walk nor its encoding runs on the write path.
-/// The connection's task only sends the encoded bytes.
+/// The connection's task only sends the encoded bytes. A big answer in
+/// key order is instead encoded chunk by chunk in that queue as the
+/// client reads it ([`super::chunked_range`]).
 async fn range_off_the_write_path(
     call: std::pin::Pin<
         Box<dyn Future<Output = Result<hyper::Response<tonic::body::Body>, Infallible>> + Send>,
@@ -222,7 +227,12 @@ async fn range_off_the_write_path(
             Ok(r) => r,
             Err(never) => match never {},
         };
-        let (parts, body) = resp.into_parts();
+        let (mut parts, body) = resp.into_parts();
+        if let Some(chunked) = parts.extensions.remove::<ChunkedBody>() {
+            if let Some(body) = chunked.take() {
+                return hyper::Response::from_parts(parts, body);
+            }
+        }
         match body.collect().await {
             Ok(collected) => hyper::Response::from_parts(parts, encoded_body(collected)),
             Err(status) => status.into_http(),

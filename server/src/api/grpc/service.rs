@@ -84,6 +84,16 @@ impl Shared {
         SendWrapper::new(async move { self.backend.range(req, token).await }).await
     }
 
+    /// A range as [`Shared::range`] reads it, an answer in key order with
+    /// its values still to load ([`Backend::range_read`]).
+    pub(super) async fn range_read(
+        &self,
+        req: mvcc::RangeRequest,
+        token: Option<String>,
+    ) -> (crate::error::Result<crate::shard::RangeRead>, u64) {
+        SendWrapper::new(async move { self.backend.range_read(req, token).await }).await
+    }
+
     /// A watcher's history, read on this shard in its reads queue (see
     /// [`Backend::watch_history`]), and the Raft term.
     pub(super) async fn watch_history(
@@ -248,13 +258,28 @@ impl pb::kv_server::Kv for KvService {
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
         let token = token_of(&request);
+        let may_chunk = request
+            .extensions()
+            .get::<super::chunked_range::MayChunk>()
+            .is_some();
         let req = convert::range_request(request.into_inner())?;
         mvcc::validate_range(&req).map_err(mvcc_status)?;
-        match self.0.range(req, token).await {
-            (Ok(r), term) => Ok(Response::new(convert::range_response(
-                r,
-                &self.0.header(term),
-            ))),
+        if !may_chunk {
+            return match self.0.range(req, token).await {
+                (Ok(r), term) => Ok(Response::new(convert::range_response(
+                    r,
+                    &self.0.header(term),
+                ))),
+                (Err(e), _) => Err(status_of(&e)),
+            };
+        }
+        match self.0.range_read(req, token).await {
+            (Ok(crate::shard::RangeRead::Whole(r)), term) => Ok(Response::new(
+                convert::range_response(r, &self.0.header(term)),
+            )),
+            (Ok(crate::shard::RangeRead::Chunked(range)), term) => {
+                SendWrapper::new(super::chunked_range::answer(range, self.0.header(term))).await
+            }
             (Err(e), _) => Err(status_of(&e)),
         }
     }

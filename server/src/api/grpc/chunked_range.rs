@@ -1,0 +1,387 @@
+//! A gRPC `KV/Range` answer encoded while the client reads it.
+//!
+//! A range whose answer is in key order ([`crate::mvcc::ChunkedRange`]:
+//! no sort by another field, no revision filter) is never held whole: the
+//! member holds the answer's key revisions (16 bytes a key), its first
+//! [`WHOLE_BELOW`] bytes, and then a window of [`CHUNK_BYTES`] chunks in a
+//! channel of two, which the connection empties as HTTP/2 flow control
+//! lets the client take them. (etcd 3.4 holds every value of the answer
+//! and its whole encoding on top.)
+//!
+//! A gRPC message starts with its length, so such an answer is read twice
+//! from the range's engine snapshot: a first pass sizes it, a second
+//! encodes and sends it, both a slice at a time in the shard's reads
+//! queue ([`crate::sched`]). An answer that fits in [`WHOLE_BELOW`] is
+//! answered whole after the first pass, read once. The bytes sent are
+//! those prost encodes for the whole message (tested below).
+//!
+//! How it reaches the wire: the router marks a gRPC Range request with
+//! [`MayChunk`]; `KvService::range` then answers a placeholder message and
+//! puts the real body ([`ChunkedBody`]) in the response's extensions; the
+//! router sends that body instead of tonic's encoding of the placeholder.
+//! The JSON gateway never marks its requests: its answers are JSON, built
+//! whole.
+//!
+//! Must never: send a message whose length differs from its prefix (the
+//! second pass counts, and ends the call with an error instead), or load
+//! values on the write path.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_channel::mpsc;
+use futures_lite::future::poll_fn;
+use hyper::body::Frame;
+use prost::Message;
+use tonic::{Response, Status};
+
+use super::convert::{self, HeaderInfo};
+use super::pb::etcdserverpb as pb;
+use super::pb::mvccpb;
+use crate::error::ServerError;
+use crate::mvcc::ChunkedRange;
+use crate::shard::{Snapshot, RANGE_LOAD_CHUNK};
+
+/// Answers up to this size (encoded key-values) go whole, read once;
+/// larger ones send this much first, then chunks.
+pub const WHOLE_BELOW: usize = 1 << 20;
+
+/// The size of the chunks a large answer is sent in.
+pub const CHUNK_BYTES: usize = 64 << 10;
+
+/// `RangeResponse`'s field numbers.
+const HEADER_FIELD: u32 = 1;
+const KVS_FIELD: u32 = 2;
+
+/// Marks a gRPC Range request whose answer may be chunked (the router's).
+#[derive(Debug, Clone, Copy)]
+pub struct MayChunk;
+
+type Frames = mpsc::Receiver<Result<Frame<Bytes>, Status>>;
+
+/// The body of a chunked answer, in the placeholder response's extensions
+/// (which want `Clone + Sync`; the router takes it once).
+#[derive(Clone)]
+pub struct ChunkedBody(Arc<Mutex<Option<Frames>>>);
+
+impl ChunkedBody {
+    /// The body to send, the first time it is asked for.
+    pub fn take(&self) -> Option<tonic::body::Body> {
+        let frames = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()?;
+        Some(tonic::body::Body::new(http_body_util::StreamBody::new(
+            frames,
+        )))
+    }
+}
+
+/// Answers `range`: whole when it fits in [`WHOLE_BELOW`], otherwise a
+/// placeholder carrying a [`ChunkedBody`] whose producer runs in this
+/// shard's reads queue.
+pub async fn answer(
+    mut range: ChunkedRange<Snapshot>,
+    ids: HeaderInfo,
+) -> Result<Response<pb::RangeResponse>, Status> {
+    let mut first = Vec::new();
+    let mut first_bytes = 0usize;
+    let mut fits = true;
+    let mut kvs_bytes = 0usize;
+    loop {
+        let done = range
+            .load(RANGE_LOAD_CHUNK, |kv| {
+                let kv = convert::key_value(kv);
+                let len = prost::encoding::message::encoded_len(KVS_FIELD, &kv);
+                kvs_bytes += len;
+                fits = fits && first_bytes + len <= WHOLE_BELOW;
+                if fits {
+                    first.push(kv);
+                    first_bytes += len;
+                }
+            })
+            .map_err(|e| super::service::status_of(&ServerError::Mvcc(e)))?;
+        if done {
+            break;
+        }
+        crate::sched::end_of_slice().await;
+    }
+    let mut rest = pb::RangeResponse {
+        header: ids.header(range.revision),
+        kvs: Vec::new(),
+        more: range.more,
+        count: range.count,
+    };
+    if first.len() == range.len() {
+        rest.kvs = first;
+        return Ok(Response::new(rest));
+    }
+    let length = rest.encoded_len() + kvs_bytes;
+    let Ok(length) = u32::try_from(length) else {
+        // What grpc-go's server answers for a message over its limit.
+        return Err(Status::resource_exhausted(format!(
+            "grpc: trying to send message larger than max ({length} vs. {})",
+            u32::MAX
+        )));
+    };
+    range.seek(first.len());
+    let (out, frames) = mpsc::channel(2);
+    crate::sched::spawn_read(send(range, rest, first, length, out));
+    let mut response = Response::new(pb::RangeResponse::default());
+    response
+        .extensions_mut()
+        .insert(ChunkedBody(Arc::new(Mutex::new(Some(frames)))));
+    Ok(response)
+}
+
+/// The second pass: the gRPC frame of `rest` with `first` and then the
+/// rest of `range`'s key-values, `length` bytes, in chunks, then gRPC's
+/// OK trailers. Stops when the client is gone.
+async fn send(
+    mut range: ChunkedRange<Snapshot>,
+    rest: pb::RangeResponse,
+    first: Vec<mvccpb::KeyValue>,
+    length: u32,
+    mut out: mpsc::Sender<Result<Frame<Bytes>, Status>>,
+) {
+    let mut buf = BytesMut::with_capacity(WHOLE_BELOW.min(length as usize) + 64);
+    buf.put_u8(0);
+    buf.put_u32(length);
+    if let Some(header) = &rest.header {
+        prost::encoding::message::encode(HEADER_FIELD, header, &mut buf);
+    }
+    for kv in &first {
+        prost::encoding::message::encode(KVS_FIELD, kv, &mut buf);
+    }
+    drop(first);
+    // Message bytes handed to the channel so far.
+    let mut sent = 0usize;
+    let mut frame_prefix = 5;
+    loop {
+        if buf.len() >= CHUNK_BYTES {
+            sent += buf.len() - frame_prefix;
+            frame_prefix = 0;
+            if !put(&mut out, Frame::data(buf.split().freeze())).await {
+                return;
+            }
+        }
+        // A slice: up to RANGE_LOAD_CHUNK values, but no more than a
+        // chunk's bytes (values may be up to --max-request-bytes each).
+        let mut in_slice = 0;
+        let loaded = loop {
+            let one = range.load(1, |kv| {
+                prost::encoding::message::encode(KVS_FIELD, &convert::key_value(kv), &mut buf);
+            });
+            in_slice += 1;
+            match one {
+                Ok(false) if buf.len() < CHUNK_BYTES && in_slice < RANGE_LOAD_CHUNK => {}
+                other => break other,
+            }
+        };
+        match loaded {
+            Ok(true) => break,
+            Ok(false) => crate::sched::end_of_slice().await,
+            Err(e) => {
+                let status = super::service::status_of(&ServerError::Mvcc(e));
+                put(&mut out, trailers(&status)).await;
+                return;
+            }
+        }
+    }
+    // The fields after the key-values: `more`, `count`.
+    let tail = pb::RangeResponse {
+        header: None,
+        kvs: Vec::new(),
+        more: rest.more,
+        count: rest.count,
+    };
+    tail.encode_raw(&mut buf);
+    sent += buf.len() - frame_prefix;
+    if sent != length as usize {
+        let status = Status::internal(format!(
+            "etcdserver: range answer sized {length} bytes but encoded {sent}"
+        ));
+        put(&mut out, trailers(&status)).await;
+        return;
+    }
+    if put(&mut out, Frame::data(buf.freeze())).await {
+        put(&mut out, trailers(&Status::ok(""))).await;
+    }
+}
+
+/// gRPC's trailers for `status`.
+fn trailers(status: &Status) -> Frame<Bytes> {
+    let mut map = hyper::HeaderMap::new();
+    if status.add_header(&mut map).is_err() {
+        map.insert("grpc-status", hyper::header::HeaderValue::from_static("13"));
+    }
+    Frame::trailers(map)
+}
+
+/// Sends one frame once the channel has room; false if the client is
+/// gone.
+async fn put(out: &mut mpsc::Sender<Result<Frame<Bytes>, Status>>, frame: Frame<Bytes>) -> bool {
+    poll_fn(|cx| out.poll_ready(cx)).await.is_ok() && out.start_send(Ok(frame)).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+    use crate::mvcc::{self, MvccStore, RangeStart};
+    use bytes::Buf;
+    use engine::any::AnyEngine;
+    use http_body_util::BodyExt;
+
+    const IDS: HeaderInfo = HeaderInfo {
+        cluster_id: 7,
+        member_id: 9,
+        raft_term: 3,
+    };
+
+    /// A store with `sizes.len()` keys `k/000000`.., key i's value
+    /// `sizes[i]` bytes long, and a key outside the ranges below.
+    fn store(sizes: &[usize]) -> MvccStore<AnyEngine> {
+        let mut store = MvccStore::open(AnyEngine::Memory(engine::MemoryEngine::new())).unwrap();
+        let mut index = 0;
+        let mut put = |store: &mut MvccStore<AnyEngine>, key: String, len: usize| {
+            index += 1;
+            let value: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let req = mvcc::Request::Put(mvcc::PutRequest {
+                key: key.into(),
+                value: value.into(),
+                ..Default::default()
+            });
+            store.apply(index, &req).unwrap();
+        };
+        for (i, len) in sizes.iter().enumerate() {
+            put(&mut store, format!("k/{i:06}"), *len);
+        }
+        put(&mut store, "z".into(), 10);
+        store
+    }
+
+    fn plan(store: &MvccStore<AnyEngine>, req: &mvcc::RangeRequest) -> mvcc::RangePlan<Snapshot> {
+        let reader = store.reader();
+        let mut walk = reader.begin_range(req.clone()).unwrap();
+        while !reader.walk_range(&mut walk, 1000).unwrap() {}
+        match walk.finish() {
+            RangeStart::Plan(plan) => plan,
+            RangeStart::Done(done) => panic!("no values to load: {done:?}"),
+        }
+    }
+
+    /// What goes on the wire for `req` through [`answer`] (the gRPC data
+    /// and the trailers' status), and whether it went in chunks.
+    fn wire(store: &MvccStore<AnyEngine>, req: &mvcc::RangeRequest) -> (Vec<u8>, String, bool) {
+        let mvcc::Chunking::Chunked(chunked) = plan(store, req).into_chunked() else {
+            panic!("not chunked: {req:?}");
+        };
+        glommio::LocalExecutorBuilder::default()
+            .make()
+            .unwrap()
+            .run(async move {
+                let response = answer(chunked, IDS).await.unwrap();
+                let Some(body) = response.extensions().get::<ChunkedBody>() else {
+                    let message = response.into_inner().encode_to_vec();
+                    let mut data = vec![0];
+                    data.extend_from_slice(&(message.len() as u32).to_be_bytes());
+                    data.extend_from_slice(&message);
+                    return (data, "0".to_string(), false);
+                };
+                let mut body = body.take().unwrap();
+                let (mut data, mut status) = (Vec::new(), String::new());
+                while let Some(frame) = body.frame().await {
+                    let frame = frame.unwrap();
+                    if let Some(chunk) = frame.data_ref() {
+                        assert!(status.is_empty(), "data after the trailers");
+                        data.extend_from_slice(chunk);
+                    } else if let Some(trailers) = frame.trailers_ref() {
+                        status = trailers["grpc-status"].to_str().unwrap().to_string();
+                    }
+                }
+                (data, status, true)
+            })
+    }
+
+    /// The whole answer as the unchunked path builds it, framed for gRPC.
+    fn expected(store: &MvccStore<AnyEngine>, req: &mvcc::RangeRequest) -> Vec<u8> {
+        let whole = plan(store, req).finish().unwrap();
+        let message = convert::range_response(whole, &IDS).encode_to_vec();
+        let mut data = vec![0];
+        data.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        data.extend_from_slice(&message);
+        data
+    }
+
+    fn range(limit: i64, order: mvcc::SortOrder, keys_only: bool) -> mvcc::RangeRequest {
+        mvcc::RangeRequest {
+            key: bytes::Bytes::from_static(b"k/"),
+            range_end: bytes::Bytes::from_static(b"k0"),
+            limit,
+            sort_order: order,
+            keys_only,
+            ..Default::default()
+        }
+    }
+
+    /// Whatever the answer's size, order, limit and values, the bytes sent
+    /// are prost's encoding of the whole answer, in one gRPC message,
+    /// followed by an OK status; only answers over WHOLE_BELOW go in chunks.
+    #[test]
+    fn a_chunked_answer_is_byte_for_byte_the_whole_answer() {
+        use mvcc::SortOrder::{Ascend, Descend, None as Unsorted};
+        // 3000 values of 1000 bytes: ~3 MB, over WHOLE_BELOW.
+        let big = store(&vec![1000; 3000]);
+        // One value bigger than WHOLE_BELOW first: nothing fits whole.
+        let mut sizes = vec![WHOLE_BELOW + 10];
+        sizes.extend([5; 100]);
+        let huge_first = store(&sizes);
+        let small = store(&[10, 20, 30]);
+        let cases = [
+            (&big, range(0, Unsorted, false), true),
+            (&big, range(0, Ascend, false), true),
+            (&big, range(0, Descend, false), true),
+            (&big, range(2500, Unsorted, false), true),
+            (&big, range(2500, Descend, false), true),
+            (&big, range(500, Unsorted, false), false),
+            (&big, range(0, Unsorted, true), false),
+            (&huge_first, range(0, Unsorted, false), true),
+            (&huge_first, range(0, Descend, false), true),
+            (&small, range(0, Unsorted, false), false),
+            (&small, range(2, Descend, false), false),
+        ];
+        for (i, (store, req, in_chunks)) in cases.into_iter().enumerate() {
+            let (data, status, chunked) = wire(store, &req);
+            assert_eq!(status, "0", "case {i}");
+            assert_eq!(chunked, in_chunks, "case {i}: chunked");
+            let want = expected(store, &req);
+            assert_eq!(data.len(), want.len(), "case {i}: length");
+            assert!(data == want, "case {i}: bytes differ");
+            // And it decodes as the answer a client reads.
+            let mut body = &data[5..];
+            let decoded = pb::RangeResponse::decode(&mut body).unwrap();
+            assert!(!body.has_remaining());
+            assert_eq!(decoded.header.unwrap().revision, store.current_revision());
+        }
+    }
+
+    /// A sort by another field or a revision filter needs every value
+    /// before the first can be sent: such a plan stays whole.
+    #[test]
+    fn sorted_or_filtered_answers_are_not_chunked() {
+        let store = store(&[10, 20, 30]);
+        let by_value = mvcc::RangeRequest {
+            sort_target: mvcc::SortTarget::Value,
+            ..range(0, mvcc::SortOrder::Ascend, false)
+        };
+        let whole = |req| matches!(plan(&store, req).into_chunked(), mvcc::Chunking::Whole(_));
+        assert!(whole(&by_value));
+        let filtered = mvcc::RangeRequest {
+            min_mod_revision: 2,
+            ..range(0, mvcc::SortOrder::None, false)
+        };
+        assert!(whole(&filtered));
+    }
+}
