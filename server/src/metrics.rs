@@ -121,6 +121,8 @@ pub struct Gauges {
     /// Ranges, puts, deletes and txns seen (etcd's mvcc counters).
     pub ops: crate::mvcc::OpCounts,
     pub watchers: usize,
+    /// Watchers that fell behind a client that does not read.
+    pub slow_watchers: usize,
     pub quota_backend_bytes: u64,
     /// The store's revision and its last compaction's.
     pub revision: i64,
@@ -254,9 +256,16 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "Total number of keys.",
         g.keys as u64,
     );
-    for op in &ops[1..] {
+    for op in &ops[1..3] {
         op_counter(&mut out, "etcd_debugging", *op);
     }
+    gauge(
+        &mut out,
+        "etcd_debugging_mvcc_slow_watcher_total",
+        "Total number of unsynced slow watchers.",
+        g.slow_watchers as u64,
+    );
+    op_counter(&mut out, "etcd_debugging", ops[3]);
     gauge(
         &mut out,
         "etcd_debugging_mvcc_watcher_total",

@@ -1369,6 +1369,7 @@ impl Node {
             keys,
             ops,
             watchers: crate::watch::watchers_in_process(),
+            slow_watchers: crate::watch::slow_watchers_in_process(),
             quota_backend_bytes: self.backend_quota.unwrap_or(0),
             revision: status.revision,
             compact_revision: status.compact_revision,

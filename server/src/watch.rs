@@ -14,17 +14,29 @@
 //! to it went to the watchers in sync (after a snapshot install, those
 //! still re-reading history may lag it, as in etcd 3.4).
 //!
+//! A client that does not read its stream does not make the member hold
+//! its events: once the stream has [`MAX_QUEUED_RESPONSES`] responses
+//! queued, its watchers stop sending and fall behind (etcd's slow
+//! watchers, counted in `etcd_debugging_mvcc_slow_watcher_total`); their
+//! events stay in the store's history. When the client has read the queue
+//! down to [`CATCH_UP_AT`], they re-read what they missed from history as a
+//! resync does, and go on live. A watcher whose missed revisions were
+//! compacted meanwhile is cancelled with the compact revision, as etcd
+//! cancels one.
+//!
 //! Must never: block the Raft loop (publishing only enqueues), or deliver an
 //! event twice or out of revision order to one watcher.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
-use std::rc::Rc;
+use std::pin::Pin;
+use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_channel::mpsc::UnboundedSender;
+use futures_channel::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use crate::api::grpc::convert::key_value;
 use crate::api::grpc::pb::{etcdserverpb as pb, mvccpb};
@@ -107,10 +119,22 @@ pub fn watchers_in_process() -> usize {
     WATCHERS.load(Ordering::Relaxed)
 }
 
-/// Counts one watcher in [`WATCHERS`], and in [`PREV_KV_WATCHERS`] if it
-/// wants `prev_kv`, while it lives.
+/// Watchers in this process that fell behind their client (see the module
+/// docs).
+static SLOW_WATCHERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Watchers of this process that fell behind a client that does not read
+/// (`etcd_debugging_mvcc_slow_watcher_total`).
+pub fn slow_watchers_in_process() -> usize {
+    SLOW_WATCHERS.load(Ordering::Relaxed)
+}
+
+/// Counts one watcher in [`WATCHERS`], in [`PREV_KV_WATCHERS`] if it
+/// wants `prev_kv`, and in [`SLOW_WATCHERS`] while it lags, while it
+/// lives.
 struct Counted {
     prev_kv: bool,
+    lagging: bool,
 }
 
 impl Counted {
@@ -119,7 +143,21 @@ impl Counted {
         if prev_kv {
             PREV_KV_WATCHERS.fetch_add(1, Ordering::Relaxed);
         }
-        Counted { prev_kv }
+        Counted {
+            prev_kv,
+            lagging: false,
+        }
+    }
+
+    fn set_lagging(&mut self, lagging: bool) {
+        if lagging != self.lagging {
+            self.lagging = lagging;
+            if lagging {
+                SLOW_WATCHERS.fetch_add(1, Ordering::Relaxed);
+            } else {
+                SLOW_WATCHERS.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -129,6 +167,111 @@ impl Drop for Counted {
         if self.prev_kv {
             PREV_KV_WATCHERS.fetch_sub(1, Ordering::Relaxed);
         }
+        self.set_lagging(false);
+    }
+}
+
+/// Responses a watch stream may have queued for its client before its
+/// watchers stop sending and fall behind (see the module docs). etcd's
+/// watch stream buffers 128 responses; metcd's fan-out sends one response
+/// per applied batch and watcher, so it allows more.
+pub const MAX_QUEUED_RESPONSES: usize = 1024;
+
+/// A stream's watchers that fell behind catch up once its client has read
+/// its queue down to this many responses.
+pub const CATCH_UP_AT: usize = MAX_QUEUED_RESPONSES / 4;
+
+/// What a stream's two ends share: its queue's length, and whether some
+/// watcher of the stream waits for the queue to drain.
+#[derive(Default)]
+struct Queue {
+    queued: Cell<usize>,
+    lagging: Cell<bool>,
+}
+
+/// A watch stream's response queue, the hub's end: every watcher of the
+/// stream (and the stream's own control responses) sends through it.
+#[derive(Clone)]
+pub struct WatchOut {
+    tx: UnboundedSender<pb::WatchResponse>,
+    queue: Rc<Queue>,
+}
+
+impl WatchOut {
+    /// Queues `resp`; false if the client is gone.
+    pub fn send(&self, resp: pb::WatchResponse) -> bool {
+        if self.tx.unbounded_send(resp).is_err() {
+            return false;
+        }
+        self.queue.queued.set(self.queue.queued.get() + 1);
+        true
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    fn is_full(&self) -> bool {
+        self.queue.queued.get() >= MAX_QUEUED_RESPONSES
+    }
+}
+
+/// A watch stream's response queue, the client's end: taking responses
+/// from it lets the stream's lagging watchers catch up
+/// ([`WatchHub::catch_up`]).
+pub struct WatchIn {
+    rx: UnboundedReceiver<pb::WatchResponse>,
+    queue: Rc<Queue>,
+    hub: Weak<WatchHub>,
+    stream: u64,
+}
+
+/// A response queue for watch stream `stream` of `hub`.
+pub fn watch_channel(hub: &Rc<WatchHub>, stream: u64) -> (WatchOut, WatchIn) {
+    let (tx, rx) = futures_channel::mpsc::unbounded();
+    let queue = Rc::new(Queue::default());
+    let out = WatchOut {
+        tx,
+        queue: queue.clone(),
+    };
+    let input = WatchIn {
+        rx,
+        queue,
+        hub: Rc::downgrade(hub),
+        stream,
+    };
+    (out, input)
+}
+
+impl WatchIn {
+    /// The next queued response, if one is queued now.
+    pub fn try_next(&mut self) -> Option<pb::WatchResponse> {
+        let resp = self.rx.try_recv().ok()?;
+        self.took();
+        Some(resp)
+    }
+
+    fn took(&self) {
+        let queued = self.queue.queued.get().saturating_sub(1);
+        self.queue.queued.set(queued);
+        if self.queue.lagging.get() && queued <= CATCH_UP_AT {
+            self.queue.lagging.set(false);
+            if let Some(hub) = self.hub.upgrade() {
+                hub.catch_up(self.stream);
+            }
+        }
+    }
+}
+
+impl futures_lite::Stream for WatchIn {
+    type Item = pb::WatchResponse;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let polled = Pin::new(&mut self.rx).poll_next(cx);
+        if let Poll::Ready(Some(_)) = &polled {
+            self.took();
+        }
+        polled
     }
 }
 
@@ -151,11 +294,17 @@ struct Watcher {
     /// only then may a resync read for it (its next revision means
     /// something, and its client knows it exists).
     created: bool,
-    out: UnboundedSender<pb::WatchResponse>,
-    _counted: Counted,
+    out: WatchOut,
+    counted: Counted,
 }
 
 impl Watcher {
+    /// Whether the watcher fell behind its client: it sends nothing, and
+    /// its next revision waits in history until [`WatchHub::catch_up`].
+    fn lagging(&self) -> bool {
+        self.counted.lagging
+    }
+
     /// Holds live events back until a re-read of history (queued by the
     /// caller) fills the gap before them.
     fn hold_for_resync(&mut self) {
@@ -255,14 +404,14 @@ impl WatchHub {
         spec: WatchSpec,
         start_rev: i64,
         syncing: bool,
-        out: UnboundedSender<pb::WatchResponse>,
+        out: WatchOut,
     ) {
         self.watchers.borrow_mut().insert(
             (stream, watch_id),
             Watcher {
                 stream,
                 watch_id,
-                _counted: Counted::new(spec.prev_kv),
+                counted: Counted::new(spec.prev_kv),
                 spec,
                 next_rev: start_rev,
                 syncing: syncing.then(Vec::new),
@@ -377,7 +526,7 @@ impl WatchHub {
         let Some(w) = self.watchers.borrow_mut().remove(&(stream, watch_id)) else {
             return;
         };
-        let _ = w.out.unbounded_send(pb::WatchResponse {
+        w.out.send(pb::WatchResponse {
             header: self.header(self.revision.get()),
             watch_id,
             canceled: true,
@@ -427,8 +576,38 @@ impl WatchHub {
     fn deliver_history(&self, w: &mut Watcher, history: &[mvcc::Event], upto: i64) -> i64 {
         let header_rev = upto.max(self.revision.get());
         self.deliver(w, history.iter(), header_rev);
-        w.next_rev = w.next_rev.max(upto + 1);
+        if !w.lagging() {
+            w.next_rev = w.next_rev.max(upto + 1);
+        }
         header_rev
+    }
+
+    /// The lagging watchers of `stream` re-read what they missed from
+    /// history, as a resync, now that its client reads again.
+    pub fn catch_up(&self, stream: u64) {
+        let mut watchers = self.watchers.borrow_mut();
+        let mut resync = self.resync.borrow_mut();
+        for (key, w) in watchers.range_mut((stream, i64::MIN)..=(stream, i64::MAX)) {
+            if w.lagging() {
+                w.counted.set_lagging(false);
+                w.hold_for_resync();
+                if w.created {
+                    resync.push(*key);
+                }
+            }
+        }
+        drop((watchers, resync));
+        self.resync_ready.notify();
+    }
+
+    /// Whether every watcher of `stream` is in sync (none lags, none
+    /// re-reads history): only then may a progress notification for the
+    /// stream name the feed's revision.
+    pub fn stream_in_sync(&self, stream: u64) -> bool {
+        self.watchers
+            .borrow()
+            .range((stream, i64::MIN)..=(stream, i64::MAX))
+            .all(|(_, w)| !w.lagging() && w.syncing.is_none())
     }
 
     /// Ends the hold: delivers what arrived live meanwhile (skipping what
@@ -447,6 +626,10 @@ impl WatchHub {
         let mut watchers = self.watchers.borrow_mut();
         let mut closed = Vec::new();
         for w in watchers.values_mut() {
+            if w.lagging() {
+                // Its next events stay in history (see `catch_up`).
+                continue;
+            }
             if let Some(held) = w.syncing.as_mut() {
                 held.extend(batch.iter().filter(|e| w.spec.matches(e)).cloned());
                 continue;
@@ -498,36 +681,46 @@ impl WatchHub {
         }
         let alive = self.send(w, out_events, header_rev);
         if let Some(rev) = unread_at {
-            w.next_rev = rev;
+            if !w.lagging() {
+                w.next_rev = rev;
+            }
         }
         alive
     }
 
     /// Sends `out_events` in one response (or fragments of it) and moves
     /// the watcher past them. False if the stream is gone.
+    /// A watcher whose stream's queue is full sends nothing and lags
+    /// instead: its next revision stays, for [`WatchHub::catch_up`].
     fn send(&self, w: &mut Watcher, out_events: Vec<mvccpb::Event>, header_rev: i64) -> bool {
-        if let Some(last) = out_events.last().and_then(|e| e.kv.as_ref()) {
-            w.next_rev = last.mod_revision + 1;
-        } else {
+        let Some(last) = out_events.last().and_then(|e| e.kv.as_ref()) else {
+            return !w.out.is_closed();
+        };
+        if w.lagging() || w.out.is_full() {
+            w.counted.set_lagging(true);
+            w.out.queue.lagging.set(true);
             return !w.out.is_closed();
         }
-        let mut batches = if w.spec.fragment {
-            fragments(out_events, self.fragment_bytes.get())
-        } else {
-            vec![out_events]
-        };
-        let last = batches.len() - 1;
-        for (i, events) in batches.drain(..).enumerate() {
-            let resp = pb::WatchResponse {
-                header: self.header(header_rev),
-                watch_id: w.watch_id,
-                events,
-                // etcd: every piece but the last says more follow.
-                fragment: i < last,
-                ..Default::default()
+        w.next_rev = last.mod_revision + 1;
+        for response in by_revisions(out_events) {
+            let mut pieces = if w.spec.fragment {
+                fragments(response, self.fragment_bytes.get())
+            } else {
+                vec![response]
             };
-            if w.out.unbounded_send(resp).is_err() {
-                return false;
+            let last = pieces.len() - 1;
+            for (i, events) in pieces.drain(..).enumerate() {
+                let resp = pb::WatchResponse {
+                    header: self.header(header_rev),
+                    watch_id: w.watch_id,
+                    events,
+                    // etcd: every piece but the last says more follow.
+                    fragment: i < last,
+                    ..Default::default()
+                };
+                if !w.out.send(resp) {
+                    return false;
+                }
             }
         }
         true
@@ -539,11 +732,11 @@ impl WatchHub {
     pub fn notify_progress(&self) {
         let (fed, known) = (self.fed.get(), self.revision.get());
         for w in self.watchers.borrow().values() {
-            if w.spec.progress_notify && w.syncing.is_none() {
+            if w.spec.progress_notify && w.syncing.is_none() && !w.lagging() {
                 // A watcher's history may have run past the feed; one
                 // that starts in the future has seen nothing past "now".
                 let delivered = fed.max((w.next_rev - 1).min(known));
-                let _ = w.out.unbounded_send(pb::WatchResponse {
+                w.out.send(pb::WatchResponse {
                     header: self.header(delivered),
                     watch_id: w.watch_id,
                     ..Default::default()
@@ -555,6 +748,47 @@ impl WatchHub {
     pub fn watcher_count(&self) -> usize {
         self.watchers.borrow().len()
     }
+}
+
+/// Revisions one watch response carries at most (etcd's
+/// `watchBatchMaxRevs`): a history read of many revisions goes out in
+/// several responses.
+const MAX_RESPONSE_REVISIONS: usize = 1000;
+
+/// Encoded event bytes after which a response of several revisions ends:
+/// a history of large values must not become one message over a
+/// client's receive limit (4 MiB by default in tonic and grpc-go servers'
+/// clients), nor be queued as one.
+const MAX_RESPONSE_BYTES: usize = 1 << 20;
+
+/// Splits events (in revision order) into responses of whole revisions,
+/// each at most [`MAX_RESPONSE_REVISIONS`] revisions and, unless one
+/// revision alone is larger, [`MAX_RESPONSE_BYTES`].
+fn by_revisions(events: Vec<mvccpb::Event>) -> Vec<Vec<mvccpb::Event>> {
+    use prost::Message;
+    let rev = |e: &mvccpb::Event| e.kv.as_ref().map_or(0, |kv| kv.mod_revision);
+    if events.first().map(rev) == events.last().map(rev) {
+        // One revision (every live batch): one response.
+        return vec![events];
+    }
+    let mut out: Vec<Vec<mvccpb::Event>> = Vec::new();
+    let (mut bytes, mut revisions, mut current) = (0usize, 0usize, None);
+    for e in events {
+        if current != Some(rev(&e)) {
+            current = Some(rev(&e));
+            let full = bytes >= MAX_RESPONSE_BYTES || revisions >= MAX_RESPONSE_REVISIONS;
+            if out.is_empty() || full {
+                out.push(Vec::new());
+                (bytes, revisions) = (0, 0);
+            }
+            revisions += 1;
+        }
+        bytes += e.encoded_len();
+        if let Some(response) = out.last_mut() {
+            response.push(e);
+        }
+    }
+    out
 }
 
 /// Splits events into pieces of at most `limit` encoded bytes (a single
@@ -597,7 +831,6 @@ pub fn to_pb_event(e: &mvcc::Event, with_prev: bool) -> mvccpb::Event {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use futures_channel::mpsc::unbounded;
 
     fn put(key: &str, rev: i64) -> mvcc::Event {
         mvcc::Event {
@@ -627,9 +860,9 @@ mod tests {
         }
     }
 
-    fn revs(rx: &mut futures_channel::mpsc::UnboundedReceiver<pb::WatchResponse>) -> Vec<i64> {
+    fn revs(rx: &mut WatchIn) -> Vec<i64> {
         let mut out = Vec::new();
-        while let Ok(r) = rx.try_recv() {
+        while let Some(r) = rx.try_next() {
             out.extend(r.events.iter().map(|e| e.kv.as_ref().unwrap().mod_revision));
         }
         out
@@ -644,10 +877,97 @@ mod tests {
         assert!(!in_range(b"c", b"b", b"c"));
     }
 
+    /// A history of many revisions goes out in responses of whole
+    /// revisions, each at most MAX_RESPONSE_REVISIONS revisions and about
+    /// MAX_RESPONSE_BYTES; one revision stays in one response.
+    #[test]
+    fn long_histories_go_out_in_responses_of_whole_revisions() {
+        let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
+        let (tx, mut rx) = watch_channel(&hub, 1);
+        hub.add(1, 0, spec("k", "l"), 1, true, tx);
+        let big = |key: &str, rev: i64| {
+            let mut e = put(key, rev);
+            e.kv.value = Bytes::from(vec![b'v'; 100 << 10]);
+            e
+        };
+        let mut history: Vec<_> = (1..=2500).map(|r| put("k", r)).collect();
+        // Two events in one revision, then large values.
+        history.push(put("k1", 2501));
+        history.push(put("k2", 2501));
+        history.extend((2502..=2531).map(|r| big("k", r)));
+        hub.finish_sync(1, 0, &history, 2531);
+        let (mut responses, mut sizes) = (Vec::new(), Vec::new());
+        while let Some(r) = rx.try_next() {
+            let revs: Vec<i64> = r
+                .events
+                .iter()
+                .map(|e| e.kv.as_ref().unwrap().mod_revision)
+                .collect();
+            responses.push(revs);
+            sizes.push(prost::Message::encoded_len(&r));
+        }
+        let all: Vec<i64> = responses.iter().flatten().copied().collect();
+        let want: Vec<i64> = history.iter().map(|e| e.kv.mod_revision).collect();
+        assert_eq!(all, want);
+        for (i, revs) in responses.iter().enumerate() {
+            let mut distinct = revs.clone();
+            distinct.dedup();
+            assert!(distinct.len() <= MAX_RESPONSE_REVISIONS, "response {i}");
+            if let Some(next) = responses.get(i + 1) {
+                assert_ne!(revs.last(), next.first(), "a revision split at {i}");
+            }
+        }
+        assert_eq!(responses[0].len(), MAX_RESPONSE_REVISIONS);
+        // The 30 values of 100 KiB: ~10 per response, none much over a MiB.
+        assert_eq!(responses.len(), 5, "{sizes:?}");
+        assert!(
+            sizes.iter().all(|s| *s < MAX_RESPONSE_BYTES + (101 << 10)),
+            "{sizes:?}"
+        );
+    }
+
+    /// A client that does not read: once its stream has
+    /// MAX_QUEUED_RESPONSES responses queued, the watcher stops sending (the
+    /// queue stays bounded however many events come), and no progress
+    /// notification goes out for the stream. Once the client read the queue
+    /// down to CATCH_UP_AT, the watcher re-reads from history where it
+    /// stopped: every revision arrives once, in order, and it goes on live.
+    #[test]
+    fn a_watcher_behind_its_client_stops_then_catches_up_from_history() {
+        let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
+        let (tx, mut rx) = watch_channel(&hub, 1);
+        hub.add(1, 0, spec("k", "l"), 1, false, tx);
+        hub.finish_sync(1, 0, &[], 0);
+        let total = 3 * MAX_QUEUED_RESPONSES as i64;
+        for rev in 1..=total {
+            hub.publish(&[put("k", rev)]);
+        }
+        assert_eq!(rx.queue.queued.get(), MAX_QUEUED_RESPONSES);
+        assert!(!hub.stream_in_sync(1));
+        assert!(
+            hub.claim_resync().is_empty(),
+            "no catch-up before the client reads"
+        );
+        // Reading the queue empty passes CATCH_UP_AT: the watcher asks for
+        // its missed history, and holds what arrives meanwhile.
+        let mut got = revs(&mut rx);
+        hub.publish(&[put("k", total + 1)]);
+        let claims = hub.claim_resync();
+        assert_eq!(claims.len(), 1);
+        assert_eq!(claims[0].from, MAX_QUEUED_RESPONSES as i64 + 1);
+        let history: Vec<_> = (claims[0].from..=total).map(|r| put("k", r)).collect();
+        hub.finish_resync(&claims[0], &history, total);
+        got.extend(revs(&mut rx));
+        hub.publish(&[put("k", total + 2)]);
+        got.extend(revs(&mut rx));
+        assert_eq!(got, (1..=total + 2).collect::<Vec<_>>());
+        assert!(hub.stream_in_sync(1));
+    }
+
     #[test]
     fn history_then_held_live_events_each_revision_once_in_order() {
         let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
-        let (tx, mut rx) = unbounded();
+        let (tx, mut rx) = watch_channel(&hub, 1);
         hub.add(1, 0, spec("k", "l"), 2, true, tx);
         // Live events arrive while history is read; 4 overlaps history.
         hub.publish(&[put("k4", 4)]);
@@ -665,8 +985,8 @@ mod tests {
     #[test]
     fn a_restore_holds_live_events_until_the_resync_fills_the_gap() {
         let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
-        let (synced_tx, mut synced) = unbounded();
-        let (creating_tx, mut creating) = unbounded();
+        let (synced_tx, mut synced) = watch_channel(&hub, 1);
+        let (creating_tx, mut creating) = watch_channel(&hub, 2);
         hub.add(1, 0, spec("k", "l"), 1, false, synced_tx);
         hub.publish(&[put("k2", 2)]);
         hub.add(2, 0, spec("k", "l"), 1, true, creating_tx);
@@ -690,7 +1010,7 @@ mod tests {
         assert_eq!(revs(&mut synced), vec![3, 9, 10]);
         assert_eq!(revs(&mut creating), vec![3, 9, 10]);
         hub.cancel_compacted(1, 0, 11);
-        let cancelled = synced.try_recv().unwrap();
+        let cancelled = synced.try_next().unwrap();
         assert!(cancelled.canceled);
         assert_eq!(cancelled.compact_revision, 11);
         assert_eq!(hub.watcher_count(), 1);
@@ -705,7 +1025,7 @@ mod tests {
     fn a_restore_during_creation_waits_for_the_creator_and_skips_nothing() {
         use futures_lite::future::{block_on, poll_once};
         let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
-        let (tx, mut rx) = unbounded();
+        let (tx, mut rx) = watch_channel(&hub, 1);
         hub.add(1, 0, spec("k", "l"), 0, true, tx);
         hub.feed(&Feed::Restored { revision: 9 });
         hub.publish(&[put("k10", 10)]);
@@ -736,8 +1056,8 @@ mod tests {
     #[test]
     fn an_unread_prev_kv_is_read_from_history() {
         let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
-        let (plain_tx, mut plain) = unbounded();
-        let (prev_tx, mut prev) = unbounded();
+        let (plain_tx, mut plain) = watch_channel(&hub, 1);
+        let (prev_tx, mut prev) = watch_channel(&hub, 2);
         hub.add(1, 0, spec("k", "l"), 1, false, plain_tx);
         let mut with_prev = spec("k", "l");
         with_prev.prev_kv = true;
@@ -762,7 +1082,7 @@ mod tests {
         let mut replaced = put("k2", 3);
         replaced.prev_kv = Some(put("k2", 2).kv);
         hub.finish_resync(&pending[0], &[put("k3", 3), replaced, put("k4", 4)], 4);
-        let got: Vec<_> = std::iter::from_fn(|| prev.try_recv().ok())
+        let got: Vec<_> = std::iter::from_fn(|| prev.try_next())
             .flat_map(|r| r.events)
             .map(|e| {
                 (
@@ -777,7 +1097,7 @@ mod tests {
     #[test]
     fn fragments_split_big_batches_and_flag_all_but_the_last() {
         let hub = WatchHub::new(HeaderIds::default(), 300);
-        let (tx, mut rx) = unbounded();
+        let (tx, mut rx) = watch_channel(&hub, 1);
         let mut s = spec("k", "l");
         s.fragment = true;
         hub.add(1, 0, s, 1, false, tx);
@@ -794,7 +1114,7 @@ mod tests {
             big("k5", 2),
         ]);
         let mut pieces = Vec::new();
-        while let Ok(r) = rx.try_recv() {
+        while let Some(r) = rx.try_next() {
             pieces.push((r.events.len(), r.fragment));
         }
         assert!(pieces.len() > 1, "{pieces:?}");
@@ -802,10 +1122,10 @@ mod tests {
         assert!(pieces[..pieces.len() - 1].iter().all(|p| p.1));
         assert!(!pieces.last().unwrap().1);
         // Without fragment: one response.
-        let (tx, mut rx) = unbounded();
+        let (tx, mut rx) = watch_channel(&hub, 2);
         hub.add(2, 0, spec("k", "l"), 1, false, tx);
         hub.publish(&[big("k6", 3), big("k7", 3), big("k8", 3)]);
-        assert_eq!(rx.try_recv().unwrap().events.len(), 3);
+        assert_eq!(rx.try_next().unwrap().events.len(), 3);
     }
 
     /// Fan-out runs behind apply: a progress answer waits until the feed
@@ -830,8 +1150,8 @@ mod tests {
             s.progress_notify = true;
             s
         };
-        let (caught_up_tx, mut caught_up) = unbounded();
-        let (future_tx, mut future) = unbounded();
+        let (caught_up_tx, mut caught_up) = watch_channel(&hub, 1);
+        let (future_tx, mut future) = watch_channel(&hub, 2);
         hub.add(1, 0, with_progress("a"), 1, true, caught_up_tx);
         hub.add(2, 0, with_progress("b"), 100, false, future_tx);
         // The first watcher's history ran to 9, past the feed (7).
@@ -839,18 +1159,18 @@ mod tests {
         hub.finish_sync(1, 0, &[], 9);
         hub.notify_progress();
         let header_rev = |r: pb::WatchResponse| r.header.unwrap().revision;
-        assert_eq!(header_rev(caught_up.try_recv().unwrap()), 9);
-        assert_eq!(header_rev(future.try_recv().unwrap()), 9);
+        assert_eq!(header_rev(caught_up.try_next().unwrap()), 9);
+        assert_eq!(header_rev(future.try_next().unwrap()), 9);
         hub.feed(&Feed::Events(Arc::from(vec![put("c", 10)])));
         hub.notify_progress();
-        assert_eq!(header_rev(caught_up.try_recv().unwrap()), 10);
-        assert_eq!(header_rev(future.try_recv().unwrap()), 10);
+        assert_eq!(header_rev(caught_up.try_next().unwrap()), 10);
+        assert_eq!(header_rev(future.try_next().unwrap()), 10);
     }
 
     #[test]
     fn closed_streams_are_dropped() {
         let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
-        let (tx, rx) = unbounded();
+        let (tx, rx) = watch_channel(&hub, 1);
         hub.add(1, 0, spec("k", ""), 1, false, tx);
         drop(rx);
         hub.publish(&[put("k", 2)]);

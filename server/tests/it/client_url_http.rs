@@ -11,7 +11,7 @@ use crate::support::Server;
 
 /// (status line, body) of one HTTP/1.0 GET: the server closes the
 /// connection after the answer, so no chunked decoding is needed.
-fn get(endpoint: &str, path: &str) -> (String, String) {
+pub fn get(endpoint: &str, path: &str) -> (String, String) {
     let (head, body) = request(endpoint, "GET", path);
     (head.lines().next().unwrap().to_string(), body)
 }
@@ -115,7 +115,7 @@ fn declarations(page: &str) -> Vec<&str> {
 }
 
 /// The value of an unlabelled sample.
-fn sample(page: &str, name: &str) -> f64 {
+pub fn sample(page: &str, name: &str) -> f64 {
     page.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no sample {name} in:\n{page}"))

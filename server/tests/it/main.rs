@@ -22,6 +22,7 @@ mod quota;
 mod recipes;
 mod recovery;
 mod restart_memory;
+mod slow_watcher;
 mod snapshot_save;
 mod support;
 mod watch_etcdctl;

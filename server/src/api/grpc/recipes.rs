@@ -150,7 +150,7 @@ struct Client {
 struct OwnWatch {
     hub: Rc<WatchHub>,
     stream: u64,
-    responses: futures_channel::mpsc::UnboundedReceiver<pb::WatchResponse>,
+    responses: crate::watch::WatchIn,
 }
 
 impl Drop for OwnWatch {
@@ -265,10 +265,11 @@ impl Client {
             })
             .await
             .map_err(recipe_error)?;
-        let (out, responses) = futures_channel::mpsc::unbounded();
+        let stream = self.hub.new_stream();
+        let (out, responses) = crate::watch::watch_channel(&self.hub, stream);
         let watch = OwnWatch {
             hub: self.hub.clone(),
-            stream: self.hub.new_stream(),
+            stream,
             responses,
         };
         let spec = WatchSpec {

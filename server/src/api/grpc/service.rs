@@ -375,7 +375,8 @@ impl pb::watch_server::Watch for WatchService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let token = token_of(&request);
         let input = request.into_inner();
-        let (out, responses) = futures_channel::mpsc::unbounded::<pb::WatchResponse>();
+        let stream = self.hub.new_stream();
+        let (out, responses) = crate::watch::watch_channel(&self.hub, stream);
         let shared = self.shared.clone();
         let hub = SendWrapper::new((*self.hub).clone());
         let (hang_up, on_hang_up) = futures_channel::oneshot::channel::<()>();
@@ -383,7 +384,6 @@ impl pb::watch_server::Watch for WatchService {
         // through `out` (the hub pushes events there too).
         let task = SendWrapper::new(async move {
             let hub = hub.take();
-            let stream = hub.new_stream();
             let mut watch_stream = WatchStream {
                 shared,
                 hub: hub.clone(),
@@ -400,8 +400,10 @@ impl pb::watch_server::Watch for WatchService {
             hub.remove_stream(stream);
         });
         glommio::spawn_local(task).detach();
+        // Read on this shard only (hyper's stream task), as every part of
+        // the stream.
         Ok(Response::new(Box::pin(futures_lite::StreamExt::map(
-            responses,
+            SendWrapper::new(responses),
             move |r| {
                 // Held by the response stream: dropped when the client goes.
                 let _ = &hang_up;
@@ -416,7 +418,7 @@ struct WatchStream {
     shared: Shared,
     hub: Rc<WatchHub>,
     stream: u64,
-    out: futures_channel::mpsc::UnboundedSender<pb::WatchResponse>,
+    out: crate::watch::WatchOut,
     next_watch_id: i64,
     /// The stream's token: every watch it creates is checked with it.
     token: Option<String>,
@@ -458,12 +460,16 @@ impl WatchStream {
                     // Fan-out runs behind apply: the answer waits until
                     // every event up to `rev` went out.
                     self.hub.fed_up_to(rev).await;
-                    // etcd 3.4+: one notification for the stream, watch id -1.
-                    self.send(pb::WatchResponse {
-                        header: self.hub.header(rev),
-                        watch_id: -1,
-                        ..Default::default()
-                    });
+                    // etcd 3.4+: one notification for the stream, watch id
+                    // -1, and none while a watcher of the stream is behind
+                    // (it has not sent every event up to `rev`).
+                    if self.hub.stream_in_sync(self.stream) {
+                        self.send(pb::WatchResponse {
+                            header: self.hub.header(rev),
+                            watch_id: -1,
+                            ..Default::default()
+                        });
+                    }
                 }
                 None => {}
             }
@@ -474,7 +480,7 @@ impl WatchStream {
     }
 
     fn send(&self, resp: pb::WatchResponse) {
-        let _ = self.out.unbounded_send(resp);
+        self.out.send(resp);
     }
 
     async fn current(&self) -> (i64, u64) {
@@ -608,7 +614,7 @@ pub(super) async fn register_watch(
     id: (u64, i64),
     spec: WatchSpec,
     start: i64,
-    out: futures_channel::mpsc::UnboundedSender<pb::WatchResponse>,
+    out: crate::watch::WatchOut,
 ) -> crate::error::Result<(Vec<mvcc::Event>, i64)> {
     let (key, range_end) = (spec.key.clone(), spec.range_end.clone());
     hub.add(id.0, id.1, spec, start, true, out);
