@@ -351,6 +351,18 @@ pub struct WatchHub {
     /// Watchers to re-read history for after a snapshot was installed.
     resync: RefCell<Vec<(u64, i64)>>,
     resync_ready: crate::notify::Notify,
+    /// Streams whose progress request waits for their watchers to be in
+    /// sync ([`WatchHub::request_progress`]).
+    deferred_progress: RefCell<BTreeMap<u64, WatchOut>>,
+}
+
+/// A progress notification for a whole stream (watch id -1).
+fn progress(header: Option<pb::ResponseHeader>) -> pb::WatchResponse {
+    pb::WatchResponse {
+        header,
+        watch_id: -1,
+        ..Default::default()
+    }
 }
 
 impl WatchHub {
@@ -432,6 +444,7 @@ impl WatchHub {
 
     pub fn remove_stream(&self, stream: u64) {
         self.watchers.borrow_mut().retain(|(s, _), _| *s != stream);
+        self.deferred_progress.borrow_mut().remove(&stream);
     }
 
     /// Applies one item of the owner's feed.
@@ -539,6 +552,17 @@ impl WatchHub {
     /// in order) and then whatever arrived live while it was read,
     /// skipping what the history covered.
     pub fn finish_sync(&self, stream: u64, watch_id: i64, history: &[mvcc::Event], upto: i64) {
+        self.deliver_first_history(stream, watch_id, history, upto);
+        self.answer_deferred_progress(stream);
+    }
+
+    fn deliver_first_history(
+        &self,
+        stream: u64,
+        watch_id: i64,
+        history: &[mvcc::Event],
+        upto: i64,
+    ) {
         let id = (stream, watch_id);
         let mut watchers = self.watchers.borrow_mut();
         let Some(w) = watchers.get_mut(&id) else {
@@ -559,6 +583,11 @@ impl WatchHub {
     /// The resync task delivers `claim`'s history (up to `upto`), then,
     /// unless a newer resync was asked for meanwhile, the held events.
     pub fn finish_resync(&self, claim: &ResyncClaim, history: &[mvcc::Event], upto: i64) {
+        self.deliver_resync(claim, history, upto);
+        self.answer_deferred_progress(claim.id.0);
+    }
+
+    fn deliver_resync(&self, claim: &ResyncClaim, history: &[mvcc::Event], upto: i64) {
         let mut watchers = self.watchers.borrow_mut();
         let Some(w) = watchers.get_mut(&claim.id) else {
             return;
@@ -598,6 +627,33 @@ impl WatchHub {
         }
         drop((watchers, resync));
         self.resync_ready.notify();
+    }
+
+    /// A client's progress request on `stream` (etcd 3.4+: one response
+    /// for the stream, watch id -1), once the feed reached `revision`:
+    /// answered now if every watcher of the stream is in sync, otherwise
+    /// as soon as they are (etcd's deferred progress), at the revision the
+    /// feed reached then.
+    pub fn request_progress(&self, stream: u64, out: &WatchOut, revision: i64) {
+        if self.stream_in_sync(stream) {
+            out.send(progress(self.header(revision)));
+        } else {
+            self.deferred_progress
+                .borrow_mut()
+                .insert(stream, out.clone());
+        }
+    }
+
+    /// Answers `stream`'s deferred progress request if it is in sync now.
+    fn answer_deferred_progress(&self, stream: u64) {
+        if !self.deferred_progress.borrow().contains_key(&stream) || !self.stream_in_sync(stream) {
+            return;
+        }
+        if let Some(out) = self.deferred_progress.borrow_mut().remove(&stream) {
+            // Every watcher of the stream delivered every event up to the
+            // feed's revision (those in sync get each fed batch).
+            out.send(progress(self.header(self.fed.get())));
+        }
     }
 
     /// Whether every watcher of `stream` is in sync (none lags, none
@@ -962,6 +1018,45 @@ mod tests {
         got.extend(revs(&mut rx));
         assert_eq!(got, (1..=total + 2).collect::<Vec<_>>());
         assert!(hub.stream_in_sync(1));
+    }
+
+    /// A progress request while a watcher of the stream is behind is
+    /// answered once it caught up, after its events, never before.
+    #[test]
+    fn a_progress_request_waits_for_a_lagging_watcher() {
+        let hub = WatchHub::new(HeaderIds::default(), 1 << 20);
+        let (tx, mut rx) = watch_channel(&hub, 1);
+        hub.add(1, 0, spec("k", "l"), 1, false, tx.clone());
+        hub.finish_sync(1, 0, &[], 0);
+        let total = MAX_QUEUED_RESPONSES as i64 + 10;
+        for rev in 1..=total {
+            hub.feed(&Feed::Events(Arc::from(vec![put("k", rev)])));
+        }
+        hub.request_progress(1, &tx, total);
+        let mut responses = Vec::new();
+        while let Some(r) = rx.try_next() {
+            responses.push(r);
+        }
+        assert!(
+            responses.iter().all(|r| r.watch_id != -1),
+            "progress while behind"
+        );
+        let claim = hub.claim_resync().pop().unwrap();
+        let history: Vec<_> = (claim.from..=total).map(|r| put("k", r)).collect();
+        hub.finish_resync(&claim, &history, total);
+        while let Some(r) = rx.try_next() {
+            responses.push(r);
+        }
+        let last = responses.pop().unwrap();
+        assert_eq!((last.watch_id, last.header.unwrap().revision), (-1, total));
+        let revs: Vec<i64> = responses
+            .iter()
+            .flat_map(|r| r.events.iter().map(|e| e.kv.as_ref().unwrap().mod_revision))
+            .collect();
+        assert_eq!(revs, (1..=total).collect::<Vec<_>>());
+        // In sync, a request is answered at once.
+        hub.request_progress(1, &tx, total);
+        assert_eq!(rx.try_next().unwrap().watch_id, -1);
     }
 
     #[test]

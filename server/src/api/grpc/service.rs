@@ -461,15 +461,9 @@ impl WatchStream {
                     // every event up to `rev` went out.
                     self.hub.fed_up_to(rev).await;
                     // etcd 3.4+: one notification for the stream, watch id
-                    // -1, and none while a watcher of the stream is behind
+                    // -1, deferred while a watcher of the stream is behind
                     // (it has not sent every event up to `rev`).
-                    if self.hub.stream_in_sync(self.stream) {
-                        self.send(pb::WatchResponse {
-                            header: self.hub.header(rev),
-                            watch_id: -1,
-                            ..Default::default()
-                        });
-                    }
+                    self.hub.request_progress(self.stream, &self.out, rev);
                 }
                 None => {}
             }
