@@ -1316,12 +1316,17 @@ fn read_revision(revision: i64, cur_rev: i64, compact_rev: i64) -> Result<i64, M
 /// `more`). Note the original sort order decides this: a non-key target
 /// with order NONE sorts only the fetched limit + 1 keys, exactly like
 /// etcd.
-fn fetch_limit(req: &RangeRequest) -> usize {
-    let fetch_all = req.sort_order != SortOrder::None
-        || req.min_mod_revision != 0
+/// Whether `req` filters its keys by mod or create revision (which only
+/// their loaded values tell).
+fn revision_filtered(req: &RangeRequest) -> bool {
+    req.min_mod_revision != 0
         || req.max_mod_revision != 0
         || req.min_create_revision != 0
-        || req.max_create_revision != 0;
+        || req.max_create_revision != 0
+}
+
+fn fetch_limit(req: &RangeRequest) -> usize {
+    let fetch_all = req.sort_order != SortOrder::None || revision_filtered(req);
     if fetch_all || req.limit <= 0 {
         usize::MAX
     } else {
@@ -1542,11 +1547,7 @@ impl<S: EngineSnapshot> RangePlan<S> {
     /// back, to [`RangePlan::finish`].
     pub fn into_chunked(self) -> Chunking<S> {
         let req = &self.req;
-        let filtered = req.min_mod_revision != 0
-            || req.max_mod_revision != 0
-            || req.min_create_revision != 0
-            || req.max_create_revision != 0;
-        if filtered || req.sort_target != SortTarget::Key || !self.kvs.is_empty() {
+        if revision_filtered(req) || req.sort_target != SortTarget::Key || !self.kvs.is_empty() {
             return Chunking::Whole(self);
         }
         let descend = req.sort_order == SortOrder::Descend;
