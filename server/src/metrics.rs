@@ -123,6 +123,10 @@ pub struct Gauges {
     pub watchers: usize,
     /// Watchers that fell behind a client that does not read.
     pub slow_watchers: usize,
+    /// gRPC watch streams open (the JSON gateway's too).
+    pub watch_streams: usize,
+    /// Events sent to watchers, each event once per watcher.
+    pub watch_events_sent: u64,
     pub quota_backend_bytes: u64,
     /// The store's revision and its last compaction's.
     pub revision: i64,
@@ -250,6 +254,12 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         g.db_size.total_bytes,
     );
     op_counter(&mut out, "etcd_debugging", ops[0]);
+    counter(
+        &mut out,
+        "etcd_debugging_mvcc_events_total",
+        "Total number of events sent by this member.",
+        g.watch_events_sent,
+    );
     gauge(
         &mut out,
         "etcd_debugging_mvcc_keys_total",
@@ -266,6 +276,12 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         g.slow_watchers as u64,
     );
     op_counter(&mut out, "etcd_debugging", ops[3]);
+    gauge(
+        &mut out,
+        "etcd_debugging_mvcc_watch_stream_total",
+        "Total number of watch streams.",
+        g.watch_streams as u64,
+    );
     gauge(
         &mut out,
         "etcd_debugging_mvcc_watcher_total",

@@ -1370,6 +1370,8 @@ impl Node {
             ops,
             watchers: crate::watch::watchers_in_process(),
             slow_watchers: crate::watch::slow_watchers_in_process(),
+            watch_streams: crate::watch::watch_streams_in_process(),
+            watch_events_sent: crate::watch::events_sent_in_process(),
             quota_backend_bytes: self.backend_quota.unwrap_or(0),
             revision: status.revision,
             compact_revision: status.compact_revision,

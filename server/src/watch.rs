@@ -31,7 +31,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -127,6 +127,39 @@ static SLOW_WATCHERS: AtomicUsize = AtomicUsize::new(0);
 /// (`etcd_debugging_mvcc_slow_watcher_total`).
 pub fn slow_watchers_in_process() -> usize {
     SLOW_WATCHERS.load(Ordering::Relaxed)
+}
+
+/// gRPC watch streams open in this process ([`StreamCount`]).
+static WATCH_STREAMS: AtomicUsize = AtomicUsize::new(0);
+
+/// Events this process sent to watchers, each once per watcher.
+static EVENTS_SENT: AtomicU64 = AtomicU64::new(0);
+
+/// Watch streams open in this process (`etcd_debugging_mvcc_watch_stream_total`).
+pub fn watch_streams_in_process() -> usize {
+    WATCH_STREAMS.load(Ordering::Relaxed)
+}
+
+/// Events sent to watchers (`etcd_debugging_mvcc_events_total`).
+pub fn events_sent_in_process() -> u64 {
+    EVENTS_SENT.load(Ordering::Relaxed)
+}
+
+/// Counts one open watch stream in [`WATCH_STREAMS`] while it lives.
+pub struct StreamCount(());
+
+impl StreamCount {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> StreamCount {
+        WATCH_STREAMS.fetch_add(1, Ordering::Relaxed);
+        StreamCount(())
+    }
+}
+
+impl Drop for StreamCount {
+    fn drop(&mut self) {
+        WATCH_STREAMS.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Counts one watcher in [`WATCHERS`], in [`PREV_KV_WATCHERS`] if it
@@ -758,6 +791,7 @@ impl WatchHub {
             return !w.out.is_closed();
         }
         w.next_rev = last.mod_revision + 1;
+        EVENTS_SENT.fetch_add(out_events.len() as u64, Ordering::Relaxed);
         for response in by_revisions(out_events) {
             let mut pieces = if w.spec.fragment {
                 fragments(response, self.fragment_bytes.get())

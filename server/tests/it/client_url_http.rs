@@ -1074,3 +1074,68 @@ fn gateway_requests_share_an_explicit_stream_limit_as_etcds() {
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
     assert!(answer.contains("\"header\""), "{answer}");
 }
+
+/// etcd's watch metrics: a watch stream open counts in
+/// `etcd_debugging_mvcc_watch_stream_total` while it lives, and each event
+/// sent to a watcher once in `etcd_debugging_mvcc_events_total`, the same
+/// on metcd as on etcd 3.4 for the same watches and puts.
+#[test]
+fn watch_stream_and_event_counts_as_etcds() {
+    use etcd_client::{Client, WatchOptions};
+    let (_dir, etcd, metcd) = etcd_and_metcd();
+    let mut seen = Vec::new();
+    for endpoint in [etcd.endpoint.clone(), metcd.client_endpoint()] {
+        let page = || get(&endpoint, "/metrics").1;
+        let events_before = sample(&page(), "etcd_debugging_mvcc_events_total");
+        let streams_before = sample(&page(), "etcd_debugging_mvcc_watch_stream_total");
+        crate::etcd_client::runtime().block_on(async {
+            let mut c = Client::connect([format!("http://{endpoint}")], None)
+                .await
+                .unwrap();
+            // Two watchers on one stream: each put under w/ is sent twice.
+            let (mut watcher, mut stream) = c
+                .watch("w/", Some(WatchOptions::new().with_prefix()))
+                .await
+                .unwrap();
+            watcher
+                .watch("w/1", Some(WatchOptions::new().with_watch_id(7)))
+                .await
+                .unwrap();
+            // The client took the first watch's `created` itself.
+            let mut created = 0;
+            while created < 1 {
+                let resp = crate::etcd_client::within("created", stream.message())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                created += usize::from(resp.created());
+            }
+            until_sample(
+                &endpoint,
+                "etcd_debugging_mvcc_watch_stream_total",
+                streams_before + 1.0,
+            );
+            for key in ["w/1", "w/2", "w/1", "x"] {
+                c.put(key, "v", None).await.unwrap();
+            }
+            let mut events = 0;
+            while events < 5 {
+                let resp = crate::etcd_client::within("events", stream.message())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                events += resp.events().len();
+            }
+            let sent = sample(&page(), "etcd_debugging_mvcc_events_total") - events_before;
+            seen.push((events, sent));
+        });
+        // The client is gone: so is its stream.
+        until_sample(
+            &endpoint,
+            "etcd_debugging_mvcc_watch_stream_total",
+            streams_before,
+        );
+    }
+    assert_eq!(seen[0], (5, 5.0), "etcd 3.4 itself");
+    assert_eq!(seen[1], seen[0], "metcd (right) against etcd (left)");
+}

@@ -383,6 +383,7 @@ impl pb::watch_server::Watch for WatchService {
         // The request side runs as a task of this shard; responses flow
         // through `out` (the hub pushes events there too).
         let task = SendWrapper::new(async move {
+            let _open = crate::watch::StreamCount::new();
             let hub = hub.take();
             let mut watch_stream = WatchStream {
                 shared,
