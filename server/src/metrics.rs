@@ -76,7 +76,19 @@ pub struct NodeMetrics {
     pub leases_granted: Cell<u64>,
     pub leases_revoked: Cell<u64>,
     pub leases_renewed: Cell<u64>,
+    /// Leases this member, as leader, revoked because they expired.
+    pub leases_expired: Cell<u64>,
+    /// Learners promoted through this member, as leader.
+    pub learners_promoted: Cell<u64>,
+    /// Log entries whose apply took longer than [`SLOW_APPLY`].
+    pub slow_applies: Cell<u64>,
+    /// Whether a leader's snapshot is being installed now.
+    pub snapshot_applying: Cell<bool>,
 }
+
+/// An apply slower than this counts in `etcd_server_slow_apply_total`
+/// (etcd's `warnApplyDuration`).
+pub const SLOW_APPLY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Adds one to a counter of the Raft loop.
 pub fn count(counter: &Cell<u64>) {
@@ -288,6 +300,12 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "Total number of watchers.",
         g.watchers as u64,
     );
+    counter(
+        &mut out,
+        "etcd_debugging_server_lease_expired_total",
+        "The total number of expired leases.",
+        m.leases_expired.get(),
+    );
     m.backend_commit.render(
         &mut out,
         "etcd_disk_backend_commit_duration_seconds",
@@ -358,6 +376,12 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "The number of leader changes seen.",
         m.leader_changes.get(),
     );
+    counter(
+        &mut out,
+        "etcd_server_learner_promote_successes",
+        "The total number of successful learner promotions while this member is leader.",
+        m.learners_promoted.get(),
+    );
     gauge(
         &mut out,
         "etcd_server_proposals_applied_total",
@@ -387,6 +411,18 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "etcd_server_quota_backend_bytes",
         "Current backend storage quota size in bytes.",
         g.quota_backend_bytes,
+    );
+    counter(
+        &mut out,
+        "etcd_server_slow_apply_total",
+        "The total number of slow apply requests (likely overloaded from slow disk).",
+        m.slow_applies.get(),
+    );
+    gauge(
+        &mut out,
+        "etcd_server_snapshot_apply_in_progress_total",
+        "1 if the server is applying the incoming snapshot. 0 if none.",
+        u64::from(m.snapshot_applying.get()),
     );
     sample(
         &mut out,

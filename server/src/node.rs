@@ -2166,8 +2166,12 @@ impl Node {
         // leader counts itself only once its own entries are persisted).
         self.send(ready.take_messages());
         if !ready.snapshot().is_empty() {
-            self.install_snapshot(raw, wal, ready.snapshot().clone())
-                .await?;
+            self.metrics.snapshot_applying.set(true);
+            let installed = self
+                .install_snapshot(raw, wal, ready.snapshot().clone())
+                .await;
+            self.metrics.snapshot_applying.set(false);
+            installed?;
         }
         let applied = raw.raft.raft_log.applied;
         for rs in ready.take_read_states() {
@@ -2388,6 +2392,7 @@ impl Node {
         let mut grew = false;
         let mut terms = self.applied_terms.borrow_mut();
         for entry in entries {
+            let _slow = SlowApply::timing(&self.metrics);
             terms.note(entry.index, entry.term);
             if entry.entry_type != EntryType::EntryNormal {
                 let (origin, id, result) = self.apply_membership(raw, &mut mvcc, &entry)?;
@@ -3333,8 +3338,11 @@ impl Node {
         if self.strict_reconfig && started + 1 < quorum(voters + 1) {
             return Err(ServerError::Membership(NOT_ENOUGH_STARTED));
         }
-        self.change_membership(ConfChangeType::AddNode, &record)
-            .await
+        let members = self
+            .change_membership(ConfChangeType::AddNode, &record)
+            .await?;
+        crate::metrics::count(&self.metrics.learners_promoted);
+        Ok(members)
     }
 
     /// Replaces a voter with a new one in a single joint-consensus step
@@ -3612,6 +3620,30 @@ fn restore_leases(mvcc: &MvccStore<AnyEngine>, min_ttl: i64) -> Result<crate::le
     Ok(lessor)
 }
 
+/// Times one entry's apply: one slower than [`crate::metrics::SLOW_APPLY`]
+/// counts in `etcd_server_slow_apply_total`.
+struct SlowApply<'a> {
+    metrics: &'a crate::metrics::NodeMetrics,
+    started: Instant,
+}
+
+impl<'a> SlowApply<'a> {
+    fn timing(metrics: &'a crate::metrics::NodeMetrics) -> Self {
+        SlowApply {
+            metrics,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Drop for SlowApply<'_> {
+    fn drop(&mut self) {
+        if self.started.elapsed() > crate::metrics::SLOW_APPLY {
+            crate::metrics::count(&self.metrics.slow_applies);
+        }
+    }
+}
+
 /// The leader's expiry clock: revokes expired leases through the log.
 async fn expire_leases(node: Rc<Node>) {
     loop {
@@ -3628,7 +3660,8 @@ async fn expire_leases(node: Rc<Node>) {
             let node = node.clone();
             glommio::spawn_local(async move {
                 match node.lease_revoke(id, Caller::Member).await {
-                    Ok(_) | Err(ServerError::Lease(_)) => {}
+                    Ok(_) => crate::metrics::count(&node.metrics.leases_expired),
+                    Err(ServerError::Lease(_)) => {}
                     Err(e) => {
                         log(format_args!("revoking expired lease {id:x}: {e}"));
                         node.lessor.borrow_mut().revoke_failed(id);

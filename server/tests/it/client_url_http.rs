@@ -1139,3 +1139,33 @@ fn watch_stream_and_event_counts_as_etcds() {
     assert_eq!(seen[0], (5, 5.0), "etcd 3.4 itself");
     assert_eq!(seen[1], seen[0], "metcd (right) against etcd (left)");
 }
+
+/// A lease left to expire counts once in
+/// `etcd_debugging_server_lease_expired_total` on the member that revoked
+/// it, as on etcd 3.4; a revoked one does not.
+#[test]
+fn an_expired_lease_counts_as_etcds() {
+    let (_dir, etcd, metcd) = etcd_and_metcd();
+    for endpoint in [etcd.endpoint.clone(), metcd.client_endpoint()] {
+        let expired = || {
+            sample(
+                &get(&endpoint, "/metrics").1,
+                "etcd_debugging_server_lease_expired_total",
+            )
+        };
+        assert_eq!(expired(), 0.0, "{endpoint}");
+        let out = etcdctl(&endpoint, &["lease", "grant", "100"]);
+        let revoked = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .to_string();
+        assert!(etcdctl(&endpoint, &["lease", "revoke", &revoked])
+            .status
+            .success());
+        assert!(etcdctl(&endpoint, &["lease", "grant", "2"])
+            .status
+            .success());
+        until_sample(&endpoint, "etcd_debugging_server_lease_expired_total", 1.0);
+    }
+}

@@ -712,6 +712,14 @@ fn learner_added_promoted_and_member_removed_with_etcdctl() {
         !ok && text.contains("etcdserver: can only promote a learner member"),
         "{text}"
     );
+    // The promotion was decided on the leader: it counts there, once
+    // (the refusals do not count), as etcd counts it.
+    let promotions = |ep: &str| {
+        let page = crate::client_url_http::get(ep, "/metrics").1;
+        crate::client_url_http::sample(&page, "etcd_server_learner_promote_successes")
+    };
+    assert_eq!(promotions(&leader), 1.0);
+    assert_eq!(promotions(&follower), 0.0);
 
     // Remove a member that is not the leader: it stops by itself.
     let victim = (0..3).find(|i| eps[*i] != leader).unwrap();
