@@ -57,6 +57,43 @@ impl DiskHistogram {
     }
 }
 
+/// etcd's lease TTL buckets: 1 s to 2^23 s (`ExponentialBuckets(1, 2, 24)`).
+const TTL_BUCKETS: usize = 24;
+
+/// A Prometheus histogram of granted lease TTLs in seconds, with etcd's
+/// buckets (`etcd_debugging_lease_ttl_total`).
+#[derive(Debug, Default)]
+pub struct TtlHistogram {
+    /// Observations per bucket (not cumulative here; rendering sums them).
+    buckets: [Cell<u64>; TTL_BUCKETS],
+    over: Cell<u64>,
+    sum: Cell<u64>,
+}
+
+impl TtlHistogram {
+    pub fn observe(&self, ttl_seconds: i64) {
+        let ttl = u64::try_from(ttl_seconds).unwrap_or(0);
+        let slot = (0..TTL_BUCKETS).find(|i| ttl <= 1 << i);
+        let counter = slot.map_or(&self.over, |i| &self.buckets[i]);
+        counter.set(counter.get() + 1);
+        self.sum.set(self.sum.get().saturating_add(ttl));
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            cumulative += b.get();
+            let bound = go_float(1 << i);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        cumulative += self.over.get();
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let sum = go_float(self.sum.get());
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
+    }
+}
+
 /// `ms` milliseconds as Prometheus writes a bucket bound ("0.001", "8.192").
 fn format_seconds(ms: u64) -> String {
     let s = format!("{}.{:03}", ms / 1000, ms % 1000);
@@ -76,6 +113,8 @@ pub struct NodeMetrics {
     pub leases_granted: Cell<u64>,
     pub leases_revoked: Cell<u64>,
     pub leases_renewed: Cell<u64>,
+    /// The TTLs of the leases this member applied grants of.
+    pub lease_ttls: TtlHistogram,
     /// Leases this member, as leader, revoked because they expired.
     pub leases_expired: Cell<u64>,
     /// Learners promoted through this member, as leader.
@@ -247,6 +286,11 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
             value,
         );
     }
+    m.lease_ttls.render(
+        &mut out,
+        "etcd_debugging_lease_ttl_total",
+        "Bucketed histogram of lease TTLs.",
+    );
     gauge(
         &mut out,
         "etcd_debugging_mvcc_compact_revision",
@@ -651,6 +695,35 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
         assert!(out.contains("x_count 3\n"), "{out}");
         assert!(out.contains("x_sum 20.00165\n"), "{out}");
+    }
+
+    /// etcd's lease TTL histogram, as etcd 3.4 printed it for leases of
+    /// 2 and 100 seconds (and one of 2^30 s, over every bucket).
+    #[test]
+    fn lease_ttls_as_etcd_prints_them() {
+        let h = TtlHistogram::default();
+        h.observe(2);
+        h.observe(100);
+        let mut out = String::new();
+        h.render(&mut out, "t", "help");
+        assert!(
+            out.contains("t_bucket{le=\"1\"} 0\nt_bucket{le=\"2\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("t_bucket{le=\"64\"} 1\nt_bucket{le=\"128\"} 2\n"),
+            "{out}"
+        );
+        assert!(out.contains("t_bucket{le=\"524288\"} 2\nt_bucket{le=\"1.048576e+06\"} 2\n"));
+        assert!(out.contains("t_bucket{le=\"8.388608e+06\"} 2\nt_bucket{le=\"+Inf\"} 2\n"));
+        assert!(out.ends_with("t_sum 102\nt_count 2\n"), "{out}");
+        h.observe(1 << 30);
+        let mut out = String::new();
+        h.render(&mut out, "t", "help");
+        assert!(out.contains("t_bucket{le=\"8.388608e+06\"} 2\nt_bucket{le=\"+Inf\"} 3\n"));
+        assert!(out.ends_with("t_sum 1.073741926e+09\nt_count 3\n"), "{out}");
+        assert_eq!(go_float(1_000_000), "1e+06");
+        assert_eq!(go_float(999_999), "999999");
     }
 
     #[test]

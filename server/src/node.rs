@@ -2464,6 +2464,7 @@ impl Node {
                     match granted {
                         Ok(ttl) => {
                             crate::metrics::count(&self.metrics.leases_granted);
+                            self.metrics.lease_ttls.observe(ttl);
                             mvcc.put_meta(
                                 entry.index,
                                 &lease_record_name(lease),

@@ -1142,10 +1142,12 @@ fn watch_stream_and_event_counts_as_etcds() {
 
 /// A lease left to expire counts once in
 /// `etcd_debugging_server_lease_expired_total` on the member that revoked
-/// it, as on etcd 3.4; a revoked one does not.
+/// it, as on etcd 3.4; a revoked one does not. Both grants count in
+/// `etcd_debugging_lease_ttl_total`, printed as etcd prints it.
 #[test]
 fn an_expired_lease_counts_as_etcds() {
     let (_dir, etcd, metcd) = etcd_and_metcd();
+    let mut ttls = Vec::new();
     for endpoint in [etcd.endpoint.clone(), metcd.client_endpoint()] {
         let expired = || {
             sample(
@@ -1167,5 +1169,16 @@ fn an_expired_lease_counts_as_etcds() {
             .status
             .success());
         until_sample(&endpoint, "etcd_debugging_server_lease_expired_total", 1.0);
+        let page = get(&endpoint, "/metrics").1;
+        let histogram: Vec<String> = page
+            .lines()
+            .filter(|l| l.contains("etcd_debugging_lease_ttl_total"))
+            .map(str::to_string)
+            .collect();
+        ttls.push(histogram);
     }
+    assert!(ttls[0]
+        .iter()
+        .any(|l| l == "etcd_debugging_lease_ttl_total_sum 102"));
+    assert_eq!(ttls[1], ttls[0], "metcd (left) against etcd (right)");
 }
