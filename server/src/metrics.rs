@@ -38,23 +38,38 @@ impl DiskHistogram {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        let mut bound_ms = 1u64;
-        for b in &self.buckets {
-            cumulative += b.get();
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{}\"}} {cumulative}",
-                format_seconds(bound_ms)
-            );
-            bound_ms *= 2;
-        }
-        cumulative += self.over.get();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
         let sum = self.sum_nanos.get() as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
+        write_histogram(
+            out,
+            (name, help),
+            &self.buckets,
+            |i| format_seconds(1 << i),
+            self.over.get(),
+            &sum.to_string(),
+        );
     }
+}
+
+/// Writes a Prometheus histogram whose buckets hold their own
+/// observations (`counts`, not cumulative; `bound(i)` writes bucket i's
+/// `le`), then those over every bound, and the sum as written.
+fn write_histogram(
+    out: &mut String,
+    (name, help): (&str, &str),
+    counts: &[Cell<u64>],
+    bound: impl Fn(usize) -> String,
+    over: u64,
+    sum: &str,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cumulative = 0;
+    for (i, count) in counts.iter().enumerate() {
+        cumulative += count.get();
+        let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", bound(i));
+    }
+    cumulative += over;
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
 }
 
 /// etcd's lease TTL buckets: 1 s to 2^23 s (`ExponentialBuckets(1, 2, 24)`).
@@ -80,17 +95,14 @@ impl TtlHistogram {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (i, b) in self.buckets.iter().enumerate() {
-            cumulative += b.get();
-            let bound = go_float(1 << i);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        cumulative += self.over.get();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-        let sum = go_float(self.sum.get());
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
+        write_histogram(
+            out,
+            (name, help),
+            &self.buckets,
+            |i| go_float(1 << i),
+            self.over.get(),
+            &go_float(self.sum.get()),
+        );
     }
 }
 

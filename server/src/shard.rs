@@ -289,11 +289,8 @@ impl Backend {
         req: mvcc::RangeRequest,
         token: Option<String>,
     ) -> (Result<mvcc::RangeResponse>, u64) {
-        let (reader, term) = match self.range_gate(&req, token).await {
-            Ok(passed) => passed,
-            Err(e) => return (Err(e), 0),
-        };
-        let answer = match walk(&reader, req).await {
+        let (walked, term) = self.gated_walk(req, token).await;
+        let answer = match walked {
             Ok(mvcc::RangeStart::Done(response)) => Ok(response),
             Ok(mvcc::RangeStart::Plan(plan)) => load_whole(plan).await,
             Err(e) => Err(e),
@@ -310,11 +307,8 @@ impl Backend {
         req: mvcc::RangeRequest,
         token: Option<String>,
     ) -> (Result<RangeRead>, u64) {
-        let (reader, term) = match self.range_gate(&req, token).await {
-            Ok(passed) => passed,
-            Err(e) => return (Err(e), 0),
-        };
-        let answer = match walk(&reader, req).await {
+        let (walked, term) = self.gated_walk(req, token).await;
+        let answer = match walked {
             Ok(mvcc::RangeStart::Done(response)) => Ok(RangeRead::Whole(response)),
             Ok(mvcc::RangeStart::Plan(plan)) => match plan.into_chunked() {
                 mvcc::Chunking::Chunked(chunked) => Ok(RangeRead::Chunked(chunked)),
@@ -325,17 +319,26 @@ impl Backend {
         (answer, term)
     }
 
-    /// A range's gate ([`crate::read_view`]): the store to read and the
-    /// Raft term, once a linearizable read may go and the caller may read.
-    async fn range_gate(
+    /// A range's gate ([`crate::read_view`]: once a linearizable read may
+    /// go and the caller may read), then its key-index walk; and the Raft
+    /// term.
+    async fn gated_walk(
         &self,
-        req: &mvcc::RangeRequest,
+        req: mvcc::RangeRequest,
         token: Option<String>,
-    ) -> Result<(StoreReader<AnyEngine>, u64)> {
-        self.read_gate(!req.serializable, token, || {
-            crate::auth::Requirement::Keys(vec![crate::auth::Need::read(&req.key, &req.range_end)])
-        })
-        .await
+    ) -> (Result<mvcc::RangeStart<Snapshot>>, u64) {
+        let gate = self
+            .read_gate(!req.serializable, token, || {
+                crate::auth::Requirement::Keys(vec![crate::auth::Need::read(
+                    &req.key,
+                    &req.range_end,
+                )])
+            })
+            .await;
+        match gate {
+            Ok((reader, term)) => (walk(&reader, req).await, term),
+            Err(e) => (Err(e), 0),
+        }
     }
 
     /// A txn without writes, read on this shard from the applied state

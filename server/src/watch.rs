@@ -389,6 +389,11 @@ pub struct WatchHub {
     deferred_progress: RefCell<BTreeMap<u64, WatchOut>>,
 }
 
+/// The keys of `stream`'s watchers in [`WatchHub`]'s map.
+fn of_stream(stream: u64) -> std::ops::RangeInclusive<(u64, i64)> {
+    (stream, i64::MIN)..=(stream, i64::MAX)
+}
+
 /// A progress notification for a whole stream (watch id -1).
 fn progress(header: Option<pb::ResponseHeader>) -> pb::WatchResponse {
     pb::WatchResponse {
@@ -649,7 +654,7 @@ impl WatchHub {
     pub fn catch_up(&self, stream: u64) {
         let mut watchers = self.watchers.borrow_mut();
         let mut resync = self.resync.borrow_mut();
-        for (key, w) in watchers.range_mut((stream, i64::MIN)..=(stream, i64::MAX)) {
+        for (key, w) in watchers.range_mut(of_stream(stream)) {
             if w.lagging() {
                 w.counted.set_lagging(false);
                 w.hold_for_resync();
@@ -692,10 +697,10 @@ impl WatchHub {
     /// Whether every watcher of `stream` is in sync (none lags, none
     /// re-reads history): only then may a progress notification for the
     /// stream name the feed's revision.
-    pub fn stream_in_sync(&self, stream: u64) -> bool {
+    fn stream_in_sync(&self, stream: u64) -> bool {
         self.watchers
             .borrow()
-            .range((stream, i64::MIN)..=(stream, i64::MAX))
+            .range(of_stream(stream))
             .all(|(_, w)| !w.lagging() && w.syncing.is_none())
     }
 

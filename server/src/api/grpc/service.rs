@@ -264,16 +264,13 @@ impl pb::kv_server::Kv for KvService {
             .is_some();
         let req = convert::range_request(request.into_inner())?;
         mvcc::validate_range(&req).map_err(mvcc_status)?;
-        if !may_chunk {
-            return match self.0.range(req, token).await {
-                (Ok(r), term) => Ok(Response::new(convert::range_response(
-                    r,
-                    &self.0.header(term),
-                ))),
-                (Err(e), _) => Err(status_of(&e)),
-            };
-        }
-        match self.0.range_read(req, token).await {
+        let (read, term) = if may_chunk {
+            self.0.range_read(req, token).await
+        } else {
+            let (whole, term) = self.0.range(req, token).await;
+            (whole.map(crate::shard::RangeRead::Whole), term)
+        };
+        match (read, term) {
             (Ok(crate::shard::RangeRead::Whole(r)), term) => Ok(Response::new(
                 convert::range_response(r, &self.0.header(term)),
             )),
