@@ -421,7 +421,12 @@ impl AuthStore {
     /// Rebuilds the state from its metadata records (names without the
     /// namespace byte, as [`MetaChange`]s wrote them).
     pub fn restore(records: &[(Bytes, Bytes)]) -> Result<AuthStore, String> {
-        let mut s = AuthStore::default();
+        // etcd's auth store starts at revision 1 (it writes that at its
+        // first start; metcd only at the first change).
+        let mut s = AuthStore {
+            revision: 1,
+            ..AuthStore::default()
+        };
         for (name, value) in records {
             if name[..] == *META_ENABLED {
                 s.enabled = value.first() == Some(&1);

@@ -11,106 +11,73 @@ use std::cell::Cell;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-/// etcd's latency buckets for disk metrics: 1 ms doubling up to 8.192 s.
-const DISK_BUCKETS: usize = 14;
-
-/// A Prometheus histogram with etcd's disk buckets (`le` 0.001 … 8.192).
-#[derive(Debug, Default)]
-pub struct DiskHistogram {
-    /// Observations at or below each bucket's bound (not cumulative here;
-    /// rendering sums them).
-    buckets: [Cell<u64>; DISK_BUCKETS],
+/// A Prometheus histogram with Go's `ExponentialBuckets(first, 2, N)`:
+/// `FIRST_E4` is the first bucket's bound in units of 10^-4 (etcd's
+/// histograms start at 0.0001 to 1,000,000), then each bound doubles.
+#[derive(Debug)]
+pub struct Histogram<const FIRST_E4: u64, const N: usize> {
+    /// Observations at or below each bucket's bound and over the one
+    /// before (not cumulative here; rendering sums them).
+    buckets: [Cell<u64>; N],
     over: Cell<u64>,
-    sum_nanos: Cell<u128>,
+    /// Summed as Go's client sums: in float64.
+    sum: Cell<f64>,
 }
 
-impl DiskHistogram {
-    pub fn observe(&self, took: Duration) {
-        let mut bound = Duration::from_millis(1);
-        let slot = self.buckets.iter().find(|_| {
-            let fits = took <= bound;
-            bound *= 2;
-            fits
-        });
-        let counter = slot.unwrap_or(&self.over);
-        counter.set(counter.get() + 1);
-        self.sum_nanos.set(self.sum_nanos.get() + took.as_nanos());
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let sum = self.sum_nanos.get() as f64 / 1e9;
-        write_histogram(
-            out,
-            (name, help),
-            &self.buckets,
-            |i| format_seconds(1 << i),
-            self.over.get(),
-            &sum.to_string(),
-        );
+impl<const FIRST_E4: u64, const N: usize> Default for Histogram<FIRST_E4, N> {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| Cell::new(0)),
+            over: Cell::new(0),
+            sum: Cell::new(0.0),
+        }
     }
 }
 
-/// Writes a Prometheus histogram whose buckets hold their own
-/// observations (`counts`, not cumulative; `bound(i)` writes bucket i's
-/// `le`), then those over every bound, and the sum as written.
-fn write_histogram(
-    out: &mut String,
-    (name, help): (&str, &str),
-    counts: &[Cell<u64>],
-    bound: impl Fn(usize) -> String,
-    over: u64,
-    sum: &str,
-) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-    let mut cumulative = 0;
-    for (i, count) in counts.iter().enumerate() {
-        cumulative += count.get();
-        let _ = writeln!(out, "{name}_bucket{{le=\"{}\"}} {cumulative}", bound(i));
+impl<const FIRST_E4: u64, const N: usize> Histogram<FIRST_E4, N> {
+    fn bound(i: usize) -> f64 {
+        // Doubling a float is exact: Go's repeated `start *= factor`.
+        (FIRST_E4 as f64 / 1e4) * f64::from(1u32 << i)
     }
-    cumulative += over;
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-    let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
-}
 
-/// etcd's lease TTL buckets: 1 s to 2^23 s (`ExponentialBuckets(1, 2, 24)`).
-const TTL_BUCKETS: usize = 24;
-
-/// A Prometheus histogram of granted lease TTLs in seconds, with etcd's
-/// buckets (`etcd_debugging_lease_ttl_total`).
-#[derive(Debug, Default)]
-pub struct TtlHistogram {
-    /// Observations per bucket (not cumulative here; rendering sums them).
-    buckets: [Cell<u64>; TTL_BUCKETS],
-    over: Cell<u64>,
-    sum: Cell<u64>,
-}
-
-impl TtlHistogram {
-    pub fn observe(&self, ttl_seconds: i64) {
-        let ttl = u64::try_from(ttl_seconds).unwrap_or(0);
-        let slot = (0..TTL_BUCKETS).find(|i| ttl <= 1 << i);
+    pub fn observe(&self, value: f64) {
+        let slot = (0..N).find(|&i| value <= Self::bound(i));
         let counter = slot.map_or(&self.over, |i| &self.buckets[i]);
         counter.set(counter.get() + 1);
-        self.sum.set(self.sum.get().saturating_add(ttl));
+        self.sum.set(self.sum.get() + value);
+    }
+
+    /// Observes a duration in seconds (etcd's `_seconds` histograms).
+    pub fn observe_seconds(&self, took: Duration) {
+        self.observe(took.as_secs_f64());
+    }
+
+    /// Observes a duration in whole milliseconds, truncated as etcd's
+    /// `float64(time.Since(start) / time.Millisecond)`.
+    pub fn observe_millis(&self, took: Duration) {
+        self.observe(took.as_millis() as f64);
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
-        write_histogram(
-            out,
-            (name, help),
-            &self.buckets,
-            |i| go_float(1 << i),
-            self.over.get(),
-            &go_float(self.sum.get()),
-        );
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, count) in self.buckets.iter().enumerate() {
+            cumulative += count.get();
+            let le = go_float64(Self::bound(i));
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        cumulative += self.over.get();
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let sum = go_float64(self.sum.get());
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
     }
 }
 
-/// `ms` milliseconds as Prometheus writes a bucket bound ("0.001", "8.192").
-fn format_seconds(ms: u64) -> String {
-    let s = format!("{}.{:03}", ms / 1000, ms % 1000);
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
-}
+/// etcd's disk latency buckets: 1 ms doubling up to 8.192 s.
+pub type DiskHistogram = Histogram<10, 14>;
+
+/// etcd's lease TTL buckets: 1 s to 2^23 s (`ExponentialBuckets(1, 2, 24)`).
+pub type TtlHistogram = Histogram<10_000, 24>;
 
 /// What the Raft loop counts as it goes.
 #[derive(Debug, Default)]
@@ -135,6 +102,33 @@ pub struct NodeMetrics {
     pub slow_applies: Cell<u64>,
     /// Whether a leader's snapshot is being installed now.
     pub snapshot_applying: Cell<bool>,
+    /// Heartbeats this member, as leader, sent later than twice the
+    /// heartbeat interval after the last one to the same peer (etcd's
+    /// sign of an overloaded leader).
+    pub heartbeat_send_failures: Cell<u64>,
+    /// ReadIndex rounds that failed (no leader, or a leader change).
+    pub read_indexes_failed: Cell<u64>,
+    /// ReadIndex rounds that timed out, or answered after this member
+    /// had given up on them.
+    pub slow_read_indexes: Cell<u64>,
+    /// Promotions this member refused as leader, by reason (a handful of
+    /// error messages at most).
+    pub learner_promote_failures: std::cell::RefCell<Vec<(String, u64)>>,
+    /// Revisions compactions deleted from the engine.
+    pub compaction_keys: Cell<u64>,
+    /// How long each compaction held writes, and took in all (metcd
+    /// compacts in one step, so these are the same), and the part spent
+    /// pruning the key index, in milliseconds.
+    pub compaction_pause_ms: Histogram<10_000, 13>,
+    pub compaction_total_ms: Histogram<1_000_000, 14>,
+    pub index_compaction_pause_ms: Histogram<5_000, 14>,
+    pub defrag: Histogram<1_000, 13>,
+    pub defrag_inflight: Cell<bool>,
+    /// Backups streamed by the Maintenance Snapshot RPC.
+    pub backend_snapshot: Histogram<100, 17>,
+    /// The Hash and HashKV RPCs.
+    pub hash: Histogram<100, 15>,
+    pub hash_rev: Histogram<100, 15>,
 }
 
 /// An apply slower than this counts in `etcd_server_slow_apply_total`
@@ -165,6 +159,27 @@ impl NodeMetrics {
     pub fn note_failed_proposal(&self) {
         count(&self.proposals_failed);
     }
+
+    /// Records a compaction that took `took` to apply, writes waiting all
+    /// along (metcd deletes a compaction's garbage in one engine batch).
+    pub fn note_compaction(&self, took: Duration, stats: crate::mvcc::store::CompactionStats) {
+        self.compaction_keys
+            .set(self.compaction_keys.get() + stats.revisions_deleted);
+        self.compaction_pause_ms.observe_millis(took);
+        self.compaction_total_ms.observe_millis(took);
+        self.index_compaction_pause_ms
+            .observe_millis(stats.index_pause);
+    }
+
+    /// Counts a promotion refused for `reason` (etcd labels the series
+    /// with the error's message).
+    pub fn note_promote_failure(&self, reason: &str) {
+        let mut failures = self.learner_promote_failures.borrow_mut();
+        match failures.iter_mut().find(|(r, _)| r == reason) {
+            Some((_, n)) => *n += 1,
+            None => failures.push((reason.to_string(), 1)),
+        }
+    }
 }
 
 /// A point-in-time view of the member, gathered on the owner core.
@@ -194,6 +209,12 @@ pub struct Gauges {
     /// The store's revision and its last compaction's.
     pub revision: i64,
     pub compact_revision: i64,
+    /// The auth store's revision (1 before its first change, as etcd's).
+    pub auth_revision: u64,
+    /// Events queued for watch clients and not yet taken by their streams.
+    pub pending_events: u64,
+    /// Bytes of WAL frames this process wrote.
+    pub wal_write_bytes: u64,
 }
 
 /// A metric with one sample: its HELP and TYPE lines, then `name`,
@@ -488,13 +509,152 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         &format!("{{server_version=\"{}\"}}", crate::ETCD_API_VERSION),
         1,
     );
+    render_more(&mut out, g, m);
     if let Some(grpc) = crate::api::grpc::metrics::counters() {
+        grpc.render_etcd(&mut out);
         grpc.render(&mut out);
     }
     let process = ProcessFigures::read();
     render_os_fds(&mut out, &process);
     render_process(&mut out, &process);
-    out
+    in_name_order(&out)
+}
+
+/// The families of compaction, defragmentation, hashing, backups, the WAL,
+/// ReadIndex and heartbeats (written in any order: [`in_name_order`]
+/// sorts the page).
+fn render_more(out: &mut String, g: &Gauges, m: &NodeMetrics) {
+    gauge(
+        out,
+        "etcd_debugging_auth_revision",
+        "The current revision of auth store.",
+        g.auth_revision,
+    );
+    counter(
+        out,
+        "etcd_debugging_mvcc_db_compaction_keys_total",
+        "Total number of db keys compacted.",
+        m.compaction_keys.get(),
+    );
+    m.compaction_pause_ms.render(
+        out,
+        "etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds",
+        "Bucketed histogram of db compaction pause duration.",
+    );
+    m.compaction_total_ms.render(
+        out,
+        "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds",
+        "Bucketed histogram of db compaction total duration.",
+    );
+    m.index_compaction_pause_ms.render(
+        out,
+        "etcd_debugging_mvcc_index_compaction_pause_duration_milliseconds",
+        "Bucketed histogram of index compaction pause duration.",
+    );
+    gauge(
+        out,
+        "etcd_debugging_mvcc_pending_events_total",
+        "Total number of pending events to be sent.",
+        g.pending_events,
+    );
+    gauge(
+        out,
+        "etcd_debugging_mvcc_total_put_size_in_bytes",
+        "The total size of put kv pairs seen by this member.",
+        g.ops.put_bytes,
+    );
+    m.defrag.render(
+        out,
+        "etcd_disk_backend_defrag_duration_seconds",
+        "The latency distribution of backend defragmentation.",
+    );
+    m.backend_snapshot.render(
+        out,
+        "etcd_disk_backend_snapshot_duration_seconds",
+        "The latency distribution of backend snapshots.",
+    );
+    gauge(
+        out,
+        "etcd_disk_defrag_inflight",
+        "Whether or not defrag is active on the member. 1 means active, 0 means not.",
+        u64::from(m.defrag_inflight.get()),
+    );
+    gauge(
+        out,
+        "etcd_disk_wal_write_bytes_total",
+        "Total number of bytes written in WAL.",
+        g.wal_write_bytes,
+    );
+    m.hash.render(
+        out,
+        "etcd_mvcc_hash_duration_seconds",
+        "The latency distribution of storage hash operation.",
+    );
+    m.hash_rev.render(
+        out,
+        "etcd_mvcc_hash_rev_duration_seconds",
+        "The latency distribution of storage hash by revision operation.",
+    );
+    counter(
+        out,
+        "etcd_server_heartbeat_send_failures_total",
+        "The total number of leader heartbeat send failures (likely overloaded from slow disk).",
+        m.heartbeat_send_failures.get(),
+    );
+    let failures = m.learner_promote_failures.borrow();
+    if !failures.is_empty() {
+        let name = "etcd_server_learner_promote_failures";
+        let _ = writeln!(
+            out,
+            "# HELP {name} The total number of failed learner promotions (likely learner not ready) while this member is leader.\n# TYPE {name} counter"
+        );
+        let mut sorted: Vec<&(String, u64)> = failures.iter().collect();
+        sorted.sort();
+        for (reason, n) in sorted {
+            let reason = label_value(reason);
+            let _ = writeln!(out, "{name}{{Reason=\"{reason}\"}} {}", go_float(*n));
+        }
+    }
+    counter(
+        out,
+        "etcd_server_read_indexes_failed_total",
+        "The total number of failed read indexes seen.",
+        m.read_indexes_failed.get(),
+    );
+    counter(
+        out,
+        "etcd_server_slow_read_indexes_total",
+        "The total number of pending read indexes not in sync with leader's or timed out read index requests.",
+        m.slow_read_indexes.get(),
+    );
+}
+
+/// A label value escaped as the Prometheus text format wants it.
+pub(crate) fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The page with its families sorted by name, as Go's registry writes
+/// them (each family is its `# HELP` line and what follows up to the next).
+fn in_name_order(page: &str) -> String {
+    let mut families: Vec<&str> = Vec::new();
+    let mut rest = page;
+    while !rest.is_empty() {
+        let next = rest
+            .get(1..)
+            .and_then(|r| r.find("\n# HELP "))
+            .map_or(rest.len(), |at| at + 2);
+        families.push(&rest[..next]);
+        rest = &rest[next..];
+    }
+    let name = |f: &str| {
+        let f = f.strip_prefix("# HELP ").unwrap_or(f);
+        f.split(' ').next().unwrap_or("").to_string()
+    };
+    families.sort_by_cached_key(|f| name(f));
+    families.concat()
 }
 
 /// The Prometheus client's process metrics, as Go's collector reads them
@@ -696,9 +856,9 @@ mod tests {
     #[test]
     fn histogram_buckets_are_cumulative_with_etcds_bounds() {
         let h = DiskHistogram::default();
-        h.observe(Duration::from_micros(150));
-        h.observe(Duration::from_micros(1500));
-        h.observe(Duration::from_secs(20));
+        h.observe_seconds(Duration::from_micros(150));
+        h.observe_seconds(Duration::from_micros(1500));
+        h.observe_seconds(Duration::from_secs(20));
         let mut out = String::new();
         h.render(&mut out, "x", "help");
         assert!(out.contains("x_bucket{le=\"0.001\"} 1\n"), "{out}");
@@ -706,7 +866,11 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"8.192\"} 2\n"), "{out}");
         assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
         assert!(out.contains("x_count 3\n"), "{out}");
-        assert!(out.contains("x_sum 20.00165\n"), "{out}");
+        // Summed in float64, as Go's client sums.
+        assert!(
+            out.contains(&format!("x_sum {}\n", 0.00015 + 0.0015 + 20.0)),
+            "{out}"
+        );
     }
 
     /// etcd's lease TTL histogram, as etcd 3.4 printed it for leases of
@@ -714,8 +878,8 @@ mod tests {
     #[test]
     fn lease_ttls_as_etcd_prints_them() {
         let h = TtlHistogram::default();
-        h.observe(2);
-        h.observe(100);
+        h.observe(2.0);
+        h.observe(100.0);
         let mut out = String::new();
         h.render(&mut out, "t", "help");
         assert!(
@@ -729,7 +893,7 @@ mod tests {
         assert!(out.contains("t_bucket{le=\"524288\"} 2\nt_bucket{le=\"1.048576e+06\"} 2\n"));
         assert!(out.contains("t_bucket{le=\"8.388608e+06\"} 2\nt_bucket{le=\"+Inf\"} 2\n"));
         assert!(out.ends_with("t_sum 102\nt_count 2\n"), "{out}");
-        h.observe(1 << 30);
+        h.observe(f64::from(1u32 << 30));
         let mut out = String::new();
         h.render(&mut out, "t", "help");
         assert!(out.contains("t_bucket{le=\"8.388608e+06\"} 2\nt_bucket{le=\"+Inf\"} 3\n"));
@@ -738,11 +902,107 @@ mod tests {
         assert_eq!(go_float(999_999), "999999");
     }
 
+    /// The bucket bounds of each histogram as etcd 3.4.23's `/metrics`
+    /// printed them, and what one compaction, defragmentation, backup and
+    /// hash add.
+    #[test]
+    fn histograms_have_etcds_bounds_and_count_what_happened() {
+        let etcd = [
+            (
+                "etcd_disk_backend_snapshot_duration_seconds",
+                "0.01 0.02 0.04 0.08 0.16 0.32 0.64 1.28 2.56 5.12 10.24 20.48 40.96 81.92 163.84 327.68 655.36 +Inf",
+            ),
+            (
+                "etcd_debugging_mvcc_index_compaction_pause_duration_milliseconds",
+                "0.5 1 2 4 8 16 32 64 128 256 512 1024 2048 4096 +Inf",
+            ),
+            (
+                "etcd_debugging_mvcc_db_compaction_total_duration_milliseconds",
+                "100 200 400 800 1600 3200 6400 12800 25600 51200 102400 204800 409600 819200 +Inf",
+            ),
+            (
+                "etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds",
+                "1 2 4 8 16 32 64 128 256 512 1024 2048 4096 +Inf",
+            ),
+            (
+                "etcd_disk_backend_defrag_duration_seconds",
+                "0.1 0.2 0.4 0.8 1.6 3.2 6.4 12.8 25.6 51.2 102.4 204.8 409.6 +Inf",
+            ),
+            (
+                "etcd_mvcc_hash_rev_duration_seconds",
+                "0.01 0.02 0.04 0.08 0.16 0.32 0.64 1.28 2.56 5.12 10.24 20.48 40.96 81.92 163.84 +Inf",
+            ),
+            (
+                "etcd_mvcc_hash_duration_seconds",
+                "0.01 0.02 0.04 0.08 0.16 0.32 0.64 1.28 2.56 5.12 10.24 20.48 40.96 81.92 163.84 +Inf",
+            ),
+        ];
+        let m = NodeMetrics::default();
+        m.note_compaction(
+            Duration::from_micros(2500),
+            crate::mvcc::store::CompactionStats {
+                revisions_deleted: 3,
+                index_pause: Duration::from_micros(300),
+            },
+        );
+        m.defrag.observe_seconds(Duration::from_millis(150));
+        m.backend_snapshot.observe_seconds(Duration::from_millis(5));
+        m.note_promote_failure("etcdserver: can only promote a learner member");
+        m.note_promote_failure("etcdserver: can only promote a learner member");
+        let page = render(
+            &Gauges {
+                auth_revision: 1,
+                pending_events: 7,
+                wal_write_bytes: 1712,
+                ops: crate::mvcc::OpCounts {
+                    put_bytes: 4,
+                    ..Default::default()
+                },
+                ..Gauges::default()
+            },
+            &m,
+        );
+        for (name, bounds) in etcd {
+            let ours: Vec<&str> = page
+                .lines()
+                .filter_map(|l| l.strip_prefix(name)?.strip_prefix("_bucket{le=\""))
+                .filter_map(|l| l.split('"').next())
+                .collect();
+            assert_eq!(ours.join(" "), bounds, "{name}");
+        }
+        for line in [
+            "etcd_debugging_mvcc_db_compaction_keys_total 3\n",
+            // 2.5 ms is 2 whole milliseconds, as etcd truncates.
+            "etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds_bucket{le=\"1\"} 0\n",
+            "etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds_bucket{le=\"2\"} 1\n",
+            "etcd_debugging_mvcc_db_compaction_pause_duration_milliseconds_sum 2\n",
+            "etcd_debugging_mvcc_index_compaction_pause_duration_milliseconds_bucket{le=\"0.5\"} 1\n",
+            "etcd_debugging_mvcc_index_compaction_pause_duration_milliseconds_sum 0\n",
+            "etcd_disk_backend_defrag_duration_seconds_bucket{le=\"0.1\"} 0\n",
+            "etcd_disk_backend_defrag_duration_seconds_bucket{le=\"0.2\"} 1\n",
+            "etcd_disk_backend_defrag_duration_seconds_sum 0.15\n",
+            "etcd_disk_backend_snapshot_duration_seconds_bucket{le=\"0.01\"} 1\n",
+            "etcd_mvcc_hash_duration_seconds_count 0\n",
+            "etcd_disk_defrag_inflight 0\n",
+            "etcd_disk_wal_write_bytes_total 1712\n",
+            "etcd_debugging_auth_revision 1\n",
+            "etcd_debugging_mvcc_pending_events_total 7\n",
+            "etcd_debugging_mvcc_total_put_size_in_bytes 4\n",
+            "etcd_server_heartbeat_send_failures_total 0\n",
+            "etcd_server_read_indexes_failed_total 0\n",
+            "etcd_server_slow_read_indexes_total 0\n",
+            "# TYPE etcd_server_learner_promote_failures counter\n\
+             etcd_server_learner_promote_failures{Reason=\"etcdserver: can only promote a learner member\"} 2\n",
+        ] {
+            assert!(page.contains(line), "{line} not in:\n{page}");
+        }
+        assert!(!render(&Gauges::default(), &NodeMetrics::default())
+            .contains("learner_promote_failures"));
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
     #[test]
     fn numbers_and_labels_as_etcd_prints_them() {
-        assert_eq!(format_seconds(1), "0.001");
-        assert_eq!(format_seconds(1024), "1.024");
-        assert_eq!(format_seconds(2000), "2");
         assert_eq!(go_float(2 << 30), "2.147483648e+09");
         assert_eq!(go_float(20480), "20480");
         assert_eq!(go_float64(0.02), "0.02");

@@ -470,6 +470,8 @@ pub struct NodeStatus {
     pub revision: i64,
     pub compact_revision: i64,
     pub wal_syncs: u64,
+    /// Bytes of WAL frames written since the process started.
+    pub wal_bytes: u64,
     pub is_learner: bool,
 }
 
@@ -519,6 +521,8 @@ pub struct Node {
     /// This member is a learner (no writes, no linearizable reads).
     learner: Cell<bool>,
     was_leader: Cell<bool>,
+    /// When this member, as leader, last sent each peer a heartbeat.
+    heartbeats_sent: RefCell<HashMap<u64, Instant>>,
     /// This member leads and has committed an entry of its own term, so
     /// it knows every committed entry (what a hash comparison needs).
     leads_settled: Cell<bool>,
@@ -1012,6 +1016,7 @@ impl Node {
             solo: Cell::new(single_voter),
             learner: Cell::new(conf.learners.contains(&id)),
             was_leader: Cell::new(false),
+            heartbeats_sent: RefCell::new(HashMap::new()),
             leads_settled: Cell::new(false),
             request_timeout: REQUEST_TIMEOUT_BASE + Duration::from_millis(2 * cfg.election_timeout),
             mvcc: RefCell::new(mvcc),
@@ -1375,6 +1380,9 @@ impl Node {
             quota_backend_bytes: self.backend_quota.unwrap_or(0),
             revision: status.revision,
             compact_revision: status.compact_revision,
+            auth_revision: self.auth.try_borrow().map_or(0, |a| a.revision()),
+            pending_events: crate::watch::pending_events_in_process(),
+            wal_write_bytes: status.wal_bytes,
         };
         (
             crate::metrics::render(&gauges, &self.metrics),
@@ -1813,13 +1821,19 @@ impl Node {
             return Err(ServerError::NotSupportedForLearner);
         }
         if self.status.get().leader == 0 {
+            crate::metrics::count(&self.metrics.read_indexes_failed);
             return Err(ServerError::NoLeader);
         }
         let (tx, rx) = oneshot::channel();
         self.read_queue.borrow_mut().push(tx);
         self.queue_ready.notify();
-        self.within_request_timeout(async { rx.await.map_err(|_| ServerError::Stopped)? })
-            .await
+        let read = self
+            .within_request_timeout(async { rx.await.map_err(|_| ServerError::Stopped)? })
+            .await;
+        if matches!(read, Err(ServerError::Timeout)) {
+            crate::metrics::count(&self.metrics.slow_read_indexes);
+        }
+        read
     }
 
     /// Writes a consistent snapshot of the whole store (keys, revisions,
@@ -1833,10 +1847,14 @@ impl Node {
         self.next_id.set(n);
         let path = self.dirs.snap.join(format!("backup-{n:016x}.db"));
         let target = path.clone();
+        let started = Instant::now();
         let bytes = on_a_thread("metcd-backup", move || {
             crate::etcd_db::write_db(&snapshot, &target)
         })
         .await??;
+        self.metrics
+            .backend_snapshot
+            .observe_seconds(started.elapsed());
         Ok((path, bytes))
     }
 
@@ -1859,7 +1877,12 @@ impl Node {
     /// as in etcd's defragmentation.
     pub async fn defragment(&self) -> Result<()> {
         let engine = self.engine.borrow().clone();
-        let (before, after) = self.engine_dir.defragment(&engine).await?;
+        let started = Instant::now();
+        self.metrics.defrag_inflight.set(true);
+        let defragmented = self.engine_dir.defragment(&engine).await;
+        self.metrics.defrag_inflight.set(false);
+        self.metrics.defrag.observe_seconds(started.elapsed());
+        let (before, after) = defragmented?;
         if before > 0 {
             log(format_args!(
                 "defragmented the {} engine: {before} -> {after} bytes",
@@ -1878,6 +1901,7 @@ impl Node {
     pub async fn hash_all(&self) -> Result<(u32, i64)> {
         let snapshot = self.engine.borrow().snapshot();
         let revision = self.mvcc.borrow().current_revision();
+        let started = Instant::now();
         let hash = on_a_thread("metcd-hash", move || {
             let mut hash = 0u32;
             engine::EngineSnapshot::scan(
@@ -1892,14 +1916,18 @@ impl Node {
             .map(|()| hash)
         })
         .await??;
+        self.metrics.hash.observe_seconds(started.elapsed());
         Ok((hash, revision))
     }
 
     /// etcd's HashKV: planned on this core (the index's part), hashed on a
     /// thread of its own, so a large store's hash never stalls the shard.
     pub async fn hash_kv(&self, revision: i64) -> Result<mvcc::HashKv> {
+        let started = Instant::now();
         let plan = self.mvcc.borrow().plan_hash_kv(revision)?;
-        Ok(on_a_thread("metcd-hash", move || plan.run()).await??)
+        let hash = on_a_thread("metcd-hash", move || plan.run()).await??;
+        self.metrics.hash_rev.observe_seconds(started.elapsed());
+        Ok(hash)
     }
 
     async fn run(self: &Rc<Self>, mut raw: RawNode<MemStorage>, mut wal: Wal) -> Result<()> {
@@ -2059,6 +2087,8 @@ impl Node {
             return;
         }
         let Some((_, waiters)) = self.reads_in_flight.borrow_mut().remove(&ctx.get_u64_le()) else {
+            // A round answered twice (it was sent again) or given up on.
+            crate::metrics::count(&self.metrics.slow_read_indexes);
             return;
         };
         let mut applying = self.reads_applying.borrow_mut();
@@ -2095,6 +2125,7 @@ impl Node {
         }
         self.was_leader.set(leader);
         if leader {
+            self.heartbeats_sent.borrow_mut().clear();
             log(format_args!("became leader at term {}", raw.raft.term));
             self.lessor.borrow_mut().promote(Instant::now());
         } else {
@@ -2103,6 +2134,7 @@ impl Node {
                 raw.raft.term, raw.raft.leader_id
             ));
             for (_, (_, waiters)) in self.reads_in_flight.borrow_mut().drain() {
+                crate::metrics::count(&self.metrics.read_indexes_failed);
                 for w in waiters {
                     let _ = w.send(Err(ServerError::LeaderChanged));
                 }
@@ -2192,7 +2224,7 @@ impl Node {
         // The group commit: one frame, one fdatasync for the whole Ready.
         let started = Instant::now();
         wal.sync().await?;
-        self.metrics.wal_fsync.observe(started.elapsed());
+        self.metrics.wal_fsync.observe_seconds(started.elapsed());
         self.send(ready.take_persisted_messages());
         let mut light = raw.advance(ready);
         self.send(light.take_messages());
@@ -2301,6 +2333,7 @@ impl Node {
         if msgs.is_empty() {
             return;
         }
+        self.note_heartbeats(&msgs);
         if msgs
             .iter()
             .any(|m| m.get_msg_type() == MessageType::MsgSnapshot)
@@ -2314,6 +2347,25 @@ impl Node {
             }
         }
         self.transport.send(msgs);
+    }
+
+    /// Counts heartbeats sent later than twice the heartbeat interval after
+    /// the previous one to the same peer, as etcd's leader counts them: a
+    /// sign that it is too loaded (or its disk too slow) to keep followers
+    /// from starting elections.
+    fn note_heartbeats(&self, msgs: &[Message]) {
+        let mut sent = self.heartbeats_sent.borrow_mut();
+        let now = Instant::now();
+        for m in msgs {
+            if m.get_msg_type() != MessageType::MsgHeartbeat {
+                continue;
+            }
+            if let Some(last) = sent.insert(m.to, now) {
+                if now.duration_since(last) > 2 * self.tick_interval {
+                    crate::metrics::count(&self.metrics.heartbeat_send_failures);
+                }
+            }
+        }
     }
 
     /// raft-rs asked for a snapshot to a follower that lags behind the log
@@ -2440,7 +2492,15 @@ impl Node {
                         mvcc.apply_noop(entry.index)?;
                         Err(ServerError::Lease(crate::lease::LeaseError::NotFound))
                     } else {
-                        match mvcc.apply(entry.index, &req) {
+                        let compacting =
+                            matches!(req, mvcc::Request::Compaction(_)).then(Instant::now);
+                        let applied = mvcc.apply(entry.index, &req);
+                        if let (Some(started), Some(stats)) =
+                            (compacting, mvcc.take_compaction_stats())
+                        {
+                            self.metrics.note_compaction(started.elapsed(), stats);
+                        }
+                        match applied {
                             Ok(outcome) => {
                                 grew |= crate::alarm::cost(&req) > 0;
                                 lessor.on_events(&outcome.events);
@@ -2464,7 +2524,7 @@ impl Node {
                     match granted {
                         Ok(ttl) => {
                             crate::metrics::count(&self.metrics.leases_granted);
-                            self.metrics.lease_ttls.observe(ttl);
+                            self.metrics.lease_ttls.observe(ttl.max(0) as f64);
                             mvcc.put_meta(
                                 entry.index,
                                 &lease_record_name(lease),
@@ -2743,6 +2803,7 @@ impl Node {
             revision: mvcc.current_revision(),
             compact_revision: mvcc.compact_revision(),
             wal_syncs: wal.frames_written(),
+            wal_bytes: wal.bytes_written(),
             is_learner: self.learner.get(),
         });
         self.leads_settled.set(
@@ -2814,7 +2875,9 @@ impl Node {
                 .checkpoint(&engine)
                 .await
                 .map_err(ServerError::from);
-            node.metrics.backend_commit.observe(started.elapsed());
+            node.metrics
+                .backend_commit
+                .observe_seconds(started.elapsed());
             *node.snapshot_done.borrow_mut() = Some(result);
             node.queue_ready.notify();
         })
@@ -3313,6 +3376,16 @@ impl Node {
     /// MemberPromote: a learner becomes a voter once it has caught up (etcd's
     /// rule: its log within 10% of the leader's). Decided on the leader.
     pub async fn member_promote(&self, id: u64) -> Result<Vec<MemberRecord>> {
+        let promoted = self.promote_as_leader(id).await;
+        match &promoted {
+            Ok(_) => crate::metrics::count(&self.metrics.learners_promoted),
+            Err(ServerError::NotLeader) => {}
+            Err(e) => self.metrics.note_promote_failure(&e.to_string()),
+        }
+        promoted
+    }
+
+    async fn promote_as_leader(&self, id: u64) -> Result<Vec<MemberRecord>> {
         let record = self.known_member(id).await?;
         if !record.is_learner {
             return Err(ServerError::Membership(
@@ -3339,11 +3412,8 @@ impl Node {
         if self.strict_reconfig && started + 1 < quorum(voters + 1) {
             return Err(ServerError::Membership(NOT_ENOUGH_STARTED));
         }
-        let members = self
-            .change_membership(ConfChangeType::AddNode, &record)
-            .await?;
-        crate::metrics::count(&self.metrics.learners_promoted);
-        Ok(members)
+        self.change_membership(ConfChangeType::AddNode, &record)
+            .await
     }
 
     /// Replaces a voter with a new one in a single joint-consensus step

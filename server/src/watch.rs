@@ -145,6 +145,15 @@ pub fn events_sent_in_process() -> u64 {
     EVENTS_SENT.load(Ordering::Relaxed)
 }
 
+/// Events in watch responses queued for their streams and not yet taken.
+static PENDING_EVENTS: AtomicU64 = AtomicU64::new(0);
+
+/// Events queued for watch clients, not yet sent
+/// (`etcd_debugging_mvcc_pending_events_total`).
+pub fn pending_events_in_process() -> u64 {
+    PENDING_EVENTS.load(Ordering::Relaxed)
+}
+
 /// Counts one open watch stream in [`WATCH_STREAMS`] while it lives.
 pub struct StreamCount(());
 
@@ -233,10 +242,12 @@ pub struct WatchOut {
 impl WatchOut {
     /// Queues `resp`; false if the client is gone.
     pub fn send(&self, resp: pb::WatchResponse) -> bool {
+        let events = resp.events.len() as u64;
         if self.tx.unbounded_send(resp).is_err() {
             return false;
         }
         self.queue.queued.set(self.queue.queued.get() + 1);
+        PENDING_EVENTS.fetch_add(events, Ordering::Relaxed);
         true
     }
 
@@ -280,11 +291,12 @@ impl WatchIn {
     /// The next queued response, if one is queued now.
     pub fn try_next(&mut self) -> Option<pb::WatchResponse> {
         let resp = self.rx.try_recv().ok()?;
-        self.took();
+        self.took(&resp);
         Some(resp)
     }
 
-    fn took(&self) {
+    fn took(&self, resp: &pb::WatchResponse) {
+        PENDING_EVENTS.fetch_sub(resp.events.len() as u64, Ordering::Relaxed);
         let queued = self.queue.queued.get().saturating_sub(1);
         self.queue.queued.set(queued);
         if self.queue.lagging.get() && queued <= CATCH_UP_AT {
@@ -301,10 +313,20 @@ impl futures_lite::Stream for WatchIn {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let polled = Pin::new(&mut self.rx).poll_next(cx);
-        if let Poll::Ready(Some(_)) = &polled {
-            self.took();
+        if let Poll::Ready(Some(resp)) = &polled {
+            self.took(resp);
         }
         polled
+    }
+}
+
+impl Drop for WatchIn {
+    /// Responses the client will never take are no longer pending.
+    fn drop(&mut self) {
+        self.rx.close();
+        while let Ok(resp) = self.rx.try_recv() {
+            PENDING_EVENTS.fetch_sub(resp.events.len() as u64, Ordering::Relaxed);
+        }
     }
 }
 

@@ -312,6 +312,7 @@ pub struct MvccStore<E: Engine> {
     /// Operations counted as etcd's metrics count them (a Cell: reads
     /// count through `&self`).
     ops: std::cell::Cell<OpCounts>,
+    last_compaction: std::cell::Cell<Option<CompactionStats>>,
 }
 
 /// The state a range reads besides the engine: the key index and the
@@ -695,6 +696,15 @@ fn view_of<'a, S>(st: &'a Indexed, snap: &'a S) -> View<'a, S> {
     }
 }
 
+/// What the last compaction did, for the member's metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactionStats {
+    /// Revisions deleted from the engine.
+    pub revisions_deleted: u64,
+    /// Time spent pruning the key index.
+    pub index_pause: std::time::Duration,
+}
+
 /// Ranges, puts, deletes and txns seen by this member, counted as etcd's
 /// `metricsTxnWrite` counts them: each read of the store (a Range, a
 /// compare, the previous value a put or delete returns or keeps) is a
@@ -706,6 +716,8 @@ pub struct OpCounts {
     pub puts: u64,
     pub deletes: u64,
     pub txns: u64,
+    /// Bytes of the keys and values put (etcd's `total_put_size`).
+    pub put_bytes: u64,
 }
 
 impl OpCounts {
@@ -714,6 +726,7 @@ impl OpCounts {
         self.puts += other.puts;
         self.deletes += other.deletes;
         self.txns += other.txns;
+        self.put_bytes += other.put_bytes;
     }
 
     /// One store transaction of these operations.
@@ -856,6 +869,7 @@ impl<E: Engine> MvccStore<E> {
             }),
             read_prev_for_watchers: true,
             ops: std::cell::Cell::new(OpCounts::default()),
+            last_compaction: std::cell::Cell::new(None),
         };
         Ok((store, source))
     }
@@ -930,6 +944,11 @@ impl<E: Engine> MvccStore<E> {
             engine: self.engine.clone(),
             shared: Arc::clone(&self.shared),
         }
+    }
+
+    /// What the last compaction applied did, once (then `None`).
+    pub fn take_compaction_stats(&self) -> Option<CompactionStats> {
+        self.last_compaction.take()
     }
 
     /// What this member has served and applied so far (etcd's
@@ -1187,6 +1206,15 @@ impl<E: Engine> MvccStore<E> {
             st.current_rev = rev;
         }
         drop(guard);
+        let put_bytes = changes
+            .iter()
+            .filter(|c| !c.tombstone)
+            .map(|c| (c.kv.key.len() + c.kv.value.len()) as u64)
+            .sum();
+        self.count(OpCounts {
+            put_bytes,
+            ..OpCounts::default()
+        });
         let events = changes
             .into_iter()
             .map(|c| Event {
@@ -1238,15 +1266,23 @@ impl<E: Engine> MvccStore<E> {
         // Plan the deletions first and prune the index only once the batch
         // is durable in the engine, so a failed write changes nothing.
         let mut batch = WriteBatch::new();
-        st.index
-            .compaction_garbage(at, |r| batch.delete(rev_key(r.main, u64::from(r.sub))));
+        let mut garbage = 0u64;
+        st.index.compaction_garbage(at, |r| {
+            garbage += 1;
+            batch.delete(rev_key(r.main, u64::from(r.sub)));
+        });
         batch.put(
             Bytes::from_static(META_COMPACT_REV),
             Bytes::copy_from_slice(&at.to_be_bytes()),
         );
         batch.set_applied_index(index);
         self.engine.write(batch)?;
+        let pruning = std::time::Instant::now();
         st.index.compact(at);
+        self.last_compaction.set(Some(CompactionStats {
+            revisions_deleted: garbage,
+            index_pause: pruning.elapsed(),
+        }));
         st.compact_rev = at;
         Ok(ApplyOutcome {
             response: Response::Compaction(CompactionResponse {

@@ -720,6 +720,17 @@ fn learner_added_promoted_and_member_removed_with_etcdctl() {
     };
     assert_eq!(promotions(&leader), 1.0);
     assert_eq!(promotions(&follower), 0.0);
+    // The refusals count on the leader, by reason, as etcd counts them;
+    // the follower only passed its requests on.
+    let leader_page = crate::client_url_http::get(&leader, "/metrics").1;
+    assert!(
+        leader_page.contains(
+            "etcd_server_learner_promote_failures{Reason=\"etcdserver: can only promote a learner member\"} 1\n"
+        ),
+        "{leader_page}"
+    );
+    let follower_page = crate::client_url_http::get(&follower, "/metrics").1;
+    assert!(!follower_page.contains("etcd_server_learner_promote_failures"));
 
     // Remove a member that is not the leader: it stops by itself.
     let victim = (0..3).find(|i| eps[*i] != leader).unwrap();
@@ -802,6 +813,28 @@ fn partitioned_leader_steps_down_and_logs_converge_after_healing() {
                 .await
                 .unwrap();
         }
+        // A leader paused for 3 heartbeat intervals (less than an election
+        // timeout) sends its next heartbeats late: etcd's sign of an
+        // overloaded leader, counted.
+        let metric = |i: usize, name: &str| {
+            let page =
+                crate::client_url_http::get(&cluster.members[i].client_endpoint(), "/metrics").1;
+            crate::client_url_http::sample(&page, name)
+        };
+        assert_eq!(
+            metric(old, "etcd_server_heartbeat_send_failures_total"),
+            0.0
+        );
+        cluster.members[old].signal(libc::SIGSTOP);
+        std::thread::sleep(Duration::from_millis(300));
+        cluster.members[old].signal(libc::SIGCONT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while metric(old, "etcd_server_heartbeat_send_failures_total") < 1.0 {
+            assert!(Instant::now() < deadline, "no late heartbeat counted");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (old, _) = leader_and_ids(&cluster.members).await;
+        let mut c_old = connect(&cluster.members[old]).await;
 
         cluster.isolate(Some(old), &ids);
         // The isolated leader notices it lost its quorum (check-quorum).
@@ -826,6 +859,18 @@ fn partitioned_leader_steps_down_and_logs_converge_after_healing() {
         assert!(
             !matches!(put, Ok(Ok(_))),
             "the isolated member acknowledged a write"
+        );
+        // Nor answer a linearizable read: a ReadIndex that failed (no
+        // leader) or timed out, counted.
+        let read = tokio::time::timeout(Duration::from_secs(3), c_old.get("before/0", None)).await;
+        assert!(
+            !matches!(read, Ok(Ok(_))),
+            "the isolated member answered a linearizable read"
+        );
+        assert!(
+            metric(old, "etcd_server_read_indexes_failed_total")
+                + metric(old, "etcd_server_slow_read_indexes_total")
+                >= 1.0
         );
 
         // The majority elects a leader among themselves and serves.

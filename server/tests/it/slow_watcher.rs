@@ -24,6 +24,14 @@ fn slow_watchers(s: &Server) -> f64 {
     )
 }
 
+/// Events queued for watch clients that they have not taken.
+fn pending_events(s: &Server) -> f64 {
+    sample(
+        &get(&s.client_endpoint(), "/metrics").1,
+        "etcd_debugging_mvcc_pending_events_total",
+    )
+}
+
 #[test]
 fn a_watcher_whose_client_stops_reading_catches_up_from_history() {
     let dir = tempfile::tempdir().unwrap();
@@ -54,6 +62,8 @@ fn a_watcher_whose_client_stops_reading_catches_up_from_history() {
             1.0,
             "the unread watcher did not fall behind"
         );
+        // Its full queue: one event in each of 1024 responses.
+        assert!(pending_events(&s) >= 1024.0, "{}", pending_events(&s));
         let mut got = Vec::with_capacity(PUTS);
         while got.len() < PUTS {
             let resp = within("events", stream.message())
@@ -83,10 +93,14 @@ fn a_watcher_whose_client_stops_reading_catches_up_from_history() {
         );
     });
     for _ in 0..200 {
-        if slow_watchers(&s) == 0.0 {
+        if slow_watchers(&s) == 0.0 && pending_events(&s) == 0.0 {
             return;
         }
         std::thread::sleep(Duration::from_millis(25));
     }
-    panic!("the watcher still counts as slow after catching up");
+    panic!(
+        "after catching up: {} slow watchers, {} pending events",
+        slow_watchers(&s),
+        pending_events(&s)
+    );
 }

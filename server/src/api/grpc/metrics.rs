@@ -82,6 +82,16 @@ const CODES: [&str; 17] = [
     "Unauthenticated",
 ];
 
+/// The `client-api-version` values etcd's clients send, in label order
+/// (`etcd_server_client_requests_total`). Any other value, or none, counts
+/// as `unknown`, so a client cannot grow the page without bound.
+const CLIENT_VERSIONS: [&str; 9] = [
+    "3.0", "3.1", "3.2", "3.3", "3.4", "3.5", "3.6", "3.7", "unknown",
+];
+
+/// The request types of `etcd_server_client_requests_total`, in label order.
+const REQUEST_TYPES: [&str; 2] = ["stream", "unary"];
+
 /// The index in [`METHODS`] of a gRPC path (`/etcdserverpb.KV/Put`).
 pub fn method_of(path: &str) -> Option<usize> {
     let (service, method) = path.strip_prefix('/')?.split_once('/')?;
@@ -98,6 +108,12 @@ struct Slot {
     sent: Box<[AtomicU64]>,
     /// `METHODS.len() * CODES.len()`, method-major.
     handled: Box<[AtomicU64]>,
+    /// `CLIENT_VERSIONS.len() * REQUEST_TYPES.len()`, version-major.
+    client_requests: Box<[AtomicU64]>,
+    /// Bytes of gRPC messages (etcd's codec counts what it decodes and
+    /// encodes: the 5-byte prefixes aside).
+    received_bytes: AtomicU64,
+    sent_bytes: AtomicU64,
 }
 
 fn zeros(n: usize) -> Box<[AtomicU64]> {
@@ -130,6 +146,9 @@ impl GrpcCounters {
                 received: zeros(n),
                 sent: zeros(n),
                 handled: zeros(n * CODES.len()),
+                client_requests: zeros(CLIENT_VERSIONS.len() * REQUEST_TYPES.len()),
+                received_bytes: AtomicU64::new(0),
+                sent_bytes: AtomicU64::new(0),
             })
             .collect();
         GrpcCounters { slots }
@@ -143,12 +162,29 @@ impl GrpcCounters {
         self.slot(shard).started[method].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn received(&self, shard: usize, method: usize, messages: u64) {
-        self.slot(shard).received[method].fetch_add(messages, Ordering::Relaxed);
+    pub fn received(&self, shard: usize, method: usize, messages: u64, bytes: u64) {
+        let slot = self.slot(shard);
+        slot.received[method].fetch_add(messages, Ordering::Relaxed);
+        slot.received_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    pub fn sent(&self, shard: usize, method: usize, messages: u64) {
-        self.slot(shard).sent[method].fetch_add(messages, Ordering::Relaxed);
+    pub fn sent(&self, shard: usize, method: usize, messages: u64, bytes: u64) {
+        let slot = self.slot(shard);
+        slot.sent[method].fetch_add(messages, Ordering::Relaxed);
+        slot.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// A client request (`stream` or not) from a client that says it speaks
+    /// `version` (its `client-api-version` metadata), as etcd's
+    /// interceptors count them.
+    pub fn client_request(&self, shard: usize, version: Option<&[u8]>, stream: bool) {
+        let unknown = CLIENT_VERSIONS.len() - 1;
+        let v = version
+            .and_then(|v| CLIENT_VERSIONS.iter().position(|c| c.as_bytes() == v))
+            .unwrap_or(unknown);
+        let t = if stream { 0 } else { 1 };
+        self.slot(shard).client_requests[v * REQUEST_TYPES.len() + t]
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// An RPC ended with gRPC status `code` (an unknown number counts as
@@ -166,6 +202,56 @@ impl GrpcCounters {
             .iter()
             .map(|s| pick(s)[i].load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// etcd's families counted at its gRPC edge: client requests by
+    /// version and type (only those seen, as a Go counter vector prints),
+    /// and the bytes of client messages.
+    pub fn render_etcd(&self, out: &mut String) {
+        let bytes = |pick: fn(&Slot) -> &AtomicU64| -> u64 {
+            self.slots
+                .iter()
+                .map(|s| pick(s).load(Ordering::Relaxed))
+                .sum()
+        };
+        for (name, help, value) in [
+            (
+                "etcd_network_client_grpc_received_bytes_total",
+                "The total number of bytes received from grpc clients.",
+                bytes(|s| &s.received_bytes),
+            ),
+            (
+                "etcd_network_client_grpc_sent_bytes_total",
+                "The total number of bytes sent to grpc clients.",
+                bytes(|s| &s.sent_bytes),
+            ),
+        ] {
+            let value = crate::metrics::go_float(value);
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
+        }
+        let name = "etcd_server_client_requests_total";
+        let mut head = Some(format!(
+            "# HELP {name} The total number of client requests per client version.\n# TYPE {name} counter\n"
+        ));
+        for (v, version) in CLIENT_VERSIONS.iter().enumerate() {
+            for (t, kind) in REQUEST_TYPES.iter().enumerate() {
+                let n = self.sum(|s| &s.client_requests, v * REQUEST_TYPES.len() + t);
+                if n == 0 {
+                    continue;
+                }
+                if let Some(head) = head.take() {
+                    out.push_str(&head);
+                }
+                let _ = writeln!(
+                    out,
+                    "{name}{{client_api_version=\"{version}\",type=\"{kind}\"}} {}",
+                    crate::metrics::go_float(n)
+                );
+            }
+        }
     }
 
     /// The four families as go-grpc-prometheus writes them: alphabetical,
@@ -251,6 +337,8 @@ pub struct Counted<B> {
     prefix: [u8; 5],
     prefix_len: usize,
     messages: u64,
+    /// Bytes of the messages, prefixes aside.
+    bytes: u64,
     /// Where the counts go; `None` once counted (or never counted).
     target: Option<(ShardCounters, usize, Count)>,
 }
@@ -264,6 +352,7 @@ impl<B> Counted<B> {
             prefix: [0; 5],
             prefix_len: 0,
             messages: 0,
+            bytes: 0,
             target,
         }
     }
@@ -295,6 +384,7 @@ impl<B> Counted<B> {
                     self.prefix[4],
                 ];
                 self.in_message = u64::from(u32::from_be_bytes(len));
+                self.bytes += self.in_message;
             }
         }
     }
@@ -304,9 +394,11 @@ impl<B> Counted<B> {
             return;
         };
         match count {
-            Count::Received => c.counters.received(c.shard, method, self.messages),
+            Count::Received => c
+                .counters
+                .received(c.shard, method, self.messages, self.bytes),
             Count::SentAndHandled => {
-                c.counters.sent(c.shard, method, self.messages);
+                c.counters.sent(c.shard, method, self.messages, self.bytes);
                 c.counters
                     .handled(c.shard, method, status.unwrap_or(CANCELED));
             }
@@ -391,7 +483,39 @@ mod tests {
             c.scan(chunk);
         }
         assert_eq!(c.messages, 2);
+        assert_eq!(c.bytes, 3);
         assert_eq!((c.in_message, c.prefix_len), (0, 0));
+        c.finish(None);
+        let mut page = String::new();
+        counters.render_etcd(&mut page);
+        assert!(page.contains("\netcd_network_client_grpc_received_bytes_total 3\n"));
+    }
+
+    /// Client requests by the version the client names: one etcd knows,
+    /// or `unknown` for none and for anything else (a client cannot add
+    /// series); only the series seen are printed, in label order.
+    #[test]
+    fn client_requests_by_version_and_type() {
+        let c = GrpcCounters::new(2);
+        let mut page = String::new();
+        c.render_etcd(&mut page);
+        assert!(!page.contains("etcd_server_client_requests_total"));
+        c.client_request(0, Some(b"3.4"), false);
+        c.client_request(1, Some(b"3.4"), false);
+        c.client_request(1, Some(b"3.4"), true);
+        c.client_request(0, None, true);
+        c.client_request(0, Some(b"\"}\n9.9"), false);
+        let mut page = String::new();
+        c.render_etcd(&mut page);
+        let name = "etcd_server_client_requests_total";
+        let want = format!(
+            "# TYPE {name} counter\n\
+             {name}{{client_api_version=\"3.4\",type=\"stream\"}} 1\n\
+             {name}{{client_api_version=\"3.4\",type=\"unary\"}} 2\n\
+             {name}{{client_api_version=\"unknown\",type=\"stream\"}} 1\n\
+             {name}{{client_api_version=\"unknown\",type=\"unary\"}} 1\n"
+        );
+        assert!(page.ends_with(&want), "{page}");
     }
 
     #[test]

@@ -129,6 +129,12 @@ impl Router {
             };
             return Ok(resp.map(boxed));
         }
+        if let Some(c) = self.counters {
+            let version = req.headers().get("client-api-version");
+            let stream = is_stream(req.uri().path());
+            c.counters
+                .client_request(c.shard, version.map(|v| v.as_bytes()), stream);
+        }
         let leader_required = requires_leader(req.headers());
         if leader_required && !Box::pin(SendWrapper::new(self.leader.has_leader())).await {
             return Ok(no_leader_status()
