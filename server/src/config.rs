@@ -110,6 +110,9 @@ pub struct Config {
     pub max_request_bytes: usize,
     /// `periodic` or `revision`.
     pub auto_compaction_mode: String,
+    /// etcd's `--metrics`: `basic`, or `extensive` to add gRPC handling
+    /// time histograms.
+    pub metrics: String,
     /// `0` disables; periodic: hours (`1`) or a duration (`30m`, `10s`);
     /// revision: a number of revisions to keep.
     pub auto_compaction_retention: String,
@@ -245,6 +248,7 @@ impl Default for Config {
             election_timeout: 1000,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             auto_compaction_mode: "periodic".into(),
+            metrics: "basic".into(),
             auto_compaction_retention: "0".into(),
             wal_batch_window_us: 0,
             wal_max_batch: 4096,
@@ -353,6 +357,8 @@ pub struct Flags {
     pub max_request_bytes: Option<usize>,
     #[arg(long)]
     pub auto_compaction_mode: Option<String>,
+    #[arg(long)]
+    pub metrics: Option<String>,
     #[arg(long)]
     pub auto_compaction_retention: Option<String>,
     #[arg(long)]
@@ -580,6 +586,7 @@ impl Config {
             max_request_bytes,
             auto_compaction_mode,
             auto_compaction_retention,
+            metrics,
             wal_batch_window_us,
             wal_max_batch,
             wal_segment_bytes,
@@ -889,6 +896,13 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if !matches!(self.metrics.as_str(), "basic" | "extensive") {
+            return Err(invalid_flag(
+                "metrics",
+                self.metrics.clone(),
+                "expected basic or extensive",
+            ));
+        }
         if let Some(list) = &self.cpus {
             parse_cpu_list(list).map_err(|reason| invalid_flag("cpus", list.clone(), reason))?;
         }

@@ -85,6 +85,13 @@ pub const FLAGS: &[FlagDoc] = &[
     ),
     flag(
         "Member",
+        "metrics",
+        "<basic|extensive>",
+        "basic",
+        "extensive adds grpc_server_handling_seconds, each gRPC method's handling time, to /metrics (as etcd).",
+    ),
+    flag(
+        "Member",
         "snapshot-count",
         "<entries>",
         "100000",
@@ -500,7 +507,6 @@ pub const ETCD_ONLY: &[(&str, Takes)] = &[
     ("experimental-enable-v2v3", Takes::Value),
     ("enable-pprof", Takes::Nothing),
     ("enable-grpc-gateway", Takes::Nothing),
-    ("metrics", Takes::Value),
     ("cors", Takes::Value),
     ("host-whitelist", Takes::Value),
     ("grpc-keepalive-interval", Takes::Value),

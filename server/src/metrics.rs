@@ -815,7 +815,7 @@ fn render_process(out: &mut String, p: &ProcessFigures) {
 /// Prometheus text format): the shortest digits that read back the same,
 /// in exponent form below 1e-4 and from 1e6 on (`2.5935872e+07`,
 /// `1.79577519494e+09`, `1.5e-05`), plain otherwise (`0.02`, `20000`).
-fn go_float64(v: f64) -> String {
+pub(crate) fn go_float64(v: f64) -> String {
     if !v.is_finite() {
         return if v.is_nan() {
             "NaN".into()

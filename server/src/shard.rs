@@ -878,7 +878,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
     let cpus = cpu_set(&cfg)?;
     let shards = shard_count(&cfg, &cpus)?;
     let owner_accepts_clients = owner_accepts_clients(&cfg, shards)?;
-    crate::api::grpc::metrics::init(shards);
+    crate::api::grpc::metrics::init(shards, cfg.metrics == "extensive");
     let addrs = cfg
         .http_listen_addrs()
         .map_err(|e| ServerError::Startup(e.to_string()))?;

@@ -1301,3 +1301,30 @@ fn compaction_defrag_backup_and_hash_count_as_etcds() {
         "etcd serves these, metcd does not, docs/operations.md does not say why: {undocumented:?}"
     );
 }
+
+/// `--metrics extensive` (etcd's flag) adds each gRPC method's handling
+/// time; the default, `basic`, does not; anything else is refused at start.
+#[test]
+fn metrics_extensive_adds_grpc_handling_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let extensive = Server::start(&dir.path().join("x"), &["--metrics", "extensive"]);
+    let basic = Server::start(&dir.path().join("b"), &[]);
+    for s in [&extensive, &basic] {
+        crate::etcd_peer::etcdctl_ok(&s.client_endpoint(), &["put", "k", "v"]);
+    }
+    let put = "{grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"}";
+    let page = get(&extensive.client_endpoint(), "/metrics").1;
+    assert_eq!(
+        sample(&page, &format!("grpc_server_handling_seconds_count{put}")),
+        1.0
+    );
+    assert!(sample(&page, &format!("grpc_server_handling_seconds_sum{put}")) > 0.0);
+    assert!(!get(&basic.client_endpoint(), "/metrics")
+        .1
+        .contains("grpc_server_handling_seconds"));
+    let out =
+        crate::support::run_metcd_to_exit_with(&dir.path().join("bad"), &["--metrics", "all"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("expected basic or extensive"), "{stderr}");
+}

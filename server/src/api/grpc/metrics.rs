@@ -14,6 +14,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use hyper::body::{Body, Frame, SizeHint};
 
@@ -89,6 +90,17 @@ const CLIENT_VERSIONS: [&str; 9] = [
     "3.0", "3.1", "3.2", "3.3", "3.4", "3.5", "3.6", "3.7", "unknown",
 ];
 
+/// Prometheus' default buckets, which go-grpc-prometheus' handling-time
+/// histogram uses (`--metrics extensive`), in seconds.
+const HANDLING_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Counters per method of the handling-time histogram: its buckets (not
+/// cumulative here), then those over every bound, then the summed
+/// nanoseconds.
+const HANDLING_SLOTS: usize = HANDLING_BUCKETS.len() + 2;
+
 /// The request types of `etcd_server_client_requests_total`, in label order.
 const REQUEST_TYPES: [&str; 2] = ["stream", "unary"];
 
@@ -114,6 +126,9 @@ struct Slot {
     /// encodes: the 5-byte prefixes aside).
     received_bytes: AtomicU64,
     sent_bytes: AtomicU64,
+    /// `METHODS.len() * HANDLING_SLOTS` with `--metrics extensive`, else
+    /// empty.
+    handling: Box<[AtomicU64]>,
 }
 
 fn zeros(n: usize) -> Box<[AtomicU64]> {
@@ -123,13 +138,16 @@ fn zeros(n: usize) -> Box<[AtomicU64]> {
 /// The counters of every shard.
 pub struct GrpcCounters {
     slots: Box<[Slot]>,
+    /// Whether RPCs' handling times are measured (`--metrics extensive`).
+    extensive: bool,
 }
 
 static COUNTERS: OnceLock<GrpcCounters> = OnceLock::new();
 
-/// Sets up the process's counters for `shards` shards (once, at start).
-pub fn init(shards: usize) {
-    let _ = COUNTERS.set(GrpcCounters::new(shards));
+/// Sets up the process's counters for `shards` shards (once, at start),
+/// with handling times if `extensive`.
+pub fn init(shards: usize, extensive: bool) {
+    let _ = COUNTERS.set(GrpcCounters::new(shards, extensive));
 }
 
 /// The process's counters, once [`init`] ran.
@@ -138,8 +156,9 @@ pub fn counters() -> Option<&'static GrpcCounters> {
 }
 
 impl GrpcCounters {
-    pub fn new(shards: usize) -> GrpcCounters {
+    pub fn new(shards: usize, extensive: bool) -> GrpcCounters {
         let n = METHODS.len();
+        let handling = if extensive { n * HANDLING_SLOTS } else { 0 };
         let slots = (0..shards.max(1))
             .map(|_| Slot {
                 started: zeros(n),
@@ -149,9 +168,10 @@ impl GrpcCounters {
                 client_requests: zeros(CLIENT_VERSIONS.len() * REQUEST_TYPES.len()),
                 received_bytes: AtomicU64::new(0),
                 sent_bytes: AtomicU64::new(0),
+                handling: zeros(handling),
             })
             .collect();
-        GrpcCounters { slots }
+        GrpcCounters { slots, extensive }
     }
 
     fn slot(&self, shard: usize) -> &Slot {
@@ -187,14 +207,59 @@ impl GrpcCounters {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// An RPC ended with gRPC status `code` (an unknown number counts as
-    /// Unknown, as grpc-go maps it).
-    pub fn handled(&self, shard: usize, method: usize, code: u32) {
+    /// An RPC that began at `since` ended with gRPC status `code` (an
+    /// unknown number counts as Unknown, as grpc-go maps it).
+    pub fn handled(&self, shard: usize, method: usize, code: u32, since: Instant) {
         let code = usize::try_from(code)
             .ok()
             .filter(|c| *c < CODES.len())
             .unwrap_or(2);
-        self.slot(shard).handled[method * CODES.len() + code].fetch_add(1, Ordering::Relaxed);
+        let slot = self.slot(shard);
+        slot.handled[method * CODES.len() + code].fetch_add(1, Ordering::Relaxed);
+        if self.extensive {
+            let took = since.elapsed();
+            let seconds = took.as_secs_f64();
+            let bucket = HANDLING_BUCKETS
+                .iter()
+                .position(|le| seconds <= *le)
+                .unwrap_or(HANDLING_BUCKETS.len());
+            let at = method * HANDLING_SLOTS;
+            slot.handling[at + bucket].fetch_add(1, Ordering::Relaxed);
+            let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+            slot.handling[at + HANDLING_SLOTS - 1].fetch_add(nanos, Ordering::Relaxed);
+        }
+    }
+
+    /// `grpc_server_handling_seconds` (only with `--metrics extensive`),
+    /// every method's series, as go-grpc-prometheus initializes them.
+    fn render_handling(&self, out: &mut String, by_name: &[usize]) {
+        if !self.extensive {
+            return;
+        }
+        let name = "grpc_server_handling_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Histogram of response latency (seconds) of gRPC that had been application-level handled by the server.\n# TYPE {name} histogram"
+        );
+        for &i in by_name {
+            let (service, method, kind) = METHODS[i];
+            let labels =
+                format!("grpc_method=\"{method}\",grpc_service=\"{service}\",grpc_type=\"{kind}\"");
+            let at = i * HANDLING_SLOTS;
+            let mut cumulative = 0;
+            for (b, le) in HANDLING_BUCKETS.iter().enumerate() {
+                cumulative += self.sum(|s| &s.handling, at + b);
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+            }
+            cumulative += self.sum(|s| &s.handling, at + HANDLING_BUCKETS.len());
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+            let seconds = self.sum(|s| &s.handling, at + HANDLING_SLOTS - 1) as f64 / 1e9;
+            let _ = writeln!(
+                out,
+                "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {cumulative}",
+                crate::metrics::go_float64(seconds)
+            );
+        }
     }
 
     fn sum(&self, pick: impl Fn(&Slot) -> &[AtomicU64], i: usize) -> u64 {
@@ -299,6 +364,7 @@ impl GrpcCounters {
                 |s| &s.started,
             ),
         ];
+        self.render_handling(out, &by_name);
         for (name, help, pick) in families {
             head(out, name, help);
             for &i in &by_name {
@@ -318,9 +384,10 @@ impl GrpcCounters {
 pub enum Count {
     /// A request's messages: `grpc_server_msg_received_total`.
     Received,
-    /// A response's messages, and the RPC's end with the status of its
-    /// trailers (`Canceled` when the client went away first).
-    SentAndHandled,
+    /// A response's messages, and the end of the RPC begun at `since`
+    /// with the status of its trailers (`Canceled` when the client went
+    /// away first).
+    SentAndHandled { since: Instant },
 }
 
 /// gRPC's `Canceled`.
@@ -397,10 +464,10 @@ impl<B> Counted<B> {
             Count::Received => c
                 .counters
                 .received(c.shard, method, self.messages, self.bytes),
-            Count::SentAndHandled => {
+            Count::SentAndHandled { since } => {
                 c.counters.sent(c.shard, method, self.messages, self.bytes);
                 c.counters
-                    .handled(c.shard, method, status.unwrap_or(CANCELED));
+                    .handled(c.shard, method, status.unwrap_or(CANCELED), since);
             }
         }
     }
@@ -474,7 +541,7 @@ mod tests {
 
     #[test]
     fn messages_are_counted_across_frame_boundaries() {
-        let counters: &'static GrpcCounters = Box::leak(Box::new(GrpcCounters::new(1)));
+        let counters: &'static GrpcCounters = Box::leak(Box::new(GrpcCounters::new(1, false)));
         let target = ShardCounters { counters, shard: 0 };
         let mut c = Counted::new((), Some((target, 0, Count::Received)));
         // Two messages (3 and 0 bytes) split at awkward places.
@@ -491,12 +558,53 @@ mod tests {
         assert!(page.contains("\netcd_network_client_grpc_received_bytes_total 3\n"));
     }
 
+    /// With `--metrics extensive`, each method's handling times, in the
+    /// lines etcd 3.4 printed for one Put (its sum aside); without, none.
+    #[test]
+    fn handling_times_as_etcd_prints_them() {
+        let put = method_of("/etcdserverpb.KV/Put").unwrap();
+        let basic = GrpcCounters::new(1, false);
+        basic.handled(0, put, 0, Instant::now());
+        let mut page = String::new();
+        basic.render(&mut page);
+        assert!(!page.contains("grpc_server_handling_seconds"));
+        let c = GrpcCounters::new(2, true);
+        c.handled(1, put, 0, Instant::now());
+        let mut page = String::new();
+        c.render(&mut page);
+        let labels = "grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"";
+        let mut want = String::new();
+        for le in [
+            "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf",
+        ] {
+            want.push_str(&format!(
+                "grpc_server_handling_seconds_bucket{{{labels},le=\"{le}\"}} 1\n"
+            ));
+        }
+        want.push_str(&format!("grpc_server_handling_seconds_sum{{{labels}}} "));
+        assert!(page.contains(&want), "{page}");
+        assert!(page.contains(&format!(
+            "\ngrpc_server_handling_seconds_count{{{labels}}} 1\n"
+        )));
+        // Every method has its series, zeros included; the first by name
+        // is Maintenance's Alarm, as etcd lists them.
+        assert_eq!(
+            page.matches("\ngrpc_server_handling_seconds_count{")
+                .count(),
+            METHODS.len()
+        );
+        assert!(page.contains(
+            "# TYPE grpc_server_handling_seconds histogram\n\
+             grpc_server_handling_seconds_bucket{grpc_method=\"Alarm\",grpc_service=\"etcdserverpb.Maintenance\",grpc_type=\"unary\",le=\"0.005\"} 0\n"
+        ));
+    }
+
     /// Client requests by the version the client names: one etcd knows,
     /// or `unknown` for none and for anything else (a client cannot add
     /// series); only the series seen are printed, in label order.
     #[test]
     fn client_requests_by_version_and_type() {
-        let c = GrpcCounters::new(2);
+        let c = GrpcCounters::new(2, false);
         let mut page = String::new();
         c.render_etcd(&mut page);
         assert!(!page.contains("etcd_server_client_requests_total"));
@@ -520,12 +628,12 @@ mod tests {
 
     #[test]
     fn the_page_lists_every_method_and_code_in_gos_order() {
-        let c = GrpcCounters::new(2);
+        let c = GrpcCounters::new(2, false);
         let put = method_of("/etcdserverpb.KV/Put").unwrap();
         c.started(0, put);
         c.started(1, put);
-        c.handled(1, put, 0);
-        c.handled(0, put, 99);
+        c.handled(1, put, 0, Instant::now());
+        c.handled(0, put, 99, Instant::now());
         let mut page = String::new();
         c.render(&mut page);
         assert!(page.contains(

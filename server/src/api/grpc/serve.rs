@@ -144,6 +144,7 @@ impl Router {
         let guard_stream = leader_required && is_stream(req.uri().path());
         // Counted from here, as etcd's interceptors count after the
         // leader check.
+        let since = std::time::Instant::now();
         let counted = self
             .counters
             .and_then(|c| Some((c, metrics::method_of(req.uri().path())?)));
@@ -165,11 +166,12 @@ impl Router {
             // A refusal before any answer: its status is in the headers.
             Some((c, method)) if metrics::status_of(resp.headers()).is_some() => {
                 let code = metrics::status_of(resp.headers()).unwrap_or(CANCELED);
-                c.counters.handled(c.shard, method, code);
+                c.counters.handled(c.shard, method, code, since);
                 resp.map(|body| body.boxed_unsync())
             }
             Some((c, method)) => resp.map(|body| {
-                Counted::new(body, Some((c, method, Count::SentAndHandled))).boxed_unsync()
+                Counted::new(body, Some((c, method, Count::SentAndHandled { since })))
+                    .boxed_unsync()
             }),
             None => resp.map(|body| body.boxed_unsync()),
         };
