@@ -60,16 +60,36 @@ impl<const FIRST_E4: u64, const N: usize> Histogram<FIRST_E4, N> {
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(out, name, "");
+    }
+
+    /// The histogram's lines with `labels` (`To="…"`, or none).
+    fn render_series(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
         let mut cumulative = 0;
         for (i, count) in self.buckets.iter().enumerate() {
             cumulative += count.get();
             let le = go_float64(Self::bound(i));
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
+            );
         }
         cumulative += self.over.get();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
+        );
         let sum = go_float64(self.sum.get());
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cumulative}");
+        let labels = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(
+            out,
+            "{name}_sum{labels} {sum}\n{name}_count{labels} {cumulative}"
+        );
     }
 }
 
@@ -129,6 +149,8 @@ pub struct NodeMetrics {
     /// The Hash and HashKV RPCs.
     pub hash: Histogram<100, 15>,
     pub hash_rev: Histogram<100, 15>,
+    /// Per peer, as leader: from a heartbeat to its response.
+    pub peer_round_trips: std::cell::RefCell<std::collections::BTreeMap<u64, Histogram<1, 16>>>,
 }
 
 /// An apply slower than this counts in `etcd_server_slow_apply_total`
@@ -215,6 +237,8 @@ pub struct Gauges {
     pub pending_events: u64,
     /// Bytes of WAL frames this process wrote.
     pub wal_write_bytes: u64,
+    /// Traffic with each peer this member has had a link with.
+    pub peers: Vec<(u64, crate::peer::PeerCounts)>,
 }
 
 /// A metric with one sample: its HELP and TYPE lines, then `name`,
@@ -615,6 +639,7 @@ fn render_more(out: &mut String, g: &Gauges, m: &NodeMetrics) {
             let _ = writeln!(out, "{name}{{Reason=\"{reason}\"}} {}", go_float(*n));
         }
     }
+    render_peers(out, g, m);
     counter(
         out,
         "etcd_server_read_indexes_failed_total",
@@ -627,6 +652,89 @@ fn render_more(out: &mut String, g: &Gauges, m: &NodeMetrics) {
         "The total number of pending read indexes not in sync with leader's or timed out read index requests.",
         m.slow_read_indexes.get(),
     );
+}
+
+/// etcd's peer network families (rafthttp's): a series per peer once
+/// there is something to count, labelled with member IDs in hex.
+fn render_peers(out: &mut String, g: &Gauges, m: &NodeMetrics) {
+    let mut peers: Vec<(String, crate::peer::PeerCounts)> = g
+        .peers
+        .iter()
+        .map(|(id, counts)| (format!("{id:x}"), *counts))
+        .collect();
+    peers.sort_by(|a, b| a.0.cmp(&b.0));
+    let local = format!("{:x}", g.member_id);
+    type Pick = fn(&crate::peer::PeerCounts) -> Option<u64>;
+    let families: [(&str, &str, &str, &str, Pick); 5] = [
+        (
+            "etcd_network_active_peers",
+            "gauge",
+            "The current number of active peer connections.",
+            "Local",
+            |c| c.ever_active.then_some(u64::from(c.active)),
+        ),
+        (
+            "etcd_network_disconnected_peers_total",
+            "counter",
+            "The total number of disconnected peers.",
+            "Local",
+            |c| (c.disconnects > 0).then_some(c.disconnects),
+        ),
+        (
+            "etcd_network_peer_received_bytes_total",
+            "counter",
+            "The total number of bytes received from peers.",
+            "From",
+            |c| (c.received_bytes > 0).then_some(c.received_bytes),
+        ),
+        (
+            "etcd_network_peer_sent_bytes_total",
+            "counter",
+            "The total number of bytes sent to peers.",
+            "To",
+            |c| (c.sent_bytes > 0).then_some(c.sent_bytes),
+        ),
+        (
+            "etcd_network_peer_sent_failures_total",
+            "counter",
+            "The total number of send failures from peers.",
+            "To",
+            |c| (c.sent_failures > 0).then_some(c.sent_failures),
+        ),
+    ];
+    for (name, kind, help, label, pick) in families {
+        let mut head = Some(format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for (peer, counts) in &peers {
+            let Some(value) = pick(counts) else {
+                continue;
+            };
+            if let Some(head) = head.take() {
+                out.push_str(&head);
+            }
+            let labels = if label == "Local" {
+                format!("Local=\"{local}\",Remote=\"{peer}\"")
+            } else {
+                format!("{label}=\"{peer}\"")
+            };
+            let _ = writeln!(out, "{name}{{{labels}}} {}", go_float(value));
+        }
+    }
+    let round_trips = m.peer_round_trips.borrow();
+    if !round_trips.is_empty() {
+        let name = "etcd_network_peer_round_trip_time_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Round-Trip-Time histogram between peers\n# TYPE {name} histogram"
+        );
+        let mut sorted: Vec<(String, _)> = round_trips
+            .iter()
+            .map(|(id, h)| (format!("{id:x}"), h))
+            .collect();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        for (peer, h) in sorted {
+            h.render_series(out, name, &format!("To=\"{peer}\""));
+        }
+    }
 }
 
 /// A label value escaped as the Prometheus text format wants it.
@@ -999,6 +1107,57 @@ mod tests {
         assert!(!render(&Gauges::default(), &NodeMetrics::default())
             .contains("learner_promote_failures"));
         assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    /// Peer series are labelled with member IDs in hex, sorted as strings,
+    /// and printed once there is something to count.
+    #[test]
+    fn peer_families_as_etcds_rafthttp_prints_them() {
+        let quiet = crate::peer::PeerCounts::default();
+        let busy = crate::peer::PeerCounts {
+            sent_bytes: 10,
+            received_bytes: 20,
+            active: true,
+            ever_active: true,
+            ..quiet
+        };
+        let m = NodeMetrics::default();
+        m.peer_round_trips
+            .borrow_mut()
+            .entry(0xab)
+            .or_default()
+            .observe_seconds(Duration::from_micros(150));
+        let page = render(
+            &Gauges {
+                member_id: 0x1,
+                peers: vec![(0xab, busy), (0x9, busy), (0x7, quiet)],
+                ..Gauges::default()
+            },
+            &m,
+        );
+        assert!(page.contains(
+            "# TYPE etcd_network_active_peers gauge\n\
+             etcd_network_active_peers{Local=\"1\",Remote=\"9\"} 1\n\
+             etcd_network_active_peers{Local=\"1\",Remote=\"ab\"} 1\n"
+        ));
+        assert!(page.contains(
+            "etcd_network_peer_sent_bytes_total{To=\"9\"} 10\n\
+             etcd_network_peer_sent_bytes_total{To=\"ab\"} 10\n"
+        ));
+        assert!(page.contains("etcd_network_peer_received_bytes_total{From=\"ab\"} 20\n"));
+        assert!(!page.contains("Remote=\"7\""));
+        assert!(!page.contains("etcd_network_peer_sent_failures_total"));
+        assert!(!page.contains("etcd_network_disconnected_peers_total"));
+        assert!(page.contains(
+            "etcd_network_peer_round_trip_time_seconds_bucket{To=\"ab\",le=\"0.0001\"} 0\n\
+             etcd_network_peer_round_trip_time_seconds_bucket{To=\"ab\",le=\"0.0002\"} 1\n"
+        ));
+        assert!(page.contains(
+            "etcd_network_peer_round_trip_time_seconds_bucket{To=\"ab\",le=\"3.2768\"} 1\n\
+             etcd_network_peer_round_trip_time_seconds_bucket{To=\"ab\",le=\"+Inf\"} 1\n\
+             etcd_network_peer_round_trip_time_seconds_sum{To=\"ab\"} 0.00015\n\
+             etcd_network_peer_round_trip_time_seconds_count{To=\"ab\"} 1\n"
+        ));
     }
 
     #[test]

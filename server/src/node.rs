@@ -521,8 +521,9 @@ pub struct Node {
     /// This member is a learner (no writes, no linearizable reads).
     learner: Cell<bool>,
     was_leader: Cell<bool>,
-    /// When this member, as leader, last sent each peer a heartbeat.
-    heartbeats_sent: RefCell<HashMap<u64, Instant>>,
+    /// When this member, as leader, last sent each peer a heartbeat, and
+    /// whether its response is still awaited (the round trip's start).
+    heartbeats_sent: RefCell<HashMap<u64, (Instant, bool)>>,
     /// This member leads and has committed an entry of its own term, so
     /// it knows every committed entry (what a hash comparison needs).
     leads_settled: Cell<bool>,
@@ -1119,6 +1120,7 @@ impl Node {
             snapshot_dir: node.dirs.snap.clone(),
             deliver_snapshot,
             query,
+            traffic: node.transport.traffic(),
         });
         for addr in peer_addrs {
             // A member killed a moment ago may still hold the port.
@@ -1383,6 +1385,7 @@ impl Node {
             auth_revision: self.auth.try_borrow().map_or(0, |a| a.revision()),
             pending_events: crate::watch::pending_events_in_process(),
             wal_write_bytes: status.wal_bytes,
+            peers: self.transport.traffic().all(),
         };
         (
             crate::metrics::render(&gauges, &self.metrics),
@@ -2006,6 +2009,9 @@ impl Node {
     fn step_inbound(&self, raw: &mut RawNode<MemStorage>) -> Result<()> {
         let msgs = std::mem::take(&mut *self.inbound.borrow_mut());
         for m in msgs {
+            if m.get_msg_type() == MessageType::MsgHeartbeatResponse {
+                self.note_round_trip(m.from);
+            }
             let last = raw.raft.raft_log.last_index();
             if m.get_msg_type() == MessageType::MsgHeartbeat
                 && m.term >= raw.raft.term
@@ -2360,11 +2366,30 @@ impl Node {
             if m.get_msg_type() != MessageType::MsgHeartbeat {
                 continue;
             }
-            if let Some(last) = sent.insert(m.to, now) {
+            if let Some((last, _)) = sent.insert(m.to, (now, true)) {
                 if now.duration_since(last) > 2 * self.tick_interval {
                     crate::metrics::count(&self.metrics.heartbeat_send_failures);
                 }
             }
+        }
+    }
+
+    /// A heartbeat's response came from `peer`: the round trip since the
+    /// heartbeat went out (etcd's `peer_round_trip_time_seconds`, which
+    /// etcd measures with probes of its own; metcd's leader uses the
+    /// heartbeats it sends anyway).
+    fn note_round_trip(&self, peer: u64) {
+        let mut sent = self.heartbeats_sent.borrow_mut();
+        let Some((at, awaited)) = sent.get_mut(&peer) else {
+            return;
+        };
+        if std::mem::take(awaited) {
+            self.metrics
+                .peer_round_trips
+                .borrow_mut()
+                .entry(peer)
+                .or_default()
+                .observe_seconds(at.elapsed());
         }
     }
 

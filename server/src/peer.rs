@@ -157,6 +157,8 @@ pub struct Inbound {
     pub query: QueryHandler,
     /// Whether a member ID was removed from the cluster.
     pub is_removed: Rc<dyn Fn(u64) -> bool>,
+    /// Where received bytes are counted (the transport's counters).
+    pub traffic: Rc<PeerTraffic>,
 }
 
 /// An I/O error as logged, with Go's wording of a TLS alert the other end
@@ -180,6 +182,42 @@ struct Link {
     connected_since: Cell<Option<Instant>>,
 }
 
+/// What this member's traffic with one peer has been (etcd's
+/// `etcd_network_*` families).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCounts {
+    /// Bytes written to the peer: frames and snapshots.
+    pub sent_bytes: u64,
+    /// Bytes of frames read from the peer.
+    pub received_bytes: u64,
+    /// Messages for the peer that were dropped: its queue was full, its
+    /// connection failed before they were written, or it was cut off.
+    pub sent_failures: u64,
+    /// Connections to the peer that were lost.
+    pub disconnects: u64,
+    /// Whether the link to the peer is up, and whether it ever was.
+    pub active: bool,
+    pub ever_active: bool,
+}
+
+/// Traffic counters of every peer, shared by the outbound links and the
+/// inbound connections (both on the owner core).
+#[derive(Debug, Default)]
+pub struct PeerTraffic {
+    peers: RefCell<HashMap<u64, PeerCounts>>,
+}
+
+impl PeerTraffic {
+    fn update(&self, peer: u64, f: impl FnOnce(&mut PeerCounts)) {
+        f(self.peers.borrow_mut().entry(peer).or_default());
+    }
+
+    /// Every peer's counts so far.
+    pub fn all(&self) -> Vec<(u64, PeerCounts)> {
+        self.peers.borrow().iter().map(|(p, c)| (*p, *c)).collect()
+    }
+}
+
 /// Outbound links to every peer and the list of peers found unreachable
 /// since the Raft loop last looked.
 pub struct Transport {
@@ -192,9 +230,15 @@ pub struct Transport {
     told_removed: Cell<bool>,
     /// Peer TLS (`--peer-*` files); plaintext when absent.
     tls: Option<PeerTls>,
+    traffic: Rc<PeerTraffic>,
 }
 
 impl Transport {
+    /// The traffic counters, which inbound connections add to as well.
+    pub fn traffic(&self) -> Rc<PeerTraffic> {
+        self.traffic.clone()
+    }
+
     pub fn new(
         self_id: u64,
         cluster_id: u64,
@@ -209,6 +253,7 @@ impl Transport {
             unreachable: RefCell::new(Vec::new()),
             told_removed: Cell::new(false),
             tls,
+            traffic: Rc::default(),
         })
     }
 
@@ -251,12 +296,16 @@ impl Transport {
             let Some(link) = links.get(&m.to) else {
                 continue;
             };
-            if self.faults.blocks(m.to) {
+            let to = m.to;
+            if self.faults.blocks(to) {
+                self.traffic.update(to, |c| c.sent_failures += 1);
                 continue;
             }
             let mut queue = link.queue.borrow_mut();
             if queue.len() < MAX_QUEUED {
                 queue.push(m);
+            } else {
+                self.traffic.update(to, |c| c.sent_failures += 1);
             }
             drop(queue);
             link.ready.notify();
@@ -310,8 +359,16 @@ impl Transport {
                     }
                     backoff = BACKOFF_MIN;
                     link.connected_since.set(Some(Instant::now()));
+                    self.traffic.update(peer, |c| {
+                        c.active = true;
+                        c.ever_active = true;
+                    });
                     let err = self.pump(peer, &link, &mut stream, &mut buf).await;
                     link.connected_since.set(None);
+                    self.traffic.update(peer, |c| {
+                        c.active = false;
+                        c.disconnects += 1;
+                    });
                     if let Err(e) = err {
                         log(format_args!(
                             "lost connection to {peer:x}: {}",
@@ -329,7 +386,8 @@ impl Transport {
                     }
                 }
             }
-            link.queue.borrow_mut().clear();
+            let dropped = std::mem::take(&mut *link.queue.borrow_mut()).len() as u64;
+            self.traffic.update(peer, |c| c.sent_failures += dropped);
             self.unreachable.borrow_mut().push(peer);
             glommio::timer::sleep(backoff).await;
             backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -441,7 +499,8 @@ impl Transport {
         let mut head = Vec::new();
         encode_frame(msg, &mut head)?;
         let mut f = std::fs::File::open(file)?;
-        head.extend_from_slice(&f.metadata()?.len().to_le_bytes());
+        let data = f.metadata()?.len();
+        head.extend_from_slice(&data.to_le_bytes());
         stream.write_all(&head).await?;
         let mut chunk = vec![0u8; SNAPSHOT_CHUNK];
         let mut crc = 0u32;
@@ -455,6 +514,8 @@ impl Transport {
         }
         stream.write_all(&crc.to_le_bytes()).await?;
         stream.flush().await?;
+        let sent = head.len() as u64 + data + 4;
+        self.traffic.update(msg.to, |c| c.sent_bytes += sent);
         let mut ack = [0u8; 1];
         stream.read_exact(&mut ack).await?;
         if ack[0] != 0 {
@@ -489,6 +550,8 @@ impl Transport {
             }
             stream.write_all(buf).await?;
             stream.flush().await?;
+            let written = buf.len() as u64;
+            self.traffic.update(peer, |c| c.sent_bytes += written);
             if buf.capacity() > 16 << 20 {
                 *buf = Vec::with_capacity(64 << 10);
             }
@@ -708,6 +771,8 @@ async fn receive(
     let mut body = Vec::new();
     loop {
         let msg = read_frame(&mut stream, from, self_id, &mut body).await?;
+        let framed = 8 + body.len() as u64;
+        inbound.traffic.update(from, |c| c.received_bytes += framed);
         if (inbound.is_removed)(from) {
             // Dropping the connection makes it reconnect and hear why.
             return Err(std::io::Error::other(format!(
@@ -821,9 +886,13 @@ async fn receive_snapshot(
     }
     stream.get_mut().write_all(&[0]).await?;
     stream.get_mut().flush().await?;
+    let data = u64::from_le_bytes(len);
+    let received = 8 + body.len() as u64 + 8 + data + 4;
+    inbound
+        .traffic
+        .update(from, |c| c.received_bytes += received);
     log(format_args!(
-        "received a snapshot at index {index} from {from:x} ({} bytes)",
-        u64::from_le_bytes(len)
+        "received a snapshot at index {index} from {from:x} ({data} bytes)"
     ));
     (inbound.deliver_snapshot)(msg, path);
     Ok(())
