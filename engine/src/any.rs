@@ -205,10 +205,14 @@ impl Engine for AnyEngine {
 }
 
 impl AnyEngine {
-    /// Whether a checkpoint rewrites the whole store (the memory engine
-    /// serialises all of it) rather than only what changed since the last.
+    /// Whether the next checkpoint rewrites the whole store (a full one of
+    /// the memory engine) rather than only what changed since the last (the
+    /// memory engine's deltas, and every btree or lsm checkpoint).
     pub fn checkpoint_rewrites_store(&self) -> bool {
-        matches!(self, AnyEngine::Memory(_))
+        match self {
+            AnyEngine::Memory(e) => e.next_checkpoint_rewrites_store(),
+            _ => false,
+        }
     }
 
     /// What the engine's block cache holds (the memory engine has none).

@@ -6,6 +6,20 @@
 //! snapshot can see any more, and checkpointing that state to snapshot files
 //! (and loading it back at startup).
 //!
+//! # Checkpoints: a base and its deltas
+//!
+//! A checkpoint is either full (`<index>.snap`: every live key, the
+//! snapfile format) or a delta (`<prev>-<index>.delta`: the keys written
+//! since the checkpoint at `prev`, each with its value at `index` or a
+//! deletion mark, in the same format). The writer records the keys it
+//! writes once a base exists; a checkpoint takes that set and a snapshot
+//! under the writer lock, so the delta holds exactly what changed between
+//! the two checkpoints. Loading reads the newest base, then every delta
+//! chained after it in order (a gap is corruption, never skipped). A full
+//! checkpoint replaces the chain once its deltas outweigh its base, or
+//! after [`MAX_DELTAS`], so a restart reads at most about twice the store
+//! and a checkpoint writes about what the WAL wrote since the last one.
+//!
 //! It must never: let a reader observe part of a batch; remove a version a
 //! live snapshot (or an in-flight read) can still see; make readers wait for
 //! the writer (readers take at most a short registry lock, never the writer
@@ -60,6 +74,10 @@ fn version_bytes(key: &[u8], value: &[u8]) -> u64 {
     (key.len() + value.len()) as u64 + VERSION_OVERHEAD
 }
 
+/// Keys written since the last checkpoint always recorded, however small
+/// the store (see [`WriterState::tracking`]).
+const DIRTY_KEYS_FLOOR: usize = 4096;
+
 /// Optimistic (unregistered) point reads retry this often when a write lands
 /// underneath them before falling back to a registered snapshot.
 const OPTIMISTIC_READ_ATTEMPTS: usize = 3;
@@ -74,6 +92,15 @@ const STEPS_BEFORE_SEEK: usize = 4;
 
 const SNAPSHOT_SUFFIX: &str = ".snap";
 const TMP_SUFFIX: &str = ".snap.tmp";
+const DELTA_SUFFIX: &str = ".delta";
+const DELTA_TMP_SUFFIX: &str = ".delta.tmp";
+
+/// Deltas after one base at most; then a full checkpoint starts a chain.
+pub const MAX_DELTAS: usize = 16;
+
+/// A delta record's value: a mark byte, then the value for a put.
+const DELTA_PUT: u8 = 1;
+const DELTA_DELETE: u8 = 0;
 
 /// Sequence given to state loaded from a snapshot file: it precedes every
 /// write made after loading, and 0 stays "before anything".
@@ -258,6 +285,27 @@ struct WriterState {
     /// which that was last tried; horizons are non-decreasing front to back.
     deferred: VecDeque<(u64, Bytes)>,
     deferred_keys: HashSet<Bytes>,
+    /// Whether writes are recorded in `dirty` (a checkpoint chain exists
+    /// to add a delta to, and the set stayed smaller than the store).
+    tracking: bool,
+    /// Keys written since the last checkpoint, while `tracking`.
+    dirty: HashSet<Bytes>,
+}
+
+/// The checkpoint files a directory holds for this engine: the base, and
+/// the deltas chained after it.
+#[derive(Debug, Clone, Default)]
+struct Chain {
+    /// The directory the chain is in (a checkpoint elsewhere is full).
+    dir: PathBuf,
+    /// The base's applied index and length, if there is one.
+    base: Option<(u64, u64)>,
+    /// Records in the base (to estimate a delta's size from its keys).
+    base_records: u64,
+    /// The applied index of the newest file of the chain.
+    last: u64,
+    deltas: usize,
+    delta_bytes: u64,
 }
 
 struct Inner {
@@ -271,6 +319,12 @@ struct Inner {
     live_bytes: AtomicU64,
     published: Mutex<Published>,
     writer: Mutex<WriterState>,
+    /// The checkpoint chain on disk (only checkpoints, one at a time, and
+    /// loading change it).
+    chain: Mutex<Chain>,
+    /// Tests: write a delta whenever one can be written, however it
+    /// compares with the base.
+    deltas_whenever_possible: std::sync::atomic::AtomicBool,
 }
 
 impl Inner {
@@ -292,8 +346,63 @@ impl Inner {
                 applied_index,
                 deferred: VecDeque::new(),
                 deferred_keys: HashSet::new(),
+                tracking: false,
+                dirty: HashSet::new(),
             }),
+            chain: Mutex::new(Chain::default()),
+            deltas_whenever_possible: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Applies one record of a delta file to state being loaded (every
+    /// version at [`LOADED_SEQ`]).
+    fn load_delta_record(&self, path: &Path, key: Bytes, record: Bytes) -> Result<()> {
+        let loaded = InternalKey {
+            user_key: key,
+            seq: LOADED_SEQ,
+        };
+        match record.first() {
+            Some(&DELTA_PUT) => {
+                self.versions.insert(loaded, Some(record.slice(1..)));
+            }
+            Some(&DELTA_DELETE) if record.len() == 1 => {
+                self.versions.remove(&loaded);
+            }
+            _ => {
+                return Err(Error::Corrupt {
+                    what: "delta checkpoint",
+                    path: path.to_path_buf(),
+                    offset: 0,
+                    reason: format!(
+                        "a record of key {:02x?} is neither a put nor a deletion",
+                        &loaded.user_key[..loaded.user_key.len().min(32)]
+                    ),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    fn chain(&self) -> MutexGuard<'_, Chain> {
+        self.chain.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn writer_state(&self) -> Result<MutexGuard<'_, WriterState>> {
+        self.writer.lock().map_err(|_| {
+            // Unpublished versions of the interrupted batch may be in the
+            // map; publishing any later sequence would expose them.
+            Error::Poisoned("a memory engine write panicked mid-batch".to_owned())
+        })
+    }
+
+    /// `chain` is what the directory now holds: later writes are recorded
+    /// for the next delta.
+    fn adopt_chain(&self, chain: Chain) -> Result<()> {
+        *self.chain() = chain;
+        let mut writer = self.writer_state()?;
+        writer.tracking = true;
+        writer.dirty.clear();
+        Ok(())
     }
 
     /// The registry only holds counters that every critical section leaves
@@ -477,33 +586,44 @@ impl MemoryEngine {
         }
     }
 
-    /// Loads the newest snapshot file in `dir` (creating `dir` if needed).
+    /// Loads the newest base checkpoint in `dir` and the deltas chained
+    /// after it (creating `dir` if needed).
     ///
-    /// Leftover `*.snap.tmp` files from an interrupted checkpoint are
-    /// deleted. If the newest `*.snap` is corrupt this fails with
-    /// [`Error::Corrupt`] naming it instead of falling back to an older file:
-    /// silently losing acknowledged state is worse than refusing to start.
+    /// Leftover `*.tmp` files from an interrupted checkpoint are deleted,
+    /// and so are deltas older than the base. If a file of the chain is
+    /// corrupt, or a delta does not follow the one before, this fails with
+    /// [`Error::Corrupt`] naming it instead of falling back to an older
+    /// state: silently losing acknowledged state is worse than refusing to
+    /// start.
     pub fn open(dir: &Path) -> Result<MemoryEngine> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create snapshot dir", dir, e))?;
         let mut newest: Option<(u64, PathBuf)> = None;
+        let mut deltas: Vec<(u64, u64, PathBuf)> = Vec::new();
         for (name, path) in list_dir(dir)? {
-            if name.ends_with(TMP_SUFFIX) {
+            if name.ends_with(TMP_SUFFIX) || name.ends_with(DELTA_TMP_SUFFIX) {
                 std::fs::remove_file(&path)
                     .map_err(|e| Error::io("remove stale snapshot tmp", &path, e))?;
             } else if let Some(index) = parse_snapshot_name(&name) {
                 if newest.as_ref().is_none_or(|(best, _)| index > *best) {
                     newest = Some((index, path));
                 }
+            } else if let Some((prev, index)) = parse_delta_name(&name) {
+                deltas.push((prev, index, path));
             }
         }
         let Some((index, path)) = newest else {
+            if let Some((_, _, path)) = deltas.first() {
+                return Err(chain_break(path, "a delta checkpoint without a base"));
+            }
             return Ok(MemoryEngine::new());
         };
         // Streamed into the map record by record: reading the file into a
         // list first would hold every record twice at the peak (and leave
         // the allocator holding that peak after).
         let inner = Inner::new(LOADED_SEQ, index);
+        let mut base_records = 0u64;
         let applied_index = snapfile::read_with(&path, |key, value| {
+            base_records += 1;
             inner.versions.insert(
                 InternalKey {
                     user_key: key,
@@ -514,16 +634,48 @@ impl MemoryEngine {
             Ok(())
         })?;
         if applied_index != index {
-            return Err(Error::Corrupt {
-                what: "snapshot file",
-                path,
-                offset: snapfile::APPLIED_INDEX_OFFSET,
-                reason: format!(
-                    "header applied index {applied_index} does not match the file name's {index}"
-                ),
-            });
+            return Err(name_disagrees(path, applied_index, index));
         }
-        Ok(MemoryEngine::with_loaded(inner).durable_at(index))
+        let mut chain = Chain {
+            dir: dir.to_path_buf(),
+            base: Some((index, file_len(&path)?)),
+            base_records,
+            last: index,
+            ..Chain::default()
+        };
+        deltas.sort_by_key(|(_, index, _)| *index);
+        for (prev, delta_index, path) in deltas {
+            if delta_index <= index {
+                // Left by a crash after the base that replaced it.
+                std::fs::remove_file(&path)
+                    .map_err(|e| Error::io("remove superseded delta", &path, e))?;
+                continue;
+            }
+            if prev != chain.last {
+                return Err(chain_break(
+                    &path,
+                    &format!(
+                        "it follows {prev:016x}, the chain ends at {:016x}",
+                        chain.last
+                    ),
+                ));
+            }
+            let applied = snapfile::read_with(&path, |key, record| {
+                inner.load_delta_record(&path, key, record)
+            })?;
+            if applied != delta_index {
+                return Err(name_disagrees(path, applied, delta_index));
+            }
+            chain.last = delta_index;
+            chain.deltas += 1;
+            chain.delta_bytes += file_len(&path)?;
+        }
+        inner.applied_index.store(chain.last, Ordering::Release);
+        inner.published().applied_index = chain.last;
+        inner.writer_state()?.applied_index = chain.last;
+        let engine = MemoryEngine::with_loaded(inner).durable_at(chain.last);
+        engine.inner.adopt_chain(chain)?;
+        Ok(engine)
     }
 
     /// An engine holding exactly `data` (e.g. a snapshot received from a
@@ -570,15 +722,97 @@ impl MemoryEngine {
         }
     }
 
-    /// Writes a snapshot of the current state to
-    /// `dir/<applied index as 016x>.snap` durably (tmp file, fdatasync,
-    /// rename, directory fsync), then deletes older snapshot files.
-    /// Returns the applied index written. Must run on a glommio executor;
-    /// it yields while writing so the executor keeps serving. Run at most
-    /// one checkpoint per directory at a time; writes may continue meanwhile.
+    /// Makes the current state durable in `dir`: a delta of the keys
+    /// written since the last checkpoint (`<prev>-<index>.delta`), or a full
+    /// snapshot (`<index>.snap`, then the older chain is deleted) when there
+    /// is no chain to add to or it is long enough (see the module docs).
+    /// Each file goes tmp, fdatasync, rename, directory fsync. Returns the
+    /// applied index written. Must run on a glommio executor; the file is
+    /// written on a thread of its own, so the caller's core keeps serving.
+    /// Run at most one checkpoint per directory at a time; writes may
+    /// continue meanwhile.
     pub async fn checkpoint(&self, dir: &Path) -> Result<u64> {
-        let snapshot = self.snapshot();
+        // The snapshot and the keys written before it, taken together:
+        // writes after the snapshot go to the next delta.
+        let (snapshot, tracked, dirty) = {
+            let mut writer = self.inner.writer_state()?;
+            let snapshot = self.snapshot();
+            let tracked = std::mem::replace(&mut writer.tracking, true);
+            (snapshot, tracked, std::mem::take(&mut writer.dirty))
+        };
         let index = snapshot.applied_index();
+        let chain = self.inner.chain().clone();
+        let full = !tracked
+            || self.wants_full(&chain, dirty.len())
+            || index == chain.last
+            || chain.dir != dir;
+        let mut keys: Vec<Bytes> = dirty.into_iter().collect();
+        let written = if full {
+            self.write_full(dir, snapshot, index).await
+        } else {
+            keys.sort_unstable();
+            let shared = Arc::new(keys);
+            let written = self
+                .write_delta(dir, snapshot, &chain, Arc::clone(&shared))
+                .await;
+            keys = Arc::try_unwrap(shared).unwrap_or_else(|shared| shared.as_ref().clone());
+            written
+        };
+        if written.is_err() {
+            // The next checkpoint must still cover what this one did not.
+            let mut writer = self.inner.writer_state()?;
+            if tracked {
+                writer.dirty.extend(keys);
+            } else {
+                writer.tracking = false;
+                writer.dirty.clear();
+            }
+        }
+        written
+    }
+
+    /// Whether the next checkpoint should rewrite the whole store: there
+    /// is no chain to add a delta to, or the chain has [`MAX_DELTAS`], or
+    /// its deltas with this one (estimated from its keys at the base's
+    /// bytes per record) would outweigh its base.
+    fn wants_full(&self, chain: &Chain, dirty_keys: usize) -> bool {
+        let Some((_, base_bytes)) = chain.base else {
+            return true;
+        };
+        if chain.deltas >= MAX_DELTAS {
+            return true;
+        }
+        if self.inner.deltas_whenever_possible.load(Ordering::Relaxed) {
+            return false;
+        }
+        let per_record = base_bytes / chain.base_records.max(1);
+        let next = (dirty_keys as u64).saturating_mul(per_record.max(1));
+        chain.delta_bytes.saturating_add(next) > base_bytes
+    }
+
+    /// Tests: checkpoints write deltas whenever a chain exists in their
+    /// directory (at most [`MAX_DELTAS`] after a base), even when a full
+    /// checkpoint would be as small.
+    #[doc(hidden)]
+    pub fn set_deltas_whenever_possible(&self, on: bool) {
+        self.inner
+            .deltas_whenever_possible
+            .store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the next checkpoint will serialise the whole store, not just
+    /// what changed since the last one (for pacing checkpoints).
+    pub fn next_checkpoint_rewrites_store(&self) -> bool {
+        let Ok(writer) = self.inner.writer_state() else {
+            return true;
+        };
+        let dirty = writer.dirty.len();
+        let tracking = writer.tracking;
+        drop(writer);
+        !tracking || self.wants_full(&self.inner.chain(), dirty)
+    }
+
+    async fn write_full(&self, dir: &Path, snapshot: MemorySnapshot, index: u64) -> Result<u64> {
         let name = snapshot_name(index);
         let final_path = dir.join(&name);
         let tmp_path = dir.join(format!("{name}.tmp"));
@@ -589,7 +823,8 @@ impl MemoryEngine {
         // snapfile::write cleans up its own partial file on failure; the
         // versions the snapshot pinned are collected incrementally by later
         // writes once it is dropped there.
-        write_snapshot_file_off_core(snapshot, &tmp_path, Urgency::Background).await?;
+        let records = self.len_hint() as u64;
+        let len = write_snapshot_file_off_core(snapshot, &tmp_path, Urgency::Background).await?;
 
         glommio::io::rename(&tmp_path, &final_path)
             .await
@@ -598,17 +833,53 @@ impl MemoryEngine {
         self.inner
             .durable_applied_index
             .fetch_max(index, Ordering::AcqRel);
+        *self.inner.chain() = Chain {
+            dir: dir.to_path_buf(),
+            base: Some((index, len)),
+            base_records: records,
+            last: index,
+            ..Chain::default()
+        };
 
-        // The new file is durable, so older ones are garbage. Failing to
-        // delete one only costs disk space and is retried by the next
-        // checkpoint, so it must not turn a durable checkpoint into an error.
+        // The new file is durable, so older ones and every delta are
+        // garbage. Failing to delete one only costs disk space (an open
+        // deletes superseded deltas, and the next full checkpoint retries),
+        // so it must not turn a durable checkpoint into an error.
         if let Ok(files) = list_dir(dir) {
             for (file_name, path) in files {
-                if parse_snapshot_name(&file_name).is_some_and(|older| older < index) {
+                let older = parse_snapshot_name(&file_name).is_some_and(|older| older < index);
+                if older || parse_delta_name(&file_name).is_some() {
                     let _ = glommio::io::remove(&path).await;
                 }
             }
         }
+        Ok(index)
+    }
+
+    async fn write_delta(
+        &self,
+        dir: &Path,
+        snapshot: MemorySnapshot,
+        chain: &Chain,
+        keys: Arc<Vec<Bytes>>,
+    ) -> Result<u64> {
+        let index = snapshot.applied_index();
+        let name = delta_name(chain.last, index);
+        let final_path = dir.join(&name);
+        let tmp_path = dir.join(format!("{name}.tmp"));
+        let delta = DeltaView { snapshot, keys };
+        let len = write_snapshot_file_off_core(delta, &tmp_path, Urgency::Background).await?;
+        glommio::io::rename(&tmp_path, &final_path)
+            .await
+            .map_err(|e| Error::glommio("rename delta checkpoint into place", &final_path, e))?;
+        sync_dir(dir).await?;
+        self.inner
+            .durable_applied_index
+            .fetch_max(index, Ordering::AcqRel);
+        let mut now = self.inner.chain();
+        now.last = index;
+        now.deltas += 1;
+        now.delta_bytes += len;
         Ok(index)
     }
 
@@ -625,14 +896,25 @@ impl MemoryEngine {
             .await
             .map_err(|e| Error::glommio("rename received snapshot into place", &final_path, e))?;
         sync_dir(dir).await?;
+        let len = file_len(&final_path)?;
         if let Ok(files) = list_dir(dir) {
             for (file_name, path) in files {
-                if parse_snapshot_name(&file_name).is_some_and(|other| other != index) {
+                let other = parse_snapshot_name(&file_name).is_some_and(|other| other != index);
+                if other || parse_delta_name(&file_name).is_some() {
                     let _ = glommio::io::remove(&path).await;
                 }
             }
         }
-        Ok(MemoryEngine::from_snapshot_data(data).durable_at(index))
+        let records = data.entries.len() as u64;
+        let engine = MemoryEngine::from_snapshot_data(data).durable_at(index);
+        engine.inner.adopt_chain(Chain {
+            dir: dir.to_path_buf(),
+            base: Some((index, len)),
+            base_records: records,
+            last: index,
+            ..Chain::default()
+        })?;
+        Ok(engine)
     }
 
     /// Number of live (non-deleted) keys in the latest state.
@@ -711,11 +993,7 @@ impl Engine for MemoryEngine {
 
     fn write(&self, batch: WriteBatch) -> Result<()> {
         let inner = &*self.inner;
-        let mut writer = inner.writer.lock().map_err(|_| {
-            // Unpublished versions of the interrupted batch may be in the
-            // map; publishing any later sequence would expose them.
-            Error::Poisoned("a memory engine write panicked mid-batch".to_owned())
-        })?;
+        let mut writer = inner.writer_state()?;
         if let Some(index) = batch.applied_index() {
             if index < writer.applied_index {
                 return Err(Error::Invalid(format!(
@@ -758,6 +1036,19 @@ impl Engine for MemoryEngine {
         }
         writer.last_seq = seq;
         writer.applied_index = applied_index;
+        if writer.tracking {
+            for op in &ops {
+                let (BatchOp::Put { key, .. } | BatchOp::Delete { key }) = op;
+                writer.dirty.insert(key.clone());
+            }
+            // Once most of the store changed, a full checkpoint costs what
+            // a delta would: stop recording (the next one is full).
+            let live = inner.live_keys.load(Ordering::Relaxed);
+            if writer.dirty.len() > live.max(DIRTY_KEYS_FLOOR) {
+                writer.tracking = false;
+                writer.dirty = HashSet::new();
+            }
+        }
 
         let pins = {
             let mut published = inner.published();
@@ -902,6 +1193,98 @@ fn parse_snapshot_name(name: &str) -> Option<u64> {
         return None;
     }
     u64::from_str_radix(hex, 16).ok()
+}
+
+fn delta_name(prev: u64, index: u64) -> String {
+    format!("{prev:016x}-{index:016x}{DELTA_SUFFIX}")
+}
+
+/// The (previous, own) applied indexes in a delta file name, if it is one.
+fn parse_delta_name(name: &str) -> Option<(u64, u64)> {
+    let (prev, index) = name.strip_suffix(DELTA_SUFFIX)?.split_once('-')?;
+    let hex = |h: &str| {
+        (h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| u64::from_str_radix(h, 16).ok())
+            .flatten()
+    };
+    Some((hex(prev)?, hex(index)?))
+}
+
+fn file_len(path: &Path) -> Result<u64> {
+    std::fs::metadata(path)
+        .map(|m| m.len())
+        .map_err(|e| Error::io("stat checkpoint file", path, e))
+}
+
+fn chain_break(path: &Path, reason: &str) -> Error {
+    Error::Corrupt {
+        what: "delta checkpoint",
+        path: path.to_path_buf(),
+        offset: 0,
+        reason: format!("not part of the checkpoint chain: {reason}"),
+    }
+}
+
+fn name_disagrees(path: PathBuf, header: u64, named: u64) -> Error {
+    Error::Corrupt {
+        what: "snapshot file",
+        path,
+        offset: snapfile::APPLIED_INDEX_OFFSET,
+        reason: format!("header applied index {header} does not match the file name's {named}"),
+    }
+}
+
+/// What a delta checkpoint holds, as an engine snapshot the snapfile
+/// writer can scan: each of `keys` (sorted) with its value at `snapshot`
+/// after a [`DELTA_PUT`] mark, or a lone [`DELTA_DELETE`] mark.
+struct DeltaView {
+    snapshot: MemorySnapshot,
+    keys: Arc<Vec<Bytes>>,
+}
+
+impl DeltaView {
+    fn record(&self, key: &[u8]) -> Bytes {
+        match self.snapshot.inner.get_at(self.snapshot.seq, key) {
+            Some(value) => {
+                let mut record = Vec::with_capacity(1 + value.len());
+                record.push(DELTA_PUT);
+                record.extend_from_slice(&value);
+                Bytes::from(record)
+            }
+            None => Bytes::from_static(&[DELTA_DELETE]),
+        }
+    }
+}
+
+impl EngineSnapshot for DeltaView {
+    fn applied_index(&self) -> u64 {
+        self.snapshot.applied_index
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
+        let found = self.keys.binary_search_by(|k| k.as_ref().cmp(key)).is_ok();
+        Ok(found.then(|| self.record(key)))
+    }
+
+    fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, mut visit: F) -> Result<()>
+    where
+        F: FnMut(&Bytes, &Bytes) -> Scan,
+    {
+        let from = match start {
+            Bound::Unbounded => 0,
+            Bound::Included(s) => self.keys.partition_point(|k| k.as_ref() < s),
+            Bound::Excluded(s) => self.keys.partition_point(|k| k.as_ref() <= s),
+        };
+        for key in &self.keys[from..] {
+            if !before_end(key, end) {
+                break;
+            }
+            if matches!(visit(key, &self.record(key)), Scan::Stop) {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `(file name, path)` of every entry in `dir` whose name is UTF-8 (ours

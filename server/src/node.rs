@@ -2857,9 +2857,16 @@ impl Node {
         let counted = applied >= self.last_snapshot_index.get() + self.checkpoint_spacing();
         let forced = !counted && self.compaction_wants_checkpoint(applied);
         let due = counted || forced;
+        // A checkpoint that rewrites the store waits until the WAL has
+        // written as much as the last one did (so checkpoints cost at most
+        // what the writes do); one that writes only what changed does not.
+        let paced = || {
+            wal_bytes < wal_bytes_then.saturating_add(rewritten)
+                && self.engine.borrow().checkpoint_rewrites_store()
+        };
         if self.snapshot_in_flight.get()
             || !due
-            || wal_bytes < wal_bytes_then.saturating_add(rewritten)
+            || paced()
             || self
                 .snapshot_retry_at
                 .get()

@@ -183,9 +183,10 @@ fn check_latest(engine: &MemoryEngine, model: &Model, durable: u64) -> Result<()
     check_snapshot(&engine.snapshot(), model, "fresh snapshot")
 }
 
-async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
+async fn run(steps: Vec<Step>, deltas: bool) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = MemoryEngine::open(dir.path()).unwrap();
+    engine.set_deltas_whenever_possible(deltas);
     let mut model = Model::default();
     let mut durable: Option<Model> = None;
     let mut held: Vec<(MemorySnapshot, Model)> = Vec::new();
@@ -249,15 +250,29 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             Step::Checkpoint => {
                 let index = engine.checkpoint(dir.path()).await.unwrap();
                 prop_assert_eq!(index, model.applied);
-                // Only the newest snapshot file is kept, under its index.
-                prop_assert_eq!(file_names(dir.path()), vec![format!("{index:016x}.snap")]);
-                prop_assert!(snap_path(dir.path(), index).exists());
+                // One base, then deltas chained after it, the newest file
+                // under the checkpoint's index.
+                let names = file_names(dir.path());
+                let bases: Vec<&String> = names.iter().filter(|n| n.ends_with(".snap")).collect();
+                prop_assert_eq!(bases.len(), 1, "{:?}", names);
+                let mut last = u64::from_str_radix(&bases[0][..16], 16).unwrap();
+                for delta in names.iter().filter(|n| n.ends_with(".delta")) {
+                    prop_assert_eq!(&delta[..16], format!("{last:016x}"), "{:?}", names);
+                    last = u64::from_str_radix(&delta[17..33], 16).unwrap();
+                }
+                prop_assert_eq!(last, index, "{:?}", names);
+                prop_assert_eq!(
+                    names.len(),
+                    1 + names.iter().filter(|n| n.ends_with(".delta")).count()
+                );
+                prop_assert!(!deltas || names.len() <= 1 + engine::memory::MAX_DELTAS);
                 durable = Some(model.clone());
             }
             Step::Reopen => {
                 // Writes since the last checkpoint are gone: replaying them
                 // is the WAL's job, not this engine's.
                 engine = MemoryEngine::open(dir.path()).unwrap();
+                engine.set_deltas_whenever_possible(deltas);
                 model = durable.clone().unwrap_or_default();
             }
         }
@@ -282,8 +297,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn memory_engine_matches_btreemap_model(steps in prop::collection::vec(step(), 1..60)) {
-        // One executor per case, for the checkpoints.
-        on_executor(move || run(steps))?;
+    fn memory_engine_matches_btreemap_model(
+        steps in prop::collection::vec(step(), 1..60),
+        deltas in any::<bool>(),
+    ) {
+        // One executor per case, for the checkpoints. Half the cases write
+        // delta checkpoints whenever a base exists.
+        on_executor(move || run(steps, deltas))?;
     }
 }

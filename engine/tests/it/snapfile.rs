@@ -214,7 +214,7 @@ fn missing_file_is_an_io_error_not_corruption() {
 }
 
 #[test]
-fn checkpoint_then_open_restores_state_and_keeps_only_the_newest_file() {
+fn checkpoint_then_open_restores_state_and_keeps_only_its_chain() {
     let dir = tempfile::tempdir().unwrap();
     let engine = small_engine();
     assert_eq!(checkpoint(&engine, dir.path()).unwrap(), 42);
@@ -228,7 +228,11 @@ fn checkpoint_then_open_restores_state_and_keeps_only_the_newest_file() {
     assert_eq!(engine.durable_applied_index(), 42);
     assert_eq!(checkpoint(&engine, dir.path()).unwrap(), 50);
     assert_eq!(engine.durable_applied_index(), 50);
-    assert_eq!(file_names(dir.path()), vec!["0000000000000032.snap"]);
+    // Two of four keys changed: a delta after the base.
+    assert_eq!(
+        file_names(dir.path()),
+        vec!["000000000000002a-0000000000000032.delta", "000000000000002a.snap"]
+    );
 
     // Not in any checkpoint: gone after reopening.
     put(&engine, b"lost", b"x");
@@ -291,11 +295,16 @@ fn open_refuses_a_corrupt_newest_snapshot_even_if_an_older_one_is_fine() {
     checkpoint(&engine, dir.path()).unwrap();
     let older = std::fs::read(snap_path(dir.path(), 42)).unwrap();
 
+    // More keys change than the store holds: a full checkpoint, not a delta.
     let mut batch = WriteBatch::new();
-    batch.put(b(b"zeta"), b(b"6"));
+    batch.delete(b(b"alpha"));
+    for key in ["zeta", "eta", "theta", "iota", "kappa"] {
+        batch.put(b(key.as_bytes()), b(b"6"));
+    }
     batch.set_applied_index(60);
     engine.write(batch).unwrap();
     checkpoint(&engine, dir.path()).unwrap();
+    assert_eq!(file_names(dir.path()), vec!["000000000000003c.snap"]);
     // Put the valid older file back, then damage the newest.
     std::fs::write(snap_path(dir.path(), 42), older).unwrap();
     let newest = snap_path(dir.path(), 60);
@@ -347,4 +356,185 @@ fn snapshot_of_reopened_engine_round_trips() {
     let second = std::fs::read(snap_path(other.path(), 42)).unwrap();
     assert_eq!(first, second);
     assert_eq!(reopened.snapshot().applied_index(), 42);
+}
+
+/// A store of 100 keys: a base checkpoint at applied index 1.
+fn store_with_base(dir: &Path) -> MemoryEngine {
+    let engine = MemoryEngine::new();
+    let mut batch = WriteBatch::new();
+    for i in 0..100u32 {
+        batch.put(
+            b(format!("key{i:03}").as_bytes()),
+            b(format!("v{i}").as_bytes()),
+        );
+    }
+    batch.set_applied_index(1);
+    engine.write(batch).unwrap();
+    assert_eq!(checkpoint(&engine, dir).unwrap(), 1);
+    engine
+}
+
+/// Puts `key` = `value` and deletes `gone`, at applied index `index`.
+fn change(engine: &MemoryEngine, index: u64, key: &str, value: &str, gone: &str) {
+    let mut batch = WriteBatch::new();
+    batch.put(b(key.as_bytes()), b(value.as_bytes()));
+    batch.delete(b(gone.as_bytes()));
+    batch.set_applied_index(index);
+    engine.write(batch).unwrap();
+}
+
+/// After a base, a checkpoint writes only what changed (a delta chained to
+/// the file before it), and an open reads the base and its deltas back to
+/// exactly the state checkpointed; once the chain has MAX_DELTAS deltas the
+/// next checkpoint is full again and the old chain is deleted.
+#[test]
+fn deltas_chain_after_a_base_and_reopen_to_the_checkpointed_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = store_with_base(dir.path());
+    let base_len = std::fs::metadata(snap_path(dir.path(), 1)).unwrap().len();
+    change(&engine, 2, "key000", "changed", "key001");
+    change(&engine, 3, "new", "x", "key002");
+    assert_eq!(checkpoint(&engine, dir.path()).unwrap(), 3);
+    assert_eq!(engine.durable_applied_index(), 3);
+    let delta = dir.path().join("0000000000000001-0000000000000003.delta");
+    assert_eq!(
+        file_names(dir.path()),
+        vec![
+            "0000000000000001-0000000000000003.delta",
+            "0000000000000001.snap"
+        ]
+    );
+    // Two puts and two deletions: far smaller than the base.
+    assert!(std::fs::metadata(&delta).unwrap().len() * 4 < base_len);
+    change(&engine, 4, "key001", "back", "new");
+    assert_eq!(checkpoint(&engine, dir.path()).unwrap(), 4);
+    // Not in any checkpoint: gone after reopening.
+    change(&engine, 5, "lost", "x", "key050");
+
+    let reopened = MemoryEngine::open(dir.path()).unwrap();
+    assert_eq!(reopened.applied_index(), 4);
+    assert_eq!(reopened.durable_applied_index(), 4);
+    let mut want = scan_all(&store_with_base(tempfile::tempdir().unwrap().path()).snapshot());
+    want.retain(|(k, _)| k != b"key002");
+    want[0].1 = b"changed".to_vec();
+    want[1].1 = b"back".to_vec();
+    assert_eq!(scan_all(&reopened.snapshot()), want);
+    assert_eq!(reopened.len_hint(), 99);
+
+    // The reopened engine adds to the same chain, up to MAX_DELTAS deltas.
+    for index in 5..(5 + engine::memory::MAX_DELTAS as u64 - 2) {
+        change(&reopened, index, "key010", &format!("v{index}"), "none");
+        assert_eq!(checkpoint(&reopened, dir.path()).unwrap(), index);
+    }
+    let names = file_names(dir.path());
+    assert_eq!(names.len(), 1 + engine::memory::MAX_DELTAS, "{names:?}");
+    let index = 5 + engine::memory::MAX_DELTAS as u64 - 2;
+    change(&reopened, index, "key010", "last", "none");
+    assert_eq!(checkpoint(&reopened, dir.path()).unwrap(), index);
+    assert_eq!(file_names(dir.path()), vec![format!("{index:016x}.snap")]);
+    let again = MemoryEngine::open(dir.path()).unwrap();
+    assert_eq!(scan_all(&again.snapshot()), scan_all(&reopened.snapshot()));
+}
+
+/// A damaged delta, or a delta missing from the middle of the chain, stops
+/// the open with the file named: never an older state.
+#[test]
+fn a_damaged_or_missing_delta_refuses_to_open() {
+    for damage in ["flip a byte", "remove the first delta"] {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = store_with_base(dir.path());
+        change(&engine, 2, "key000", "changed", "key001");
+        checkpoint(&engine, dir.path()).unwrap();
+        change(&engine, 3, "key003", "changed", "key004");
+        checkpoint(&engine, dir.path()).unwrap();
+        let first = dir.path().join("0000000000000001-0000000000000002.delta");
+        let second = dir.path().join("0000000000000002-0000000000000003.delta");
+        let named = if damage == "flip a byte" {
+            let mut bytes = std::fs::read(&second).unwrap();
+            bytes[25] ^= 0x10;
+            std::fs::write(&second, bytes).unwrap();
+            second
+        } else {
+            std::fs::remove_file(&first).unwrap();
+            second
+        };
+        match MemoryEngine::open(dir.path()) {
+            Err(err @ Error::Corrupt { .. }) => {
+                let Error::Corrupt { ref path, .. } = err else {
+                    unreachable!()
+                };
+                assert_eq!(path, &named, "{damage}");
+                assert!(
+                    err.to_string()
+                        .contains("0000000000000002-0000000000000003.delta"),
+                    "{err}"
+                );
+            }
+            Err(other) => panic!("{damage}: expected Corrupt, got {other:?}"),
+            Ok(e) => panic!("{damage}: opened at applied index {}", e.applied_index()),
+        }
+    }
+}
+
+/// Deltas older than the newest base (a crash after a full checkpoint,
+/// before it deleted the old chain) and interrupted delta writes are
+/// removed at open; the base's state is what opens.
+#[test]
+fn superseded_deltas_and_tmp_leftovers_are_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = store_with_base(dir.path());
+    std::fs::write(
+        dir.path().join("0000000000000000-0000000000000001.delta"),
+        b"old",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path()
+            .join("0000000000000001-0000000000000009.delta.tmp"),
+        b"half",
+    )
+    .unwrap();
+    let reopened = MemoryEngine::open(dir.path()).unwrap();
+    assert_eq!(file_names(dir.path()), vec!["0000000000000001.snap"]);
+    assert_eq!(scan_all(&reopened.snapshot()), scan_all(&engine.snapshot()));
+    // Deltas with no base at all are not this engine's state.
+    std::fs::remove_file(snap_path(dir.path(), 1)).unwrap();
+    std::fs::write(
+        dir.path().join("0000000000000001-0000000000000002.delta"),
+        b"x",
+    )
+    .unwrap();
+    assert!(matches!(
+        MemoryEngine::open(dir.path()),
+        Err(Error::Corrupt { .. })
+    ));
+}
+
+/// A delta checkpoint that fails leaves its keys to the next one: nothing
+/// written before it is missing from the chain.
+#[test]
+fn a_failed_delta_checkpoint_leaves_its_keys_to_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = store_with_base(dir.path());
+    change(&engine, 2, "key000", "changed", "key001");
+    // The delta's tmp name taken by a directory: its write fails.
+    let blocker = dir
+        .path()
+        .join("0000000000000001-0000000000000002.delta.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    assert!(checkpoint(&engine, dir.path()).is_err());
+    std::fs::remove_dir(&blocker).unwrap();
+    change(&engine, 3, "key005", "changed", "key006");
+    assert_eq!(checkpoint(&engine, dir.path()).unwrap(), 3);
+    assert_eq!(
+        file_names(dir.path()),
+        vec![
+            "0000000000000001-0000000000000003.delta",
+            "0000000000000001.snap"
+        ]
+    );
+    let reopened = MemoryEngine::open(dir.path()).unwrap();
+    assert_eq!(scan_all(&reopened.snapshot()), scan_all(&engine.snapshot()));
+    assert_eq!(reopened.get(b"key000").unwrap(), Some(b(b"changed")));
+    assert_eq!(reopened.get(b"key001").unwrap(), None);
 }
