@@ -812,27 +812,41 @@ impl MemoryEngine {
         !tracking || self.wants_full(&self.inner.chain(), dirty)
     }
 
-    async fn write_full(&self, dir: &Path, snapshot: MemorySnapshot, index: u64) -> Result<u64> {
-        let name = snapshot_name(index);
-        let final_path = dir.join(&name);
+    /// Writes `content` (a snapshot, or a delta's view of one) as
+    /// `dir/name` durably: tmp file, fdatasync, rename, directory fsync.
+    /// Then the engine is durable at the content's applied index. Returns
+    /// the file's length.
+    async fn write_checkpoint_file<S: EngineSnapshot>(
+        &self,
+        dir: &Path,
+        name: &str,
+        content: S,
+    ) -> Result<u64> {
+        let index = content.applied_index();
+        let final_path = dir.join(name);
         let tmp_path = dir.join(format!("{name}.tmp"));
-
         // Serialising a large engine is seconds of CPU: do it on a separate,
         // unpinned executor thread (still io_uring direct I/O) so the caller's
         // core keeps committing. The blocking-pool thread only waits for it.
         // snapfile::write cleans up its own partial file on failure; the
         // versions the snapshot pinned are collected incrementally by later
         // writes once it is dropped there.
-        let records = self.len_hint() as u64;
-        let len = write_snapshot_file_off_core(snapshot, &tmp_path, Urgency::Background).await?;
-
+        let len = write_snapshot_file_off_core(content, &tmp_path, Urgency::Background).await?;
         glommio::io::rename(&tmp_path, &final_path)
             .await
-            .map_err(|e| Error::glommio("rename snapshot into place", &final_path, e))?;
+            .map_err(|e| Error::glommio("rename checkpoint into place", &final_path, e))?;
         sync_dir(dir).await?;
         self.inner
             .durable_applied_index
             .fetch_max(index, Ordering::AcqRel);
+        Ok(len)
+    }
+
+    async fn write_full(&self, dir: &Path, snapshot: MemorySnapshot, index: u64) -> Result<u64> {
+        let records = self.len_hint() as u64;
+        let len = self
+            .write_checkpoint_file(dir, &snapshot_name(index), snapshot)
+            .await?;
         *self.inner.chain() = Chain {
             dir: dir.to_path_buf(),
             base: Some((index, len)),
@@ -865,17 +879,9 @@ impl MemoryEngine {
     ) -> Result<u64> {
         let index = snapshot.applied_index();
         let name = delta_name(chain.last, index);
-        let final_path = dir.join(&name);
-        let tmp_path = dir.join(format!("{name}.tmp"));
-        let delta = DeltaView { snapshot, keys };
-        let len = write_snapshot_file_off_core(delta, &tmp_path, Urgency::Background).await?;
-        glommio::io::rename(&tmp_path, &final_path)
-            .await
-            .map_err(|e| Error::glommio("rename delta checkpoint into place", &final_path, e))?;
-        sync_dir(dir).await?;
-        self.inner
-            .durable_applied_index
-            .fetch_max(index, Ordering::AcqRel);
+        let len = self
+            .write_checkpoint_file(dir, &name, DeltaView { snapshot, keys })
+            .await?;
         let mut now = self.inner.chain();
         now.last = index;
         now.deltas += 1;

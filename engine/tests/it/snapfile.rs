@@ -231,7 +231,10 @@ fn checkpoint_then_open_restores_state_and_keeps_only_its_chain() {
     // Two of four keys changed: a delta after the base.
     assert_eq!(
         file_names(dir.path()),
-        vec!["000000000000002a-0000000000000032.delta", "000000000000002a.snap"]
+        vec![
+            "000000000000002a-0000000000000032.delta",
+            "000000000000002a.snap"
+        ]
     );
 
     // Not in any checkpoint: gone after reopening.
