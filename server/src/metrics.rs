@@ -238,7 +238,7 @@ pub struct Gauges {
     /// Bytes of WAL frames this process wrote.
     pub wal_write_bytes: u64,
     /// Traffic with each peer this member has had a link with.
-    pub peers: Vec<(u64, crate::peer::PeerCounts)>,
+    pub peers: Option<std::rc::Rc<crate::peer::PeerTraffic>>,
 }
 
 /// A metric with one sample: its HELP and TYPE lines, then `name`,
@@ -657,15 +657,18 @@ fn render_more(out: &mut String, g: &Gauges, m: &NodeMetrics) {
 /// etcd's peer network families (rafthttp's): a series per peer once
 /// there is something to count, labelled with member IDs in hex.
 fn render_peers(out: &mut String, g: &Gauges, m: &NodeMetrics) {
-    let mut peers: Vec<(String, crate::peer::PeerCounts)> = g
-        .peers
-        .iter()
-        .map(|(id, counts)| (format!("{id:x}"), *counts))
+    let Some(traffic) = &g.peers else {
+        return;
+    };
+    let mut peers: Vec<(String, crate::peer::PeerCounts)> = traffic
+        .all()
+        .into_iter()
+        .map(|(id, counts)| (format!("{id:x}"), counts))
         .collect();
     peers.sort_by(|a, b| a.0.cmp(&b.0));
     let local = format!("{:x}", g.member_id);
     type Pick = fn(&crate::peer::PeerCounts) -> Option<u64>;
-    let families: [(&str, &str, &str, &str, Pick); 5] = [
+    let families: [(&str, &str, &str, &str, Pick); 12] = [
         (
             "etcd_network_active_peers",
             "gauge",
@@ -695,11 +698,67 @@ fn render_peers(out: &mut String, g: &Gauges, m: &NodeMetrics) {
             |c| (c.sent_bytes > 0).then_some(c.sent_bytes),
         ),
         (
+            "etcd_network_peer_received_failures_total",
+            "counter",
+            "The total number of receive failures from peers.",
+            "From",
+            |c| (c.received_failures > 0).then_some(c.received_failures),
+        ),
+        (
             "etcd_network_peer_sent_failures_total",
             "counter",
             "The total number of send failures from peers.",
             "To",
             |c| (c.sent_failures > 0).then_some(c.sent_failures),
+        ),
+        (
+            "etcd_network_snapshot_receive_failures",
+            "counter",
+            "Total number of snapshot receive failures",
+            "From",
+            |c| (c.snapshot_receive_failures > 0).then_some(c.snapshot_receive_failures),
+        ),
+        (
+            "etcd_network_snapshot_receive_inflights_total",
+            "gauge",
+            "Total number of inflight snapshot receives",
+            "From",
+            |c| {
+                (c.snapshot_receives + c.snapshot_receive_failures + c.snapshot_receives_inflight
+                    > 0)
+                .then_some(c.snapshot_receives_inflight)
+            },
+        ),
+        (
+            "etcd_network_snapshot_receive_success",
+            "counter",
+            "Total number of successful snapshot receives",
+            "From",
+            |c| (c.snapshot_receives > 0).then_some(c.snapshot_receives),
+        ),
+        (
+            "etcd_network_snapshot_send_failures",
+            "counter",
+            "Total number of snapshot send failures",
+            "To",
+            |c| (c.snapshot_send_failures > 0).then_some(c.snapshot_send_failures),
+        ),
+        (
+            "etcd_network_snapshot_send_inflights_total",
+            "gauge",
+            "Total number of inflight snapshot sends",
+            "To",
+            |c| {
+                (c.snapshot_sends + c.snapshot_send_failures + c.snapshot_sends_inflight > 0)
+                    .then_some(c.snapshot_sends_inflight)
+            },
+        ),
+        (
+            "etcd_network_snapshot_send_success",
+            "counter",
+            "Total number of successful snapshot sends",
+            "To",
+            |c| (c.snapshot_sends > 0).then_some(c.snapshot_sends),
         ),
     ];
     for (name, kind, help, label, pick) in families {
@@ -720,20 +779,52 @@ fn render_peers(out: &mut String, g: &Gauges, m: &NodeMetrics) {
         }
     }
     let round_trips = m.peer_round_trips.borrow();
-    if !round_trips.is_empty() {
-        let name = "etcd_network_peer_round_trip_time_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Round-Trip-Time histogram between peers\n# TYPE {name} histogram"
-        );
-        let mut sorted: Vec<(String, _)> = round_trips
-            .iter()
-            .map(|(id, h)| (format!("{id:x}"), h))
-            .collect();
-        sorted.sort_by(|a, b| a.0.cmp(&b.0));
-        for (peer, h) in sorted {
-            h.render_series(out, name, &format!("To=\"{peer}\""));
-        }
+    render_by_peer(
+        out,
+        (
+            "etcd_network_peer_round_trip_time_seconds",
+            "Round-Trip-Time histogram between peers",
+        ),
+        "To",
+        round_trips.iter(),
+    );
+    render_by_peer(
+        out,
+        (
+            "etcd_network_snapshot_receive_total_duration_seconds",
+            "Total latency distributions of v3 snapshot receives",
+        ),
+        "From",
+        traffic.snapshot_receive_seconds.borrow().iter(),
+    );
+    render_by_peer(
+        out,
+        (
+            "etcd_network_snapshot_send_total_duration_seconds",
+            "Total latency distributions of v3 snapshot sends",
+        ),
+        "To",
+        traffic.snapshot_send_seconds.borrow().iter(),
+    );
+}
+
+/// A histogram family with a series per peer (none: no family), labelled
+/// `label="<member ID in hex>"` and sorted as Go sorts label values.
+fn render_by_peer<'a, const F: u64, const N: usize>(
+    out: &mut String,
+    (name, help): (&str, &str),
+    label: &str,
+    by_peer: impl Iterator<Item = (&'a u64, &'a Histogram<F, N>)>,
+) {
+    let mut sorted: Vec<(String, &Histogram<F, N>)> =
+        by_peer.map(|(id, h)| (format!("{id:x}"), h)).collect();
+    if sorted.is_empty() {
+        return;
+    }
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (peer, h) in sorted {
+        h.render_series(out, name, &format!("{label}=\"{peer}\""));
     }
 }
 
@@ -1127,14 +1218,35 @@ mod tests {
             .entry(0xab)
             .or_default()
             .observe_seconds(Duration::from_micros(150));
+        let traffic = std::rc::Rc::new(crate::peer::PeerTraffic::default());
+        for (peer, counts) in [(0xab, busy), (0x9, busy), (0x7, quiet)] {
+            traffic.update(peer, |c| *c = counts);
+        }
+        // A snapshot sent to 9 (and one under way), one from ab that failed.
+        traffic.update(0x9, |c| c.snapshot_sends_inflight = 2);
+        traffic.snapshot_done(0x9, true, std::time::Instant::now(), true);
+        traffic.update(0xab, |c| c.snapshot_receives_inflight = 1);
+        traffic.snapshot_done(0xab, false, std::time::Instant::now(), false);
         let page = render(
             &Gauges {
                 member_id: 0x1,
-                peers: vec![(0xab, busy), (0x9, busy), (0x7, quiet)],
+                peers: Some(traffic),
                 ..Gauges::default()
             },
             &m,
         );
+        for line in [
+            "etcd_network_snapshot_send_success{To=\"9\"} 1\n",
+            "etcd_network_snapshot_send_inflights_total{To=\"9\"} 1\n",
+            "etcd_network_snapshot_receive_failures{From=\"ab\"} 1\n",
+            "etcd_network_snapshot_receive_inflights_total{From=\"ab\"} 0\n",
+            "etcd_network_snapshot_send_total_duration_seconds_bucket{To=\"9\",le=\"0.1\"} 1\n",
+            "etcd_network_snapshot_send_total_duration_seconds_bucket{To=\"9\",le=\"51.2\"} 1\n",
+        ] {
+            assert!(page.contains(line), "{line} not in:\n{page}");
+        }
+        assert!(!page.contains("etcd_network_snapshot_receive_success"));
+        assert!(!page.contains("etcd_network_snapshot_receive_total_duration_seconds"));
         assert!(page.contains(
             "# TYPE etcd_network_active_peers gauge\n\
              etcd_network_active_peers{Local=\"1\",Remote=\"9\"} 1\n\

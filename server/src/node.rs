@@ -1385,7 +1385,7 @@ impl Node {
             auth_revision: self.auth.try_borrow().map_or(0, |a| a.revision()),
             pending_events: crate::watch::pending_events_in_process(),
             wal_write_bytes: status.wal_bytes,
-            peers: self.transport.traffic().all(),
+            peers: Some(self.transport.traffic()),
         };
         (
             crate::metrics::render(&gauges, &self.metrics),

@@ -195,6 +195,17 @@ pub struct PeerCounts {
     pub sent_failures: u64,
     /// Connections to the peer that were lost.
     pub disconnects: u64,
+    /// Frames from the peer that could not be read (bad checksum or
+    /// framing, a message not from or not for the link's members).
+    pub received_failures: u64,
+    /// Snapshots streamed to the peer: done, failed, under way.
+    pub snapshot_sends: u64,
+    pub snapshot_send_failures: u64,
+    pub snapshot_sends_inflight: u64,
+    /// Snapshots received from the peer: kept, failed, under way.
+    pub snapshot_receives: u64,
+    pub snapshot_receive_failures: u64,
+    pub snapshot_receives_inflight: u64,
     /// Whether the link to the peer is up, and whether it ever was.
     pub active: bool,
     pub ever_active: bool,
@@ -205,11 +216,52 @@ pub struct PeerCounts {
 #[derive(Debug, Default)]
 pub struct PeerTraffic {
     peers: RefCell<HashMap<u64, PeerCounts>>,
+    /// How long each snapshot sent to / received from a peer took, by peer
+    /// (etcd's buckets: 0.1 s doubling to 51.2 s).
+    pub snapshot_send_seconds: RefCell<HashMap<u64, SnapshotSeconds>>,
+    pub snapshot_receive_seconds: RefCell<HashMap<u64, SnapshotSeconds>>,
 }
 
+/// A snapshot transfer's duration histogram.
+pub type SnapshotSeconds = crate::metrics::Histogram<1000, 10>;
+
 impl PeerTraffic {
-    fn update(&self, peer: u64, f: impl FnOnce(&mut PeerCounts)) {
+    pub(crate) fn update(&self, peer: u64, f: impl FnOnce(&mut PeerCounts)) {
         f(self.peers.borrow_mut().entry(peer).or_default());
+    }
+
+    /// Counts a snapshot transfer with `peer` that started at `started`
+    /// and ended `ok` or not, as etcd counts sends or receives (`sent`).
+    pub(crate) fn snapshot_done(&self, peer: u64, sent: bool, started: Instant, ok: bool) {
+        self.update(peer, |c| {
+            let (done, failed, inflight) = if sent {
+                (
+                    &mut c.snapshot_sends,
+                    &mut c.snapshot_send_failures,
+                    &mut c.snapshot_sends_inflight,
+                )
+            } else {
+                (
+                    &mut c.snapshot_receives,
+                    &mut c.snapshot_receive_failures,
+                    &mut c.snapshot_receives_inflight,
+                )
+            };
+            *inflight = inflight.saturating_sub(1);
+            *if ok { done } else { failed } += 1;
+        });
+        if ok {
+            let seconds = if sent {
+                &self.snapshot_send_seconds
+            } else {
+                &self.snapshot_receive_seconds
+            };
+            seconds
+                .borrow_mut()
+                .entry(peer)
+                .or_default()
+                .observe_seconds(started.elapsed());
+        }
     }
 
     /// Every peer's counts so far.
@@ -488,6 +540,19 @@ impl Transport {
         msg: &Message,
         file: &std::path::Path,
     ) -> std::io::Result<()> {
+        let started = Instant::now();
+        self.traffic
+            .update(msg.to, |c| c.snapshot_sends_inflight += 1);
+        let sent = self.stream_snapshot(msg, file).await;
+        self.traffic
+            .snapshot_done(msg.to, true, started, sent.is_ok());
+        if sent.is_err() {
+            self.traffic.update(msg.to, |c| c.sent_failures += 1);
+        }
+        sent
+    }
+
+    async fn stream_snapshot(&self, msg: &Message, file: &std::path::Path) -> std::io::Result<()> {
         use std::io::Read;
         let addrs = self
             .links
@@ -749,7 +814,15 @@ async fn receive(
         return Ok(());
     }
     if snapshot_stream {
-        return receive_snapshot(stream, from, self_id, inbound).await;
+        let started = Instant::now();
+        inbound
+            .traffic
+            .update(from, |c| c.snapshot_receives_inflight += 1);
+        let received = receive_snapshot(stream, from, self_id, inbound).await;
+        inbound
+            .traffic
+            .snapshot_done(from, false, started, received.is_ok());
+        return received;
     }
     if query_stream {
         loop {
@@ -770,7 +843,16 @@ async fn receive(
     }
     let mut body = Vec::new();
     loop {
-        let msg = read_frame(&mut stream, from, self_id, &mut body).await?;
+        let msg = match read_frame(&mut stream, from, self_id, &mut body).await {
+            Ok(msg) => msg,
+            Err(e) => {
+                // A peer closing its link (or dying) is no failure to read.
+                if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                    inbound.traffic.update(from, |c| c.received_failures += 1);
+                }
+                return Err(e);
+            }
+        };
         let framed = 8 + body.len() as u64;
         inbound.traffic.update(from, |c| c.received_bytes += framed);
         if (inbound.is_removed)(from) {

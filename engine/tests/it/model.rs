@@ -9,7 +9,7 @@ use engine::{Engine, EngineSnapshot, Error, MemoryEngine, WriteBatch};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-use crate::common::{b, file_names, on_executor, scan, scan_all, snap_path, Pairs};
+use crate::common::{b, file_names, on_executor, scan, scan_all, Pairs};
 
 /// Few keys, so writes collide; includes the empty key, a key that is a
 /// prefix of others and bytes at both ends of the range.

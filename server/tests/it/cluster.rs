@@ -1025,6 +1025,31 @@ fn lagging_follower_catches_up_with(engine: &str) {
             "{}",
             cluster.members[leader].log_text()
         );
+        // Counted as etcd's rafthttp counts snapshot transfers.
+        let (_, ids) = leader_and_ids(&cluster.members).await;
+        let page = |i: usize| {
+            crate::client_url_http::get(&cluster.members[i].client_endpoint(), "/metrics").1
+        };
+        let (to, from) = (format!("{:x}", ids[lagging]), format!("{:x}", ids[leader]));
+        let sent = page(leader);
+        for name in [
+            format!("etcd_network_snapshot_send_success{{To=\"{to}\"}}"),
+            format!("etcd_network_snapshot_send_total_duration_seconds_count{{To=\"{to}\"}}"),
+        ] {
+            assert!(
+                crate::client_url_http::sample(&sent, &name) >= 1.0,
+                "{name}"
+            );
+        }
+        assert!(sent.contains(&format!(
+            "etcd_network_snapshot_send_inflights_total{{To=\"{to}\"}} 0\n"
+        )));
+        let received = page(lagging);
+        let name = format!("etcd_network_snapshot_receive_success{{From=\"{from}\"}}");
+        assert!(
+            crate::client_url_http::sample(&received, &name) >= 1.0,
+            "{name}"
+        );
         // More writes: the member that installed the snapshot keeps
         // applying the log after it and snapshots on its own.
         for i in 0..400 {
