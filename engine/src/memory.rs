@@ -14,7 +14,7 @@
 //! deletion mark, in the same format). The writer records the keys it
 //! writes once a base exists; a checkpoint takes that set and a snapshot
 //! under the writer lock, so the delta holds exactly what changed between
-//! the two checkpoints. Loading reads the newest base, then every delta
+//! the two checkpoints; after a failed checkpoint the next one is full. Loading reads the newest base, then every delta
 //! chained after it in order (a gap is corruption, never skipped). A full
 //! checkpoint replaces the chain once its deltas outweigh its base, or
 //! after [`MAX_DELTAS`], so a restart reads at most about twice the store
@@ -746,27 +746,22 @@ impl MemoryEngine {
             || self.wants_full(&chain, dirty.len())
             || index == chain.last
             || chain.dir != dir;
-        let mut keys: Vec<Bytes> = dirty.into_iter().collect();
         let written = if full {
             self.write_full(dir, snapshot, index).await
         } else {
+            let mut keys: Vec<Bytes> = dirty.into_iter().collect();
             keys.sort_unstable();
-            let shared = Arc::new(keys);
-            let written = self
-                .write_delta(dir, snapshot, &chain, Arc::clone(&shared))
-                .await;
-            keys = Arc::try_unwrap(shared).unwrap_or_else(|shared| shared.as_ref().clone());
-            written
+            self.write_delta(dir, snapshot, &chain, Arc::new(keys))
+                .await
         };
         if written.is_err() {
-            // The next checkpoint must still cover what this one did not.
+            // The file may be in place even so (only the directory's fsync
+            // failed): a delta after it, or after the chain it was to end,
+            // would not chain. The next checkpoint is full: it supersedes
+            // whatever this one left.
             let mut writer = self.inner.writer_state()?;
-            if tracked {
-                writer.dirty.extend(keys);
-            } else {
-                writer.tracking = false;
-                writer.dirty.clear();
-            }
+            writer.tracking = false;
+            writer.dirty = HashSet::new();
         }
         written
     }

@@ -513,10 +513,11 @@ fn superseded_deltas_and_tmp_leftovers_are_removed_at_open() {
     ));
 }
 
-/// A delta checkpoint that fails leaves its keys to the next one: nothing
-/// written before it is missing from the chain.
+/// After a delta checkpoint fails, the next checkpoint is full: nothing
+/// written before the failure is missing, and no delta follows a file the
+/// failed one may have left.
 #[test]
-fn a_failed_delta_checkpoint_leaves_its_keys_to_the_next() {
+fn a_failed_delta_checkpoint_is_followed_by_a_full_one() {
     let dir = tempfile::tempdir().unwrap();
     let engine = store_with_base(dir.path());
     change(&engine, 2, "key000", "changed", "key001");
@@ -529,11 +530,15 @@ fn a_failed_delta_checkpoint_leaves_its_keys_to_the_next() {
     std::fs::remove_dir(&blocker).unwrap();
     change(&engine, 3, "key005", "changed", "key006");
     assert_eq!(checkpoint(&engine, dir.path()).unwrap(), 3);
+    assert_eq!(file_names(dir.path()), vec!["0000000000000003.snap"]);
+    // And deltas again after it.
+    change(&engine, 4, "key007", "changed", "key008");
+    assert_eq!(checkpoint(&engine, dir.path()).unwrap(), 4);
     assert_eq!(
         file_names(dir.path()),
         vec![
-            "0000000000000001-0000000000000003.delta",
-            "0000000000000001.snap"
+            "0000000000000003-0000000000000004.delta",
+            "0000000000000003.snap"
         ]
     );
     let reopened = MemoryEngine::open(dir.path()).unwrap();
