@@ -75,7 +75,7 @@ fn version_bytes(key: &[u8], value: &[u8]) -> u64 {
 }
 
 /// Keys written since the last checkpoint always recorded, however small
-/// the store (see [`WriterState::tracking`]).
+/// the store and its cap (see [`WriterState::tracking`]).
 const DIRTY_KEYS_FLOOR: usize = 4096;
 
 /// Optimistic (unregistered) point reads retry this often when a write lands
@@ -290,6 +290,28 @@ struct WriterState {
     tracking: bool,
     /// Keys written since the last checkpoint, while `tracking`.
     dirty: HashSet<Bytes>,
+    /// What a delta of `dirty` would take on disk, about: each write's
+    /// record (a key written twice counts twice, which errs towards a
+    /// full checkpoint).
+    dirty_bytes: u64,
+    /// Recorded bytes past which the next checkpoint is full anyway (see
+    /// [`MemoryEngine::wants_full`]): recording stops there.
+    dirty_cap: u64,
+}
+
+/// A delta record's size on disk: the snapfile record header, the mark
+/// byte, the key and the value.
+fn delta_record_bytes(key: &[u8], value: Option<&Bytes>) -> u64 {
+    (snapfile::RECORD_HEADER_LEN as usize + 1 + key.len() + value.map_or(0, |v| v.len())) as u64
+}
+
+impl Chain {
+    /// Bytes a next delta may take before the chain's deltas would
+    /// outweigh its base (then the checkpoint is full).
+    fn dirty_cap(&self) -> u64 {
+        self.base
+            .map_or(0, |(_, bytes)| bytes.saturating_sub(self.delta_bytes))
+    }
 }
 
 /// The checkpoint files a directory holds for this engine: the base, and
@@ -300,8 +322,6 @@ struct Chain {
     dir: PathBuf,
     /// The base's applied index and length, if there is one.
     base: Option<(u64, u64)>,
-    /// Records in the base (to estimate a delta's size from its keys).
-    base_records: u64,
     /// The applied index of the newest file of the chain.
     last: u64,
     deltas: usize,
@@ -348,6 +368,8 @@ impl Inner {
                 deferred_keys: HashSet::new(),
                 tracking: false,
                 dirty: HashSet::new(),
+                dirty_bytes: 0,
+                dirty_cap: 0,
             }),
             chain: Mutex::new(Chain::default()),
             deltas_whenever_possible: std::sync::atomic::AtomicBool::new(false),
@@ -398,11 +420,22 @@ impl Inner {
     /// `chain` is what the directory now holds: later writes are recorded
     /// for the next delta.
     fn adopt_chain(&self, chain: Chain) -> Result<()> {
+        let cap = chain.dirty_cap();
         *self.chain() = chain;
         let mut writer = self.writer_state()?;
         writer.tracking = true;
         writer.dirty.clear();
+        writer.dirty_bytes = 0;
+        writer.dirty_cap = cap;
         Ok(())
+    }
+
+    /// The chain changed (a checkpoint was added): keys are recorded up to
+    /// its new cap.
+    fn set_dirty_cap(&self, cap: u64) {
+        if let Ok(mut writer) = self.writer_state() {
+            writer.dirty_cap = cap;
+        }
     }
 
     /// The registry only holds counters that every critical section leaves
@@ -621,9 +654,7 @@ impl MemoryEngine {
         // list first would hold every record twice at the peak (and leave
         // the allocator holding that peak after).
         let inner = Inner::new(LOADED_SEQ, index);
-        let mut base_records = 0u64;
         let applied_index = snapfile::read_with(&path, |key, value| {
-            base_records += 1;
             inner.versions.insert(
                 InternalKey {
                     user_key: key,
@@ -639,7 +670,6 @@ impl MemoryEngine {
         let mut chain = Chain {
             dir: dir.to_path_buf(),
             base: Some((index, file_len(&path)?)),
-            base_records,
             last: index,
             ..Chain::default()
         };
@@ -734,19 +764,27 @@ impl MemoryEngine {
     pub async fn checkpoint(&self, dir: &Path) -> Result<u64> {
         // The snapshot and the keys written before it, taken together:
         // writes after the snapshot go to the next delta.
-        let (snapshot, tracked, dirty) = {
+        let (snapshot, tracked, dirty, dirty_bytes) = {
             let mut writer = self.inner.writer_state()?;
             let snapshot = self.snapshot();
             let tracked = std::mem::replace(&mut writer.tracking, true);
-            (snapshot, tracked, std::mem::take(&mut writer.dirty))
+            let dirty_bytes = std::mem::take(&mut writer.dirty_bytes);
+            (
+                snapshot,
+                tracked,
+                std::mem::take(&mut writer.dirty),
+                dirty_bytes,
+            )
         };
         let index = snapshot.applied_index();
         let chain = self.inner.chain().clone();
         let full = !tracked
-            || self.wants_full(&chain, dirty.len())
+            || self.wants_full(&chain, dirty_bytes)
             || index == chain.last
             || chain.dir != dir;
         let written = if full {
+            // Not needed, and the write may take seconds.
+            drop(dirty);
             self.write_full(dir, snapshot, index).await
         } else {
             let mut keys: Vec<Bytes> = dirty.into_iter().collect();
@@ -762,15 +800,16 @@ impl MemoryEngine {
             let mut writer = self.inner.writer_state()?;
             writer.tracking = false;
             writer.dirty = HashSet::new();
+            writer.dirty_bytes = 0;
         }
         written
     }
 
     /// Whether the next checkpoint should rewrite the whole store: there
     /// is no chain to add a delta to, or the chain has [`MAX_DELTAS`], or
-    /// its deltas with this one (estimated from its keys at the base's
-    /// bytes per record) would outweigh its base.
-    fn wants_full(&self, chain: &Chain, dirty_keys: usize) -> bool {
+    /// its deltas with this one (`dirty_bytes`, counted as the writes
+    /// came) would outweigh its base.
+    fn wants_full(&self, chain: &Chain, dirty_bytes: u64) -> bool {
         let Some((_, base_bytes)) = chain.base else {
             return true;
         };
@@ -780,9 +819,7 @@ impl MemoryEngine {
         if self.inner.deltas_whenever_possible.load(Ordering::Relaxed) {
             return false;
         }
-        let per_record = base_bytes / chain.base_records.max(1);
-        let next = (dirty_keys as u64).saturating_mul(per_record.max(1));
-        chain.delta_bytes.saturating_add(next) > base_bytes
+        chain.delta_bytes.saturating_add(dirty_bytes) > base_bytes
     }
 
     /// Tests: checkpoints write deltas whenever a chain exists in their
@@ -801,10 +838,10 @@ impl MemoryEngine {
         let Ok(writer) = self.inner.writer_state() else {
             return true;
         };
-        let dirty = writer.dirty.len();
+        let dirty_bytes = writer.dirty_bytes;
         let tracking = writer.tracking;
         drop(writer);
-        !tracking || self.wants_full(&self.inner.chain(), dirty)
+        !tracking || self.wants_full(&self.inner.chain(), dirty_bytes)
     }
 
     /// Writes `content` (a snapshot, or a delta's view of one) as
@@ -838,17 +875,17 @@ impl MemoryEngine {
     }
 
     async fn write_full(&self, dir: &Path, snapshot: MemorySnapshot, index: u64) -> Result<u64> {
-        let records = self.len_hint() as u64;
         let len = self
             .write_checkpoint_file(dir, &snapshot_name(index), snapshot)
             .await?;
-        *self.inner.chain() = Chain {
+        let chain = Chain {
             dir: dir.to_path_buf(),
             base: Some((index, len)),
-            base_records: records,
             last: index,
             ..Chain::default()
         };
+        self.inner.set_dirty_cap(chain.dirty_cap());
+        *self.inner.chain() = chain;
 
         // The new file is durable, so older ones and every delta are
         // garbage. Failing to delete one only costs disk space (an open
@@ -877,10 +914,14 @@ impl MemoryEngine {
         let len = self
             .write_checkpoint_file(dir, &name, DeltaView { snapshot, keys })
             .await?;
-        let mut now = self.inner.chain();
-        now.last = index;
-        now.deltas += 1;
-        now.delta_bytes += len;
+        let cap = {
+            let mut now = self.inner.chain();
+            now.last = index;
+            now.deltas += 1;
+            now.delta_bytes += len;
+            now.dirty_cap()
+        };
+        self.inner.set_dirty_cap(cap);
         Ok(index)
     }
 
@@ -906,12 +947,10 @@ impl MemoryEngine {
                 }
             }
         }
-        let records = data.entries.len() as u64;
         let engine = MemoryEngine::from_snapshot_data(data).durable_at(index);
         engine.inner.adopt_chain(Chain {
             dir: dir.to_path_buf(),
             base: Some((index, len)),
-            base_records: records,
             last: index,
             ..Chain::default()
         })?;
@@ -1039,15 +1078,19 @@ impl Engine for MemoryEngine {
         writer.applied_index = applied_index;
         if writer.tracking {
             for op in &ops {
-                let (BatchOp::Put { key, .. } | BatchOp::Delete { key }) = op;
+                let (key, value) = match op {
+                    BatchOp::Put { key, value } => (key, Some(value)),
+                    BatchOp::Delete { key } => (key, None),
+                };
+                writer.dirty_bytes += delta_record_bytes(key, value);
                 writer.dirty.insert(key.clone());
             }
-            // Once most of the store changed, a full checkpoint costs what
-            // a delta would: stop recording (the next one is full).
-            let live = inner.live_keys.load(Ordering::Relaxed);
-            if writer.dirty.len() > live.max(DIRTY_KEYS_FLOOR) {
+            // Past its cap the next checkpoint is full whatever else is
+            // written: stop recording (and holding the keys).
+            if writer.dirty_bytes > writer.dirty_cap && writer.dirty.len() > DIRTY_KEYS_FLOOR {
                 writer.tracking = false;
                 writer.dirty = HashSet::new();
+                writer.dirty_bytes = 0;
             }
         }
 

@@ -3105,7 +3105,9 @@ impl Node {
             self.index_checkpointing.borrow_mut().ready = Some(planned);
         }
         self.applied_terms.borrow_mut().forget_before(index);
-        if let Some(pacing) = pacing {
+        // Only a checkpoint that rewrote the store sets the pace: the next
+        // full one waits for as much WAL since it, deltas between or not.
+        if let Some(pacing) = pacing.filter(|(_, rewrote)| *rewrote > 0) {
             self.snapshot_pacing.set(pacing);
         }
         log(format_args!(

@@ -298,11 +298,11 @@ fn open_refuses_a_corrupt_newest_snapshot_even_if_an_older_one_is_fine() {
     checkpoint(&engine, dir.path()).unwrap();
     let older = std::fs::read(snap_path(dir.path(), 42)).unwrap();
 
-    // More keys change than the store holds: a full checkpoint, not a delta.
+    // More bytes change than the store holds: a full checkpoint, not a delta.
     let mut batch = WriteBatch::new();
     batch.delete(b(b"alpha"));
     for key in ["zeta", "eta", "theta", "iota", "kappa"] {
-        batch.put(b(key.as_bytes()), b(b"6"));
+        batch.put(b(key.as_bytes()), Bytes::from(vec![b'6'; 200]));
     }
     batch.set_applied_index(60);
     engine.write(batch).unwrap();

@@ -138,11 +138,11 @@ fn put_values(s: &Server, keys: impl Iterator<Item = String>, value: &[u8]) {
     }
 }
 
-/// The memory engine's checkpoint rewrites the whole store, so a large
-/// store is not rewritten every `--snapshot-count` entries: only once the
-/// WAL has grown by as much as the last checkpoint wrote. Small writes to a
-/// large store stay in the WAL; enough log growth still checkpoints, and a
-/// restart recovers from both.
+/// The memory engine rewrites the whole store only in a full checkpoint;
+/// small writes to a large store are checkpointed as deltas of what they
+/// changed every `--snapshot-count` entries, and the store is not
+/// rewritten for them. Enough log growth still brings a full checkpoint,
+/// and a restart recovers from both.
 #[test]
 fn a_memory_store_is_checkpointed_no_faster_than_its_log_grows() {
     let dir = tempfile::tempdir().unwrap();
@@ -151,28 +151,51 @@ fn a_memory_store_is_checkpointed_no_faster_than_its_log_grows() {
     let big = vec![b'b'; 8000];
     // ~2.4 MB of store in 300 entries: checkpoints as the store grows.
     put_values(&s, (0..300).map(|i| format!("/big/{i}")), &big);
-    s.wait_for_checkpoint_after(0, "while loading");
+    // A few small writes: the next checkpoint covers the last big ones.
+    put_values(&s, (0..60).map(|i| format!("/small/{}", i % 5)), b"v");
+    s.wait_for_checkpoint_after(305, "after the fill");
+    let snap_dir = data.join("member").join("snap");
+    let files = |suffix: &str| -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = std::fs::read_dir(&snap_dir)
+            .unwrap()
+            .filter_map(|f| f.ok())
+            .filter(|f| f.file_name().to_string_lossy().ends_with(suffix))
+            .map(|f| {
+                (
+                    f.file_name().to_string_lossy().into_owned(),
+                    f.metadata().unwrap().len(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let bases_before = files(".snap");
+    let deltas_before = files(".delta");
 
-    // 500 small writes (~60 KB of log): ten checkpoints by the entry count
-    // alone, none (one at most, at the boundary) when paced by size.
+    // 500 small writes (~60 KB of log): checkpoints every 50 entries, each
+    // a delta of a few small keys; the 2.4 MB base is not written again.
     put_values(&s, (0..500).map(|i| format!("/small/{}", i % 5)), b"v");
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let during_small: Vec<u64> = s
-        .checkpoint_indexes()
-        .into_iter()
-        .filter(|i| *i > 305)
-        .collect();
-    assert!(
-        during_small.len() <= 1,
-        "the 2.4 MB store was rewritten for 60 KB of log at {during_small:?}:\n{}",
-        s.log_text()
+    s.wait_for_checkpoint_after(805, "during the small writes");
+    assert_eq!(
+        files(".snap"),
+        bases_before,
+        "the store was rewritten for 60 KB of log"
     );
+    let deltas: Vec<(String, u64)> = files(".delta")
+        .into_iter()
+        .filter(|d| !deltas_before.contains(d))
+        .collect();
+    assert!(deltas.len() >= 5, "{deltas:?}:\n{}", s.log_text());
+    for (name, len) in &deltas {
+        assert!(*len < 64 << 10, "{name} is {len} bytes");
+    }
 
     // Overwriting the store once more (~3.2 MB of log) must checkpoint.
     let newer = vec![b'n'; 8000];
     put_values(&s, (0..300).map(|i| format!("/big/{i}")), &newer);
     put_values(&s, (0..100).map(|i| format!("/big/{i}")), &newer);
-    s.wait_for_checkpoint_after(805, "after the log outgrew the store");
+    s.wait_for_checkpoint_after(1205, "after the log outgrew the store");
 
     s.restart();
     let mut c = s.conn();
