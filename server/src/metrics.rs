@@ -65,31 +65,67 @@ impl<const FIRST_E4: u64, const N: usize> Histogram<FIRST_E4, N> {
 
     /// The histogram's lines with `labels` (`To="…"`, or none).
     fn render_series(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cumulative = 0;
-        for (i, count) in self.buckets.iter().enumerate() {
-            cumulative += count.get();
-            let le = go_float64(Self::bound(i));
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
-            );
-        }
-        cumulative += self.over.get();
+        let buckets =
+            (self.buckets.iter().enumerate()).map(|(i, count)| (Self::bound(i), count.get()));
+        histogram_series(out, name, labels, buckets, self.over.get(), self.sum.get());
+    }
+}
+
+/// One series of a histogram: a line per bucket with its bound and the
+/// observations up to it (`buckets` holds each bucket's own count, in
+/// bound order), the `+Inf` line (`over`: observations past every bound),
+/// then its sum and count, all with `labels` (`a="…",b="…"`, or none).
+pub(crate) fn histogram_series(
+    out: &mut String,
+    name: &str,
+    labels: &str,
+    buckets: impl IntoIterator<Item = (f64, u64)>,
+    over: u64,
+    sum: f64,
+) {
+    let sep = if labels.is_empty() { "" } else { "," };
+    let mut cumulative = 0;
+    for (le, count) in buckets {
+        cumulative += count;
+        let le = go_float64(le);
         let _ = writeln!(
             out,
-            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
+            "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
         );
-        let sum = go_float64(self.sum.get());
-        let labels = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(
-            out,
-            "{name}_sum{labels} {sum}\n{name}_count{labels} {cumulative}"
-        );
+    }
+    cumulative += over;
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
+    );
+    let sum = go_float64(sum);
+    let labels = if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    };
+    let _ = writeln!(
+        out,
+        "{name}_sum{labels} {sum}\n{name}_count{labels} {cumulative}"
+    );
+}
+
+/// A labelled family (a Go counter or gauge vector) that holds only the
+/// series seen so far: nothing at all while `series` is empty, else its
+/// HELP and TYPE lines, then `name{labels} value` for each
+/// `(labels, value)` in the order given.
+pub(crate) fn labelled_family(
+    out: &mut String,
+    (name, kind, help): (&str, &str, &str),
+    series: impl IntoIterator<Item = (String, u64)>,
+) {
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return;
+    }
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, value) in series {
+        let _ = writeln!(out, "{name}{{{labels}}} {}", go_float(value));
     }
 }
 
@@ -255,7 +291,7 @@ fn gauge(out: &mut String, name: &str, help: &str, value: u64) {
     sample(out, "gauge", name, help, "", value);
 }
 
-fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+pub(crate) fn counter(out: &mut String, name: &str, help: &str, value: u64) {
     sample(out, "counter", name, help, "", value);
 }
 
@@ -269,7 +305,6 @@ pub(crate) fn go_float(v: u64) -> String {
     go_float64(v as f64)
 }
 
-/// The whole page, in etcd's metric order (alphabetical).
 /// metcd's own families, which etcd does not have: served on the HTTP API's
 /// `/metrics` after etcd's, never on the client URL's (clients compare
 /// that page with etcd's).
@@ -290,6 +325,8 @@ pub fn render_metcd(g: &Gauges) -> String {
     out
 }
 
+/// The whole page, in etcd's metric order (alphabetical: the families are
+/// written in any order, then sorted by [`in_name_order`]).
 pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
     let mut out = String::with_capacity(8192);
     sample(
@@ -311,14 +348,16 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         ("range", "ranges", g.ops.ranges),
         ("txn", "txns", g.ops.txns),
     ];
-    let op_counter = |out: &mut String, prefix: &str, (op, what, value): (&str, &str, u64)| {
-        counter(
-            out,
-            &format!("{prefix}_mvcc_{op}_total"),
-            &format!("Total number of {what} seen by this member."),
-            value,
-        );
-    };
+    for prefix in ["etcd", "etcd_debugging"] {
+        for (op, what, value) in ops {
+            counter(
+                &mut out,
+                &format!("{prefix}_mvcc_{op}_total"),
+                &format!("Total number of {what} seen by this member."),
+                value,
+            );
+        }
+    }
     for (what, help, value) in [
         (
             "granted",
@@ -366,7 +405,6 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "Total size of the underlying database physically allocated in bytes.",
         g.db_size.total_bytes,
     );
-    op_counter(&mut out, "etcd_debugging", ops[0]);
     counter(
         &mut out,
         "etcd_debugging_mvcc_events_total",
@@ -379,16 +417,12 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "Total number of keys.",
         g.keys as u64,
     );
-    for op in &ops[1..3] {
-        op_counter(&mut out, "etcd_debugging", *op);
-    }
     gauge(
         &mut out,
         "etcd_debugging_mvcc_slow_watcher_total",
         "Total number of unsynced slow watchers.",
         g.slow_watchers as u64,
     );
-    op_counter(&mut out, "etcd_debugging", ops[3]);
     gauge(
         &mut out,
         "etcd_debugging_mvcc_watch_stream_total",
@@ -429,9 +463,6 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
         "Total size of the underlying database logically in use in bytes.",
         g.db_size.in_use_bytes,
     );
-    for op in ops {
-        op_counter(&mut out, "etcd", op);
-    }
     gauge(
         &mut out,
         "etcd_server_has_leader",
@@ -545,8 +576,8 @@ pub fn render(g: &Gauges, m: &NodeMetrics) -> String {
 }
 
 /// The families of compaction, defragmentation, hashing, backups, the WAL,
-/// ReadIndex and heartbeats (written in any order: [`in_name_order`]
-/// sorts the page).
+/// ReadIndex and heartbeats ([`render`] writes families in any order:
+/// [`in_name_order`] sorts the page).
 fn render_more(out: &mut String, g: &Gauges, m: &NodeMetrics) {
     gauge(
         out,
@@ -625,20 +656,17 @@ fn render_more(out: &mut String, g: &Gauges, m: &NodeMetrics) {
         "The total number of leader heartbeat send failures (likely overloaded from slow disk).",
         m.heartbeat_send_failures.get(),
     );
-    let failures = m.learner_promote_failures.borrow();
-    if !failures.is_empty() {
-        let name = "etcd_server_learner_promote_failures";
-        let _ = writeln!(
-            out,
-            "# HELP {name} The total number of failed learner promotions (likely learner not ready) while this member is leader.\n# TYPE {name} counter"
-        );
-        let mut sorted: Vec<&(String, u64)> = failures.iter().collect();
-        sorted.sort();
-        for (reason, n) in sorted {
-            let reason = label_value(reason);
-            let _ = writeln!(out, "{name}{{Reason=\"{reason}\"}} {}", go_float(*n));
-        }
-    }
+    let mut failures = m.learner_promote_failures.borrow().clone();
+    failures.sort();
+    labelled_family(
+        out,
+        (
+            "etcd_server_learner_promote_failures",
+            "counter",
+            "The total number of failed learner promotions (likely learner not ready) while this member is leader.",
+        ),
+        (failures.into_iter()).map(|(reason, n)| (format!("Reason=\"{}\"", label_value(&reason)), n)),
+    );
     render_peers(out, g, m);
     counter(
         out,
@@ -762,21 +790,15 @@ fn render_peers(out: &mut String, g: &Gauges, m: &NodeMetrics) {
         ),
     ];
     for (name, kind, help, label, pick) in families {
-        let mut head = Some(format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-        for (peer, counts) in &peers {
-            let Some(value) = pick(counts) else {
-                continue;
-            };
-            if let Some(head) = head.take() {
-                out.push_str(&head);
-            }
+        let series = peers.iter().filter_map(|(peer, counts)| {
             let labels = if label == "Local" {
                 format!("Local=\"{local}\",Remote=\"{peer}\"")
             } else {
                 format!("{label}=\"{peer}\"")
             };
-            let _ = writeln!(out, "{name}{{{labels}}} {}", go_float(value));
-        }
+            Some((labels, pick(counts)?))
+        });
+        labelled_family(out, (name, kind, help), series);
     }
     let round_trips = m.peer_round_trips.borrow();
     render_by_peer(

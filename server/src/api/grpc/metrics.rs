@@ -246,19 +246,11 @@ impl GrpcCounters {
             let labels =
                 format!("grpc_method=\"{method}\",grpc_service=\"{service}\",grpc_type=\"{kind}\"");
             let at = i * HANDLING_SLOTS;
-            let mut cumulative = 0;
-            for (b, le) in HANDLING_BUCKETS.iter().enumerate() {
-                cumulative += self.sum(|s| &s.handling, at + b);
-                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-            }
-            cumulative += self.sum(|s| &s.handling, at + HANDLING_BUCKETS.len());
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-            let seconds = self.sum(|s| &s.handling, at + HANDLING_SLOTS - 1) as f64 / 1e9;
-            let _ = writeln!(
-                out,
-                "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {cumulative}",
-                crate::metrics::go_float64(seconds)
-            );
+            let count = |slot: usize| self.sum(|s| &s.handling, at + slot);
+            let buckets = (HANDLING_BUCKETS.iter().enumerate()).map(|(b, le)| (*le, count(b)));
+            let over = count(HANDLING_BUCKETS.len());
+            let seconds = count(HANDLING_SLOTS - 1) as f64 / 1e9;
+            crate::metrics::histogram_series(out, name, &labels, buckets, over, seconds);
         }
     }
 
@@ -279,44 +271,37 @@ impl GrpcCounters {
                 .map(|s| pick(s).load(Ordering::Relaxed))
                 .sum()
         };
-        for (name, help, value) in [
+        crate::metrics::counter(
+            out,
+            "etcd_network_client_grpc_received_bytes_total",
+            "The total number of bytes received from grpc clients.",
+            bytes(|s| &s.received_bytes),
+        );
+        crate::metrics::counter(
+            out,
+            "etcd_network_client_grpc_sent_bytes_total",
+            "The total number of bytes sent to grpc clients.",
+            bytes(|s| &s.sent_bytes),
+        );
+        let series = CLIENT_VERSIONS.iter().enumerate().flat_map(|(v, version)| {
+            REQUEST_TYPES
+                .iter()
+                .enumerate()
+                .filter_map(move |(t, kind)| {
+                    let n = self.sum(|s| &s.client_requests, v * REQUEST_TYPES.len() + t);
+                    let labels = format!("client_api_version=\"{version}\",type=\"{kind}\"");
+                    (n > 0).then_some((labels, n))
+                })
+        });
+        crate::metrics::labelled_family(
+            out,
             (
-                "etcd_network_client_grpc_received_bytes_total",
-                "The total number of bytes received from grpc clients.",
-                bytes(|s| &s.received_bytes),
+                "etcd_server_client_requests_total",
+                "counter",
+                "The total number of client requests per client version.",
             ),
-            (
-                "etcd_network_client_grpc_sent_bytes_total",
-                "The total number of bytes sent to grpc clients.",
-                bytes(|s| &s.sent_bytes),
-            ),
-        ] {
-            let value = crate::metrics::go_float(value);
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
-        }
-        let name = "etcd_server_client_requests_total";
-        let mut head = Some(format!(
-            "# HELP {name} The total number of client requests per client version.\n# TYPE {name} counter\n"
-        ));
-        for (v, version) in CLIENT_VERSIONS.iter().enumerate() {
-            for (t, kind) in REQUEST_TYPES.iter().enumerate() {
-                let n = self.sum(|s| &s.client_requests, v * REQUEST_TYPES.len() + t);
-                if n == 0 {
-                    continue;
-                }
-                if let Some(head) = head.take() {
-                    out.push_str(&head);
-                }
-                let _ = writeln!(
-                    out,
-                    "{name}{{client_api_version=\"{version}\",type=\"{kind}\"}} {}",
-                    crate::metrics::go_float(n)
-                );
-            }
-        }
+            series,
+        );
     }
 
     /// The four families as go-grpc-prometheus writes them: alphabetical,
