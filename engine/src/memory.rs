@@ -420,19 +420,22 @@ impl Inner {
     /// `chain` is what the directory now holds: later writes are recorded
     /// for the next delta.
     fn adopt_chain(&self, chain: Chain) -> Result<()> {
-        let cap = chain.dirty_cap();
-        *self.chain() = chain;
+        self.update_chain(|now| *now = chain);
         let mut writer = self.writer_state()?;
         writer.tracking = true;
         writer.dirty.clear();
         writer.dirty_bytes = 0;
-        writer.dirty_cap = cap;
         Ok(())
     }
 
-    /// The chain changed (a checkpoint was added): keys are recorded up to
-    /// its new cap.
-    fn set_dirty_cap(&self, cap: u64) {
+    /// Changes the chain (a checkpoint was added, or the directory's chain
+    /// loaded): keys are then recorded up to its new cap.
+    fn update_chain(&self, change: impl FnOnce(&mut Chain)) {
+        let cap = {
+            let mut chain = self.chain();
+            change(&mut chain);
+            chain.dirty_cap()
+        };
         if let Ok(mut writer) = self.writer_state() {
             writer.dirty_cap = cap;
         }
@@ -878,14 +881,14 @@ impl MemoryEngine {
         let len = self
             .write_checkpoint_file(dir, &snapshot_name(index), snapshot)
             .await?;
-        let chain = Chain {
-            dir: dir.to_path_buf(),
-            base: Some((index, len)),
-            last: index,
-            ..Chain::default()
-        };
-        self.inner.set_dirty_cap(chain.dirty_cap());
-        *self.inner.chain() = chain;
+        self.inner.update_chain(|chain| {
+            *chain = Chain {
+                dir: dir.to_path_buf(),
+                base: Some((index, len)),
+                last: index,
+                ..Chain::default()
+            }
+        });
 
         // The new file is durable, so older ones and every delta are
         // garbage. Failing to delete one only costs disk space (an open
@@ -914,14 +917,11 @@ impl MemoryEngine {
         let len = self
             .write_checkpoint_file(dir, &name, DeltaView { snapshot, keys })
             .await?;
-        let cap = {
-            let mut now = self.inner.chain();
-            now.last = index;
-            now.deltas += 1;
-            now.delta_bytes += len;
-            now.dirty_cap()
-        };
-        self.inner.set_dirty_cap(cap);
+        self.inner.update_chain(|chain| {
+            chain.last = index;
+            chain.deltas += 1;
+            chain.delta_bytes += len;
+        });
         Ok(index)
     }
 

@@ -2857,21 +2857,21 @@ impl Node {
         let counted = applied >= self.last_snapshot_index.get() + self.checkpoint_spacing();
         let forced = !counted && self.compaction_wants_checkpoint(applied);
         let due = counted || forced;
-        // A checkpoint that rewrites the store waits until the WAL has
-        // written as much as the last one did (so checkpoints cost at most
-        // what the writes do); one that writes only what changed does not.
-        let paced = || {
-            wal_bytes < wal_bytes_then.saturating_add(rewritten)
-                && self.engine.borrow().checkpoint_rewrites_store()
-        };
         if self.snapshot_in_flight.get()
             || !due
-            || paced()
             || self
                 .snapshot_retry_at
                 .get()
                 .is_some_and(|t| Instant::now() < t)
         {
+            return;
+        }
+        // A checkpoint that rewrites the store waits until the WAL has
+        // written as much as the last one did (so checkpoints cost at most
+        // what the writes do); one that writes only what changed does not.
+        let engine = self.engine.borrow().clone();
+        let rewrites_store = engine.checkpoint_rewrites_store();
+        if rewrites_store && wal_bytes < wal_bytes_then.saturating_add(rewritten) {
             return;
         }
         self.snapshot_retry_at.set(None);
@@ -2880,8 +2880,7 @@ impl Node {
             self.index_checkpointing.borrow_mut().forced_at = Some(Instant::now());
         }
         self.snapshot_started.set(Some(Instant::now()));
-        let engine = self.engine.borrow().clone();
-        let rewrites = if engine.checkpoint_rewrites_store() {
+        let rewrites = if rewrites_store {
             engine::Engine::size(&engine).total_bytes
         } else {
             0
