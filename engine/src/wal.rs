@@ -127,6 +127,50 @@ pub struct Recovered {
 }
 
 impl Recovered {
+    /// Adds the next record read back, in write order: an entry replaces a
+    /// conflicting suffix, the newest state wins, a snapshot marker drops
+    /// the entries it covers. Pure, so a simulated disk recovers through
+    /// the same rules as the files do.
+    pub fn add(&mut self, record: Record) -> std::result::Result<(), String> {
+        match record {
+            Record::Entry { index, data } => {
+                // A Raft log replaces a conflicting suffix: index i overrides
+                // i and everything after it.
+                if let Some((last, _)) = self.entries.last() {
+                    if index > *last + 1 {
+                        return Err(format!(
+                            "entry index jumps from {last} to {index}: entries are missing"
+                        ));
+                    }
+                    if index <= *last {
+                        let keep = self.entries.partition_point(|(i, _)| *i < index);
+                        self.entries.truncate(keep);
+                    }
+                }
+                self.entries.push((index, data));
+            }
+            Record::State(data) => self.state = Some(data),
+            Record::Snapshot { index, meta } => {
+                let newer = self.snapshot.as_ref().is_none_or(|(i, _)| index >= *i);
+                if newer {
+                    // A snapshot installed from a leader can be ahead of the
+                    // whole log: every entry is then covered by it, and the
+                    // log continues at index + 1.
+                    if self.entries.last().is_some_and(|(last, _)| *last < index) {
+                        self.entries.clear();
+                    } else {
+                        // Entries it covers are in the state machine: drop
+                        // them now rather than hold every segment's.
+                        let covered = self.entries.partition_point(|(i, _)| *i <= index);
+                        self.entries.drain(..covered);
+                    }
+                    self.snapshot = Some((index, meta));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Index of the last entry, or of the snapshot marker if no entry follows it.
     pub fn last_index(&self) -> u64 {
         let snapshot = self.snapshot.as_ref().map_or(0, |(index, _)| *index);
@@ -472,44 +516,15 @@ fn apply_records(
                     "records before the segment header",
                 ));
             }
-            KIND_ENTRY => {
-                // A Raft log replaces a conflicting suffix: index i overrides
-                // i and everything after it.
-                if let Some((last, _)) = out.entries.last() {
-                    if index > *last + 1 {
-                        return Err(corrupt(
-                            &segment.path,
-                            frame_pos,
-                            format!(
-                                "entry index jumps from {last} to {index}: entries are missing"
-                            ),
-                        ));
-                    }
-                    if index <= *last {
-                        let keep = out.entries.partition_point(|(i, _)| *i < index);
-                        out.entries.truncate(keep);
-                    }
-                }
-                out.entries.push((index, data));
-            }
-            KIND_STATE => out.state = Some(data),
-            KIND_SNAPSHOT => {
-                let newer = out.snapshot.as_ref().is_none_or(|(i, _)| index >= *i);
-                if newer {
-                    // A snapshot installed from a leader can be ahead of the
-                    // whole log: every entry is then covered by it, and the
-                    // log continues at index + 1.
-                    if out.entries.last().is_some_and(|(last, _)| *last < index) {
-                        out.entries.clear();
-                    } else {
-                        // Entries it covers are in the state machine: drop
-                        // them now rather than hold every segment's.
-                        let covered = out.entries.partition_point(|(i, _)| *i <= index);
-                        out.entries.drain(..covered);
-                    }
-                    out.snapshot = Some((index, data));
-                }
-            }
+            KIND_ENTRY => out
+                .add(Record::Entry { index, data })
+                .map_err(|why| corrupt(&segment.path, frame_pos, why))?,
+            KIND_STATE => out
+                .add(Record::State(data))
+                .map_err(|why| corrupt(&segment.path, frame_pos, why))?,
+            KIND_SNAPSHOT => out
+                .add(Record::Snapshot { index, meta: data })
+                .map_err(|why| corrupt(&segment.path, frame_pos, why))?,
             _ => {
                 return Err(corrupt(
                     &segment.path,

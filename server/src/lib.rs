@@ -1,8 +1,9 @@
 //! metcd server: shard executors, the Raft group, MVCC and the APIs.
 //!
-//! Runtime-free parts (`mvcc`, `raftlog`, `compactor`, `config`) never
-//! import glommio, so a simulation can drive them; `node` (the Raft loop),
-//! `api` and `shard` are the only modules that touch the runtime.
+//! Runtime-free parts (`mvcc`, `raftlog`, `ready`, `compactor`, `config`)
+//! never import glommio, so the deterministic simulation (`sim`) drives
+//! them; `node` (the Raft loop), `api` and `shard` are the only modules
+//! that touch the runtime.
 
 pub mod alarm;
 pub mod alloc;
@@ -32,8 +33,11 @@ pub mod notify;
 pub mod peer;
 pub mod raftlog;
 pub mod read_view;
+pub mod ready;
 pub mod sched;
 pub mod shard;
+#[doc(hidden)]
+pub mod sim;
 pub mod stop;
 pub mod tls;
 pub mod watch;

@@ -2012,11 +2012,7 @@ impl Node {
             if m.get_msg_type() == MessageType::MsgHeartbeatResponse {
                 self.note_round_trip(m.from);
             }
-            let last = raw.raft.raft_log.last_index();
-            if m.get_msg_type() == MessageType::MsgHeartbeat
-                && m.term >= raw.raft.term
-                && m.commit > last
-            {
+            if let Some(last) = crate::ready::claims_entries_we_lack(raw, &m) {
                 return Err(ServerError::Startup(format!(
                     "leader {:x} says entries up to {} are committed on this member, but its log ends at {last}: \
                      the data dir {} was wiped or restored from an old copy. Refusing to run, as it would break \
@@ -2196,57 +2192,7 @@ impl Node {
         wal: &mut Wal,
         buf: &mut Vec<u8>,
     ) -> Result<()> {
-        if !raw.has_ready() {
-            return Ok(());
-        }
-        let mut ready = raw.ready();
-        // Appends go out while we sync locally (raft-rs allows it: the
-        // leader counts itself only once its own entries are persisted).
-        self.send(ready.take_messages());
-        if !ready.snapshot().is_empty() {
-            self.metrics.snapshot_applying.set(true);
-            let installed = self
-                .install_snapshot(raw, wal, ready.snapshot().clone())
-                .await;
-            self.metrics.snapshot_applying.set(false);
-            installed?;
-        }
-        let applied = raw.raft.raft_log.applied;
-        for rs in ready.take_read_states() {
-            self.read_index_ready(&rs.request_ctx, rs.index, applied);
-        }
-        self.apply_entries(raw, ready.take_committed_entries())?;
-        if !ready.entries().is_empty() {
-            for e in ready.entries() {
-                raftlog::encode_entry(e, buf);
-                wal.append_entry(e.index, buf);
-            }
-            raw.store().wl().append(ready.entries())?;
-        }
-        if let Some(hs) = ready.hs() {
-            wal.append_state(&raftlog::encode_hard_state(hs));
-            raw.store().wl().set_hardstate(hs.clone());
-        }
-        // The group commit: one frame, one fdatasync for the whole Ready.
-        let started = Instant::now();
-        wal.sync().await?;
-        self.metrics.wal_fsync.observe_seconds(started.elapsed());
-        self.send(ready.take_persisted_messages());
-        let mut light = raw.advance(ready);
-        self.send(light.take_messages());
-        if let Some(commit) = light.commit_index() {
-            let hs = {
-                let mut core = raw.store().wl();
-                core.mut_hard_state().commit = commit;
-                core.hard_state().clone()
-            };
-            // Written with the next frame; recovery tolerates a lagging commit.
-            wal.append_state(&raftlog::encode_hard_state(&hs));
-        }
-        self.apply_entries(raw, light.take_committed_entries())?;
-        raw.advance_apply();
-        self.release_reads(raw.raft.raft_log.applied);
-        Ok(())
+        crate::ready::handle_ready(raw, &mut NodeReady { node: self, wal }, buf).await
     }
 
     /// Adopts a leader's snapshot: its data file becomes the engine (and
@@ -3657,6 +3603,60 @@ impl Node {
 }
 
 /// The active alarms, from their records.
+/// The Raft loop's effects for [`crate::ready::handle_ready`]: the real
+/// transport, WAL, state machine and read waiters of this member.
+struct NodeReady<'a> {
+    node: &'a Rc<Node>,
+    wal: &'a mut Wal,
+}
+
+impl crate::ready::ReadyHost for NodeReady<'_> {
+    fn send(&mut self, msgs: Vec<Message>) {
+        self.node.send(msgs);
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        raw: &mut RawNode<MemStorage>,
+        snap: raft::eraftpb::Snapshot,
+    ) -> Result<()> {
+        self.node.metrics.snapshot_applying.set(true);
+        let installed = self.node.install_snapshot(raw, self.wal, snap).await;
+        self.node.metrics.snapshot_applying.set(false);
+        installed
+    }
+
+    fn read_index_ready(&mut self, ctx: &[u8], index: u64, applied: u64) {
+        self.node.read_index_ready(ctx, index, applied);
+    }
+
+    fn apply(&mut self, raw: &mut RawNode<MemStorage>, entries: Vec<Entry>) -> Result<()> {
+        self.node.apply_entries(raw, entries)
+    }
+
+    fn log_entry(&mut self, index: u64, record: &[u8]) {
+        self.wal.append_entry(index, record);
+    }
+
+    fn log_state(&mut self, record: &[u8]) {
+        self.wal.append_state(record);
+    }
+
+    async fn sync_log(&mut self) -> Result<()> {
+        let started = Instant::now();
+        self.wal.sync().await?;
+        self.node
+            .metrics
+            .wal_fsync
+            .observe_seconds(started.elapsed());
+        Ok(())
+    }
+
+    fn release_reads(&mut self, applied: u64) {
+        self.node.release_reads(applied);
+    }
+}
+
 fn restore_alarms(mvcc: &MvccStore<AnyEngine>) -> Result<crate::alarm::Alarms> {
     let records = mvcc.meta_with_prefix(crate::alarm::META_PREFIX)?;
     Ok(crate::alarm::Alarms::from_meta(&records))
