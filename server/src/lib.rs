@@ -1,6 +1,6 @@
 //! metcd server: shard executors, the Raft group, MVCC and the APIs.
 //!
-//! Runtime-free parts (`mvcc`, `raftlog`, `ready`, `compactor`, `config`)
+//! Runtime-free parts (`mvcc`, `raftlog`, `ready`, `read_index`, `compactor`, `config`)
 //! never import glommio, so the deterministic simulation (`sim`) drives
 //! them; `node` (the Raft loop), `api` and `shard` are the only modules
 //! that touch the runtime.
@@ -32,6 +32,7 @@ pub mod node;
 pub mod notify;
 pub mod peer;
 pub mod raftlog;
+pub mod read_index;
 pub mod read_view;
 pub mod ready;
 pub mod sched;

@@ -48,6 +48,7 @@ use crate::mvcc::{self, MvccStore};
 use crate::notify::Notify;
 use crate::peer::{self, Transport};
 use crate::raftlog;
+use crate::read_index::{ReadRounds, RoundAnswer};
 
 type WriteReply = oneshot::Sender<Result<Applied>>;
 
@@ -508,13 +509,8 @@ pub struct Node {
     removed_members: RefCell<std::collections::HashSet<u64>>,
     /// Messages from peers for the next loop turn.
     inbound: RefCell<Vec<Message>>,
-    /// Linearizable reads waiting for the next ReadIndex round.
-    read_queue: RefCell<Vec<ReadWaiter>>,
-    /// ReadIndex rounds sent, by request context, with when last sent.
-    reads_in_flight: RefCell<HashMap<u64, (Instant, Vec<ReadWaiter>)>>,
-    /// Reads whose index is known, waiting for the apply loop to reach it.
-    reads_applying: RefCell<Vec<(u64, ReadWaiter)>>,
-    next_read_ctx: Cell<u64>,
+    /// Linearizable reads: queued, in ReadIndex rounds, waiting for apply.
+    read_rounds: RefCell<ReadRounds<ReadWaiter, Instant>>,
     /// The only voter and no learners: every accepted proposal commits
     /// here and every applied write is a linearizable read point.
     solo: Cell<bool>,
@@ -1010,10 +1006,7 @@ impl Node {
             removed: Cell::new(false),
             removed_members: RefCell::new(removed_members),
             inbound: RefCell::new(Vec::new()),
-            read_queue: RefCell::new(Vec::new()),
-            reads_in_flight: RefCell::new(HashMap::new()),
-            reads_applying: RefCell::new(Vec::new()),
-            next_read_ctx: Cell::new(0),
+            read_rounds: RefCell::new(ReadRounds::new(id)),
             solo: Cell::new(single_voter),
             learner: Cell::new(conf.learners.contains(&id)),
             was_leader: Cell::new(false),
@@ -1828,7 +1821,7 @@ impl Node {
             return Err(ServerError::NoLeader);
         }
         let (tx, rx) = oneshot::channel();
-        self.read_queue.borrow_mut().push(tx);
+        self.read_rounds.borrow_mut().queue(tx);
         self.queue_ready.notify();
         let read = self
             .within_request_timeout(async { rx.await.map_err(|_| ServerError::Stopped)? })
@@ -1939,7 +1932,7 @@ impl Node {
         loop {
             if self.queue.borrow().is_empty()
                 && self.inbound.borrow().is_empty()
-                && self.read_queue.borrow().is_empty()
+                && !self.read_rounds.borrow().has_queued()
                 && !raw.has_ready()
                 && self.snapshot_done.borrow().is_none()
             {
@@ -2049,72 +2042,38 @@ impl Node {
 
     /// One ReadIndex round for every linearizable read queued since the last.
     fn start_read_index(&self, raw: &mut RawNode<MemStorage>) {
-        let waiters = std::mem::take(&mut *self.read_queue.borrow_mut());
-        if waiters.is_empty() {
-            return;
-        }
-        let ctx = self.next_read_ctx.get().wrapping_add(1);
-        self.next_read_ctx.set(ctx);
-        // The leader tracks rounds by context across all members, so it
-        // names this member as well as the round.
-        raw.read_index(self.read_ctx(ctx));
-        self.reads_in_flight
-            .borrow_mut()
-            .insert(ctx, (Instant::now(), waiters));
-    }
-
-    fn read_ctx(&self, round: u64) -> Vec<u8> {
-        let mut request_ctx = Vec::with_capacity(16);
-        request_ctx.put_u64_le(self.id);
-        request_ctx.put_u64_le(round);
-        request_ctx
+        self.read_rounds.borrow_mut().start(raw, Instant::now());
     }
 
     /// A ReadIndex round can be lost (no leader yet, a message dropped, a
     /// leader change): ask again, as etcd does every 500 ms.
     fn retry_read_index(&self, raw: &mut RawNode<MemStorage>) {
         let now = Instant::now();
-        for (round, (sent, _)) in self.reads_in_flight.borrow_mut().iter_mut() {
-            if now.duration_since(*sent) >= READ_INDEX_RETRY {
-                *sent = now;
-                raw.read_index(self.read_ctx(*round));
-            }
-        }
+        self.read_rounds.borrow_mut().retry(raw, now, |sent| {
+            now.duration_since(sent) >= READ_INDEX_RETRY
+        });
     }
 
     /// A ReadIndex round came back: its reads may go once `index` is applied.
     fn read_index_ready(&self, ctx: &[u8], index: u64, applied: u64) {
-        let mut ctx = ctx;
-        if ctx.len() != 16 || ctx.get_u64_le() != self.id {
-            return;
-        }
-        let Some((_, waiters)) = self.reads_in_flight.borrow_mut().remove(&ctx.get_u64_le()) else {
-            // A round answered twice (it was sent again) or given up on.
+        let mut ready = Vec::new();
+        let answer = self
+            .read_rounds
+            .borrow_mut()
+            .answered(ctx, index, applied, &mut ready);
+        if answer == RoundAnswer::Stale {
             crate::metrics::count(&self.metrics.slow_read_indexes);
-            return;
-        };
-        let mut applying = self.reads_applying.borrow_mut();
-        for w in waiters {
-            if index <= applied {
-                let _ = w.send(Ok(()));
-            } else {
-                applying.push((index, w));
-            }
+        }
+        for w in ready {
+            let _ = w.send(Ok(()));
         }
     }
 
     fn release_reads(&self, applied: u64) {
-        let mut applying = self.reads_applying.borrow_mut();
-        if applying.is_empty() {
-            return;
-        }
-        let waiting = std::mem::take(&mut *applying);
-        for (index, w) in waiting {
-            if index <= applied {
-                let _ = w.send(Ok(()));
-            } else {
-                applying.push((index, w));
-            }
+        let mut ready = Vec::new();
+        self.read_rounds.borrow_mut().release(applied, &mut ready);
+        for w in ready {
+            let _ = w.send(Ok(()));
         }
     }
 
@@ -2135,11 +2094,13 @@ impl Node {
                 "no longer leader at term {} (leader {:x})",
                 raw.raft.term, raw.raft.leader_id
             ));
-            for (_, (_, waiters)) in self.reads_in_flight.borrow_mut().drain() {
+            let mut failed = Vec::new();
+            let rounds = self.read_rounds.borrow_mut().fail_in_flight(&mut failed);
+            for _ in 0..rounds {
                 crate::metrics::count(&self.metrics.read_indexes_failed);
-                for w in waiters {
-                    let _ = w.send(Err(ServerError::LeaderChanged));
-                }
+            }
+            for w in failed {
+                let _ = w.send(Err(ServerError::LeaderChanged));
             }
         }
     }

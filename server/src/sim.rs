@@ -42,6 +42,7 @@ use raft::{RawNode, StateRole};
 
 use crate::error::ServerError;
 use crate::mvcc::{self, EventKind, MvccStore};
+use crate::read_index::ReadRounds;
 use crate::ready::ReadyHost;
 
 /// One run's shape.
@@ -85,6 +86,8 @@ pub enum Bug {
     LyingFsync,
     /// Member 1 applies every put with a different value.
     DivergentApply,
+    /// Linearizable reads are served from local state, without ReadIndex.
+    LocalLinearizable,
 }
 
 /// What a run did and found.
@@ -96,7 +99,11 @@ pub struct SimReport {
     pub writes_acked: u64,
     pub writes_failed: u64,
     pub writes_unknown: u64,
+    /// Serializable reads answered.
     pub reads: u64,
+    /// Linearizable reads answered, and those failed (leader lost).
+    pub linearizable_reads: u64,
+    pub linearizable_failed: u64,
     pub crashes: u64,
     pub deaths_in_sync: u64,
     pub pauses: u64,
@@ -154,6 +161,8 @@ fn fnv(bytes: &[u8]) -> u64 {
 const TICK_MS: u64 = 10;
 const ELECTION_TICKS: usize = 10;
 const OP_TIMEOUT_MS: u64 = 3_000;
+/// As node.rs' READ_INDEX_RETRY (etcd's 500 ms).
+const READ_INDEX_RETRY_MS: u64 = 500;
 const HEAL_LIMIT_MS: u64 = 60_000;
 const ENTRY_CLIENT: u8 = 1;
 const ENTRY_PUBLISH: u8 = 2;
@@ -190,6 +199,26 @@ struct StateMachine {
     publish: Option<(u64, u64)>,
     /// Proposals of this member's clients by operation id.
     pending: BTreeMap<u64, usize>,
+    /// Linearizable reads, in ReadIndex rounds as `node.rs` batches them.
+    reads: ReadRounds<LinearizableRead, u64>,
+    was_leader: bool,
+}
+
+/// A linearizable read in flight: it must see at least `must_see`, the
+/// newest revision acknowledged to any client before it was asked.
+struct LinearizableRead {
+    op: u64,
+    key: Bytes,
+    must_see: i64,
+}
+
+/// How an operation ended, as its client learns it.
+enum Answer {
+    Applied(u64),
+    /// The member died with it: it may or may not take effect.
+    Unknown,
+    Read,
+    ReadFailed,
 }
 
 struct Member {
@@ -208,11 +237,13 @@ enum OpKind {
     Put,
     Delete,
     Get,
+    LinearizableGet,
     Compact,
 }
 
 struct InFlight {
     op: u64,
+    read: bool,
     member: usize,
     deadline: u64,
 }
@@ -245,9 +276,11 @@ struct World {
     /// agreed log.
     history: BTreeMap<Bytes, Vec<(i64, Option<Bytes>)>>,
     leaders: BTreeMap<u64, u64>,
-    /// Operations answered: op id → (acknowledged, index applied at).
-    answers: Vec<(u64, Result<u64, ()>)>,
+    /// Operations answered, by op id, for the clients' next turn.
+    answers: Vec<(u64, Answer)>,
     max_acked_index: u64,
+    /// The newest revision acknowledged to a client so far.
+    max_acked_revision: i64,
     /// In flight: (deliver at, sequence) → (to, message).
     network: BTreeMap<(u64, u64), (usize, Message)>,
     sequence: u64,
@@ -269,9 +302,9 @@ impl World {
     /// A serializable read of `key` on member `i`, if it serves. The answer
     /// must not go below what this member answered before, and must show
     /// the key as the agreed log has it at the answer's revision.
-    fn serve_read(&mut self, i: usize, id: u64, state: &StateMachine, key: &Bytes) {
+    fn serve_read(&mut self, i: usize, id: u64, state: &StateMachine, key: &Bytes) -> Option<i64> {
         if !state.serving {
-            return;
+            return None;
         }
         let read = state.mvcc.range(&mvcc::RangeRequest {
             key: key.clone(),
@@ -280,14 +313,16 @@ impl World {
         });
         let resp = match read {
             Ok(resp) => resp,
-            Err(e) => return self.anomaly(format!("member {id}: a read failed: {e}")),
+            Err(e) => {
+                self.anomaly(format!("member {id}: a read failed: {e}"));
+                return None;
+            }
         };
         let revision = resp.header.revision;
         let got = resp
             .kvs
             .first()
             .map(|kv| (kv.mod_revision, kv.value.clone()));
-        self.report.reads += 1;
         fold(&mut self.report.digest, &[self.now, 5, id, revision as u64]);
         if revision < self.served[i] {
             let before = self.served[i];
@@ -305,6 +340,36 @@ impl World {
             self.anomaly(format!(
                 "member {id} read {key:?} at revision {revision} as {got:?}; the log has {expected:?}"
             ));
+        }
+        Some(revision)
+    }
+
+    fn serve_serializable(&mut self, i: usize, id: u64, state: &StateMachine, key: &Bytes) {
+        if self.serve_read(i, id, state, key).is_some() {
+            self.report.reads += 1;
+        }
+    }
+
+    /// Answers linearizable reads whose round came back and applied.
+    fn serve_linearizable(
+        &mut self,
+        i: usize,
+        id: u64,
+        state: &StateMachine,
+        reads: Vec<LinearizableRead>,
+    ) {
+        for read in reads {
+            if let Some(revision) = self.serve_read(i, id, state, &read.key) {
+                if revision < read.must_see {
+                    self.anomaly(format!(
+                        "member {id} answered a linearizable read (op {}) at revision {revision}, below \
+                         revision {} acknowledged before the read began: a stale read",
+                        read.op, read.must_see
+                    ));
+                }
+                self.report.linearizable_reads += 1;
+                self.answers.push((read.op, Answer::Read));
+            }
         }
     }
 
@@ -441,7 +506,7 @@ impl SimReady<'_> {
                     self.state.publish = None;
                 }
                 if kind == ENTRY_CLIENT && self.state.pending.remove(&op).is_some() {
-                    self.world.answers.push((op, Ok(index)));
+                    self.world.answers.push((op, Answer::Applied(index)));
                 }
             }
         }
@@ -479,7 +544,12 @@ impl ReadyHost for SimReady<'_> {
         )))
     }
 
-    fn read_index_ready(&mut self, _ctx: &[u8], _index: u64, _applied: u64) {}
+    fn read_index_ready(&mut self, ctx: &[u8], index: u64, applied: u64) {
+        let mut ready = Vec::new();
+        self.state.reads.answered(ctx, index, applied, &mut ready);
+        self.world
+            .serve_linearizable(self.member, self.id, self.state, ready);
+    }
 
     fn apply(
         &mut self,
@@ -515,7 +585,7 @@ impl ReadyHost for SimReady<'_> {
             for _ in 0..self.world.rng.between(1, 3) {
                 let key = self.world.random_key();
                 self.world
-                    .serve_read(self.member, self.id, self.state, &key);
+                    .serve_serializable(self.member, self.id, self.state, &key);
             }
         }
         if faulty && self.world.rng.one_in(600) {
@@ -531,7 +601,12 @@ impl ReadyHost for SimReady<'_> {
         Ok(())
     }
 
-    fn release_reads(&mut self, _applied: u64) {}
+    fn release_reads(&mut self, applied: u64) {
+        let mut ready = Vec::new();
+        self.state.reads.release(applied, &mut ready);
+        self.world
+            .serve_linearizable(self.member, self.id, self.state, ready);
+    }
 }
 
 /// A simulated cluster.
@@ -598,6 +673,7 @@ impl Sim {
             leaders: BTreeMap::new(),
             answers: Vec::new(),
             max_acked_index: 0,
+            max_acked_revision: 0,
             network: BTreeMap::new(),
             sequence: 0,
             served: vec![0; n as usize],
@@ -676,7 +752,7 @@ impl Sim {
         member.down_until = self.world.now + self.world.rng.between(20, 1_500);
         member.paused_until = 0;
         for (op, _) in life.state.pending {
-            self.world.answers.push((op, Err(())));
+            self.world.answers.push((op, Answer::Unknown));
         }
         self.world.report.crashes += u64::from(why == "killed");
         fold(
@@ -781,6 +857,9 @@ impl Sim {
             let mut steps = 0;
             if tick {
                 life.raw.tick();
+                life.state
+                    .reads
+                    .retry(&mut life.raw, now, |sent| sent + READ_INDEX_RETRY_MS <= now);
                 steps += 1;
                 if !life.state.serving
                     && life
@@ -810,6 +889,7 @@ impl Sim {
                 let _ = life.raw.step(m);
                 steps += 1;
             }
+            life.state.reads.start(&mut life.raw, now);
             let mut rounds = 0;
             while life.raw.has_ready() && rounds < 4 {
                 rounds += 1;
@@ -834,6 +914,17 @@ impl Sim {
         }));
         let role = life.raw.raft.state;
         let term = life.raw.raft.term;
+        let leads = role == StateRole::Leader;
+        if life.state.was_leader && !leads {
+            // As node.rs: rounds this member led will never come back.
+            let mut failed = Vec::new();
+            life.state.reads.fail_in_flight(&mut failed);
+            for read in failed {
+                world.report.linearizable_failed += 1;
+                world.answers.push((read.op, Answer::ReadFailed));
+            }
+        }
+        life.state.was_leader = leads;
         match outcome {
             Ok(Ok(steps)) => world.report.steps += steps,
             Ok(Err(why)) => {
@@ -878,8 +969,8 @@ impl Sim {
         for (op, result) in answers {
             if self.final_op.is_some_and(|(f, _)| f == op) {
                 match result {
-                    Ok(index) => self.final_acked = Some(index),
-                    Err(()) => self.final_op = None,
+                    Answer::Applied(index) => self.final_acked = Some(index),
+                    _ => self.final_op = None,
                 }
                 continue;
             }
@@ -893,24 +984,31 @@ impl Sim {
             self.clients[c].in_flight = None;
             self.clients[c].next_at = now + self.world.rng.between(0, 20);
             match result {
-                Ok(index) => {
+                Answer::Applied(index) => {
                     self.world.report.writes_acked += 1;
                     self.world.max_acked_index = self.world.max_acked_index.max(index);
+                    let revision = self.world.log[(index - 1) as usize].revision;
+                    self.world.max_acked_revision = self.world.max_acked_revision.max(revision);
                     fold(&mut self.world.report.digest, &[now, 4, op, index]);
                 }
-                Err(()) => self.world.report.writes_unknown += 1,
+                Answer::Unknown => self.world.report.writes_unknown += 1,
+                Answer::Read | Answer::ReadFailed => {}
             }
         }
         for c in 0..self.clients.len() {
             if let Some(f) = &self.clients[c].in_flight {
                 if f.deadline <= now {
-                    let (op, member) = (f.op, f.member);
+                    let (op, member, read) = (f.op, f.member, f.read);
                     if let Some(life) = self.members[member].life.as_mut() {
                         life.state.pending.remove(&op);
                     }
                     self.clients[c].in_flight = None;
                     self.clients[c].next_at = now;
-                    self.world.report.writes_unknown += 1;
+                    if read {
+                        self.world.report.linearizable_failed += 1;
+                    } else {
+                        self.world.report.writes_unknown += 1;
+                    }
                 }
                 continue;
             }
@@ -930,7 +1028,8 @@ impl Sim {
             0..=39 => OpKind::Put,
             40..=49 => OpKind::Delete,
             50 => OpKind::Compact,
-            _ => OpKind::Get,
+            51..=75 => OpKind::Get,
+            _ => OpKind::LinearizableGet,
         };
         self.clients[c].next_at = now + rng.between(1, 10);
         self.world.report.steps += 1;
@@ -938,14 +1037,40 @@ impl Sim {
         let id = m.id;
         let paused = m.paused_until > now;
         let Some(life) = m.life.as_mut().filter(|_| !paused) else {
-            if kind != OpKind::Get {
+            if !matches!(kind, OpKind::Get | OpKind::LinearizableGet) {
                 self.world.report.writes_failed += 1;
             }
             return;
         };
         let req = match kind {
             OpKind::Get => {
-                self.world.serve_read(member, id, &life.state, &key);
+                self.world.serve_serializable(member, id, &life.state, &key);
+                return;
+            }
+            OpKind::LinearizableGet => {
+                // node.rs' read_barrier: served members only, a leader known.
+                if !life.state.serving || life.raw.raft.leader_id == 0 {
+                    return;
+                }
+                self.next_op += 1;
+                let read = LinearizableRead {
+                    op: self.next_op,
+                    key,
+                    must_see: self.world.max_acked_revision,
+                };
+                if self.world.cfg.bug == Some(Bug::LocalLinearizable) {
+                    self.world
+                        .serve_linearizable(member, id, &life.state, vec![read]);
+                    self.world.answers.pop();
+                    return;
+                }
+                self.clients[c].in_flight = Some(InFlight {
+                    op: read.op,
+                    read: true,
+                    member,
+                    deadline: now + OP_TIMEOUT_MS,
+                });
+                life.state.reads.queue(read);
                 return;
             }
             OpKind::Put => mvcc::Request::Put(mvcc::PutRequest {
@@ -975,6 +1100,7 @@ impl Sim {
         life.state.pending.insert(op, c);
         self.clients[c].in_flight = Some(InFlight {
             op,
+            read: false,
             member,
             deadline: now + OP_TIMEOUT_MS,
         });
@@ -1133,6 +1259,8 @@ fn boot(id: u64, members: u64, disk: &Disk, serve_at_once: bool) -> Result<Life,
             serving: serve_at_once,
             publish: None,
             pending: BTreeMap::new(),
+            reads: ReadRounds::new(id),
+            was_leader: false,
         },
     })
 }
@@ -1176,7 +1304,10 @@ mod tests {
         for seed in 1..=3 {
             let r = run(seed, 40_000, None);
             assert!(r.anomalies.is_empty(), "seed {seed}: {:#?}", r.anomalies);
-            assert!(r.writes_acked > 0 && r.reads > 0, "seed {seed}: {r:?}");
+            assert!(
+                r.writes_acked > 0 && r.reads > 0 && r.linearizable_reads > 0,
+                "seed {seed}: {r:?}"
+            );
             assert!(r.revision > 0 && r.last_index > 0, "seed {seed}: {r:?}");
             total.crashes += r.crashes + r.deaths_in_sync;
             total.partitions += r.partitions;
@@ -1216,6 +1347,11 @@ mod tests {
             Bug::DivergentApply,
             &["with different data or effects", "HashKV differs"],
         );
+    }
+
+    #[test]
+    fn a_linearizable_read_without_read_index_is_caught() {
+        caught(Bug::LocalLinearizable, &["a stale read"]);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use server::sim::{Bug, Sim, SimConfig};
 
 const USAGE: &str =
     "usage: metcd-sim [--seed S] [--seeds K] [--steps N] [--members M] [--clients C] [--keys K] \
-                     [--no-faults] [--bug serve-at-once|lying-fsync|divergent-apply] [--verbose]";
+                     [--no-faults] [--bug serve-at-once|lying-fsync|divergent-apply|local-linearizable] [--verbose]";
 
 fn main() {
     let mut cfg = SimConfig::default();
@@ -37,6 +37,7 @@ fn main() {
                     Some("serve-at-once") => Some(Bug::ServeAtOnce),
                     Some("lying-fsync") => Some(Bug::LyingFsync),
                     Some("divergent-apply") => Some(Bug::DivergentApply),
+                    Some("local-linearizable") => Some(Bug::LocalLinearizable),
                     _ => {
                         eprintln!("metcd-sim: unknown --bug\n{USAGE}");
                         std::process::exit(2)
@@ -54,9 +55,9 @@ fn main() {
         }
     }
     println!(
-        "{:>6} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>9} {:>7}",
-        "seed", "steps", "sim_s", "acked", "unknown", "failed", "reads", "kills", "syncd", "pauses", "parts",
-        "terms", "index", "hash", "anomaly"
+        "{:>6} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>9} {:>7}",
+        "seed", "steps", "sim_s", "acked", "unknown", "failed", "reads", "lin_rd", "kills", "syncd", "pauses",
+        "parts", "terms", "index", "hash", "anomaly"
     );
     let (mut total_steps, mut bad) = (0u64, 0u64);
     let started = std::time::Instant::now();
@@ -68,7 +69,7 @@ fn main() {
         .run();
         total_steps += r.steps;
         println!(
-            "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>9x} {:>7}",
+            "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>9x} {:>7}",
             seed,
             r.steps,
             r.millis as f64 / 1000.0,
@@ -76,6 +77,7 @@ fn main() {
             r.writes_unknown,
             r.writes_failed,
             r.reads,
+            r.linearizable_reads,
             r.crashes,
             r.deaths_in_sync,
             r.pauses,
