@@ -5,28 +5,36 @@
 //! Several members run in one thread on a fake clock, a fake network
 //! (delays that reorder, drops, duplicates, partitions) and a fake disk (a
 //! group commit reaches the disk whole or not at all when its member dies
-//! in it; records buffered for the next commit die with the member). Each
-//! member runs the production pieces: raft-rs, [`crate::ready::handle_ready`]
-//! (the Raft loop's Ready ordering), the WAL's recovery rules
-//! ([`engine::wal::Recovered::add`]), [`crate::raftlog::restore`] at every
-//! restart, and [`MvccStore`] over the memory engine for apply. Everything
-//! random comes from one seed: a run, and any anomaly it finds, replays
-//! exactly from its seed.
+//! in it; records buffered for the next commit die with the member; an
+//! engine checkpoint is replaced atomically). Each member runs the
+//! production pieces: raft-rs, [`crate::ready::handle_ready`] (the Raft
+//! loop's Ready ordering), [`crate::read_index::ReadRounds`] (linearizable
+//! reads), the WAL's recovery rules ([`engine::wal::Recovered::add`]),
+//! [`crate::raftlog::restore`] at every restart, and [`MvccStore`] over the
+//! memory engine for apply. Everything random comes from one seed: a run,
+//! and any anomaly it finds, replays exactly from its seed.
 //!
 //! Around those pieces a member does what `node.rs` does: a proposal is
-//! answered when its entry applies on the member that proposed it, and a
+//! answered when its entry applies on the member that proposed it; a
 //! restarted member serves reads only once an entry it proposed after the
-//! restart applied (etcd's start-up publish).
+//! restart applied (etcd's start-up publish); the engine is checkpointed
+//! every [`CHECKPOINT_EVERY`] entries, then the WAL marked and raft-rs' log
+//! compacted, so a member that fell behind gets the leader's engine as a
+//! snapshot; a restart starts from the newest checkpoint and replays the
+//! WAL after it.
 //!
 //! Checked while it runs: one leader per term; every member applies the
-//! same entry, to the same revision, at each index, in order; a member's
-//! reads never go below a revision it already served (across restarts
-//! too) and agree with the log; raft-rs never panics. At the end, with
-//! every fault healed: a put still commits, every member applied every
-//! acknowledged write, and all members' `HashKV` agree.
+//! same entry, to the same revision, at each index, in order; a state
+//! restored from a checkpoint or a snapshot is at the revision the log
+//! reached there; a member's reads never go below a revision it already
+//! served (across restarts too) and agree with the log; a linearizable
+//! read sees every write acknowledged before it began; raft-rs never
+//! panics. At the end, with every fault healed: a put still commits, every
+//! member applied every acknowledged write, and all members' `HashKV`
+//! agree.
 //!
-//! Not simulated yet: snapshots and log compaction (members keep their
-//! whole log), membership changes, leases, ReadIndex reads.
+//! Not simulated yet: membership changes, leases, auth, WAL segment
+//! release, the btree and lsm engines.
 //!
 //! Must never touch real time, files or threads.
 
@@ -35,8 +43,8 @@ use std::panic::AssertUnwindSafe;
 
 use bytes::{BufMut, Bytes};
 use engine::wal::{Record, Recovered};
-use engine::MemoryEngine;
-use raft::eraftpb::{ConfState, Entry, EntryType, Message, Snapshot};
+use engine::{Engine, EngineSnapshot, MemoryEngine};
+use raft::eraftpb::{ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 use raft::storage::MemStorage;
 use raft::{RawNode, StateRole};
 
@@ -88,6 +96,9 @@ pub enum Bug {
     DivergentApply,
     /// Linearizable reads are served from local state, without ReadIndex.
     LocalLinearizable,
+    /// A leader sends its last checkpoint's data as a snapshot of its
+    /// applied index.
+    StaleSnapshot,
 }
 
 /// What a run did and found.
@@ -111,6 +122,9 @@ pub struct SimReport {
     pub delivered: u64,
     pub dropped: u64,
     pub terms_led: u64,
+    pub checkpoints: u64,
+    pub snapshots_sent: u64,
+    pub snapshots_installed: u64,
     pub last_index: u64,
     pub revision: i64,
     pub hash: u32,
@@ -164,15 +178,24 @@ const OP_TIMEOUT_MS: u64 = 3_000;
 /// As node.rs' READ_INDEX_RETRY (etcd's 500 ms).
 const READ_INDEX_RETRY_MS: u64 = 500;
 const HEAL_LIMIT_MS: u64 = 60_000;
+/// Entries between two engine checkpoints (node.rs: --snapshot-count).
+const CHECKPOINT_EVERY: u64 = 100;
+/// Entries kept behind a checkpoint for lagging followers (node.rs:
+/// catch_up_entries); a follower further behind needs a snapshot.
+const CATCH_UP_ENTRIES: u64 = 20;
+const DIED_IN_SYNC: &str = "died in a group commit";
+const DIED_IN_CHECKPOINT: &str = "died between a checkpoint and its WAL marker";
 const ENTRY_CLIENT: u8 = 1;
 const ENTRY_PUBLISH: u8 = 2;
 
-/// A member's disk: group commits that reached it, and records buffered
-/// for the next one (lost if the member dies first).
+/// A member's disk: group commits that reached it, records buffered for
+/// the next one (lost if the member dies first), and the newest engine
+/// checkpoint (replaced atomically, as a renamed file is).
 #[derive(Default)]
 struct Disk {
     frames: Vec<Vec<Record>>,
     buffered: Vec<Record>,
+    checkpoint: Option<MemoryEngine>,
 }
 
 impl Disk {
@@ -202,6 +225,11 @@ struct StateMachine {
     /// Linearizable reads, in ReadIndex rounds as `node.rs` batches them.
     reads: ReadRounds<LinearizableRead, u64>,
     was_leader: bool,
+    /// Leader snapshots received, by index, until raft-rs installs them.
+    incoming: BTreeMap<u64, MemoryEngine>,
+    /// Snapshots raft-rs asked this member to send, one per peer.
+    snapshot_sends: Vec<Message>,
+    last_checkpoint: u64,
 }
 
 /// A linearizable read in flight: it must see at least `must_see`, the
@@ -262,6 +290,13 @@ struct AppliedEntry {
     first_by: u64,
 }
 
+/// A message on the wire; a snapshot carries its engine's data.
+struct Envelope {
+    to: usize,
+    message: Message,
+    data: Option<MemoryEngine>,
+}
+
 /// Shared by every member: the checks' evidence, the clock, the random
 /// source, the network.
 struct World {
@@ -282,7 +317,7 @@ struct World {
     /// The newest revision acknowledged to a client so far.
     max_acked_revision: i64,
     /// In flight: (deliver at, sequence) → (to, message).
-    network: BTreeMap<(u64, u64), (usize, Message)>,
+    network: BTreeMap<(u64, u64), Envelope>,
     sequence: u64,
     /// Per member, the highest revision it ever answered a read at.
     served: Vec<i64>,
@@ -373,6 +408,20 @@ impl World {
         }
     }
 
+    /// A state machine restored at `index` (a checkpoint at start, a
+    /// leader's snapshot) must be at the revision the log reached there.
+    fn check_restored(&mut self, id: u64, index: u64, revision: i64) {
+        let Some(agreed) = index.checked_sub(1).and_then(|i| self.log.get(i as usize)) else {
+            return;
+        };
+        if agreed.revision != revision {
+            let expected = agreed.revision;
+            self.anomaly(format!(
+                "member {id} restored index {index} at revision {revision}; the log reached {expected} there"
+            ));
+        }
+    }
+
     fn random_key(&mut self) -> Bytes {
         Bytes::from(format!("k{}", self.rng.below(self.cfg.keys as u64)))
     }
@@ -385,29 +434,45 @@ impl World {
 
     fn send(&mut self, from: usize, msgs: Vec<Message>) {
         for m in msgs {
-            let to = (m.to - 1) as usize;
-            if to >= self.cfg.members as usize || self.cut(from, to) {
-                self.report.dropped += 1;
-                continue;
-            }
-            let faulty = self.cfg.faults && !self.healing;
-            if faulty && self.rng.one_in(100) {
-                self.report.dropped += 1;
-                continue;
-            }
-            let mut delay = self.rng.between(1, 8);
-            if faulty && self.rng.one_in(300) {
-                delay += self.rng.between(50, 400);
-            }
-            if faulty && self.rng.one_in(200) {
-                self.sequence += 1;
-                let again = self.now + delay + self.rng.between(1, 30);
-                self.network.insert((again, self.sequence), (to, m.clone()));
-            }
-            self.sequence += 1;
-            self.network
-                .insert((self.now + delay, self.sequence), (to, m));
+            self.send_one(from, m, None);
         }
+    }
+
+    /// Puts one message on the wire; false if it was lost at once.
+    fn send_one(&mut self, from: usize, message: Message, data: Option<MemoryEngine>) -> bool {
+        let to = (message.to - 1) as usize;
+        if to >= self.cfg.members as usize || self.cut(from, to) {
+            self.report.dropped += 1;
+            return false;
+        }
+        let faulty = self.cfg.faults && !self.healing;
+        if faulty && self.rng.one_in(100) {
+            self.report.dropped += 1;
+            return false;
+        }
+        let mut delay = self.rng.between(1, 8);
+        if data.is_some() {
+            delay += self.rng.between(5, 50);
+        }
+        if faulty && self.rng.one_in(300) {
+            delay += self.rng.between(50, 400);
+        }
+        if faulty && self.rng.one_in(200) {
+            self.sequence += 1;
+            let again = Envelope {
+                to,
+                message: message.clone(),
+                data: data.clone(),
+            };
+            let at = self.now + delay + self.rng.between(1, 30);
+            self.network.insert((at, self.sequence), again);
+        }
+        self.sequence += 1;
+        self.network.insert(
+            (self.now + delay, self.sequence),
+            Envelope { to, message, data },
+        );
+        true
     }
 }
 
@@ -421,6 +486,13 @@ struct SimReady<'a> {
 }
 
 impl SimReady<'_> {
+    fn log_snapshot(&mut self, index: u64, term: u64, conf: &ConfState) {
+        self.disk.buffered.push(Record::Snapshot {
+            index,
+            meta: Bytes::from(crate::raftlog::encode_snapshot_meta(term, conf)),
+        });
+    }
+
     fn apply_one(&mut self, entry: &Entry) -> Result<(), ServerError> {
         let index = entry.index;
         if index != self.state.applied + 1 {
@@ -529,19 +601,50 @@ fn bytes_of_events(events: &[mvcc::Event]) -> Vec<u8> {
 
 impl ReadyHost for SimReady<'_> {
     fn send(&mut self, msgs: Vec<Message>) {
-        self.world.send(self.member, msgs);
+        // As node.rs: snapshots go their own way, with the engine's data.
+        let (snapshots, rest): (Vec<Message>, Vec<Message>) = msgs
+            .into_iter()
+            .partition(|m| m.get_msg_type() == MessageType::MsgSnapshot);
+        for m in snapshots {
+            if !self.state.snapshot_sends.iter().any(|s| s.to == m.to) {
+                self.state.snapshot_sends.push(m);
+            }
+        }
+        self.world.send(self.member, rest);
     }
 
+    /// As node.rs: the received engine becomes the state machine and the
+    /// newest checkpoint; raft-rs' storage restarts at its index; the WAL
+    /// gets a marker, synced with this Ready.
     async fn install_snapshot(
         &mut self,
-        _raw: &mut RawNode<MemStorage>,
+        raw: &mut RawNode<MemStorage>,
         snap: Snapshot,
     ) -> Result<(), ServerError> {
-        // No member compacts its log, so no leader should need one.
-        Err(ServerError::Startup(format!(
-            "unexpected snapshot at index {}",
-            snap.get_metadata().index
-        )))
+        let meta = snap.get_metadata().clone();
+        let index = meta.index;
+        let Some(engine) = self.state.incoming.remove(&index) else {
+            return Err(ServerError::Startup(format!(
+                "raft applies a snapshot at index {index} whose data never arrived"
+            )));
+        };
+        if engine.applied_index() != index {
+            return Err(ServerError::Startup(format!(
+                "the snapshot for index {index} holds applied index {}",
+                engine.applied_index()
+            )));
+        }
+        self.disk.checkpoint = Some(copy_engine(&engine, None)?);
+        self.state.mvcc = MvccStore::open(engine)?;
+        raw.store().wl().apply_snapshot(snap)?;
+        self.log_snapshot(index, meta.term, meta.get_conf_state());
+        self.state.applied = index;
+        self.state.last_checkpoint = index;
+        self.state.incoming.retain(|i, _| *i > index);
+        self.world.report.snapshots_installed += 1;
+        self.world
+            .check_restored(self.id, index, self.state.mvcc.current_revision());
+        Ok(())
     }
 
     fn read_index_ready(&mut self, ctx: &[u8], index: u64, applied: u64) {
@@ -593,7 +696,7 @@ impl ReadyHost for SimReady<'_> {
             if self.world.rng.one_in(2) {
                 self.disk.frames.push(frame);
             }
-            return Err(ServerError::Startup("died in a group commit".into()));
+            return Err(ServerError::Startup(DIED_IN_SYNC.into()));
         }
         if !frame.is_empty() {
             self.disk.frames.push(frame);
@@ -717,6 +820,8 @@ impl Sim {
             serve_at_once,
         ) {
             Ok(life) => {
+                let (applied, revision) = (life.state.applied, life.state.mvcc.current_revision());
+                self.world.check_restored(member.id, applied, revision);
                 member.life = Some(life);
                 member.tick_every = tick_every;
                 member.next_tick = self.world.now + tick_every;
@@ -784,14 +889,23 @@ impl Sim {
             if entry.key().0 > now {
                 break;
             }
-            let (to, m) = entry.remove();
+            let Envelope {
+                to,
+                message: m,
+                data,
+            } = entry.remove();
             self.world.report.steps += 1;
             self.world.report.delivered += 1;
             fold(
                 &mut self.world.report.digest,
                 &[now, m.get_msg_type() as u64, m.from, m.to, m.term, m.index],
             );
-            if self.members[to].life.is_some() {
+            if let Some(life) = self.members[to].life.as_mut() {
+                if let Some(data) = data {
+                    // As peer.rs: the data is stored, then the message stepped.
+                    let index = m.get_snapshot().get_metadata().index;
+                    life.state.incoming.insert(index, data);
+                }
                 self.members[to].inbox.push(m);
             }
         }
@@ -886,6 +1000,14 @@ impl Sim {
                         m.from, m.commit
                     ));
                 }
+                if m.get_msg_type() == MessageType::MsgSnapshot
+                    && !life
+                        .state
+                        .incoming
+                        .contains_key(&m.get_snapshot().get_metadata().index)
+                {
+                    continue;
+                }
                 let _ = life.raw.step(m);
                 steps += 1;
             }
@@ -910,6 +1032,8 @@ impl Sim {
                     return Err(format!("member {id} stopped: {e}"));
                 }
             }
+            send_snapshots(i, life, disk, world).map_err(|e| format!("member {id}: {e}"))?;
+            checkpoint(life, disk, world).map_err(|e| format!("member {id}: {e}"))?;
             Ok(steps)
         }));
         let role = life.raw.raft.state;
@@ -928,7 +1052,7 @@ impl Sim {
         match outcome {
             Ok(Ok(steps)) => world.report.steps += steps,
             Ok(Err(why)) => {
-                if why.ends_with("died in a group commit") {
+                if why.ends_with(DIED_IN_SYNC) || why.ends_with(DIED_IN_CHECKPOINT) {
                     world.report.deaths_in_sync += 1;
                 } else {
                     world.anomaly(why);
@@ -1236,7 +1360,25 @@ fn boot(id: u64, members: u64, disk: &Disk, serve_at_once: bool) -> Result<Life,
         voters: (1..=members).collect(),
         ..Default::default()
     };
-    let restored = crate::raftlog::restore(&recovered, 0, &conf)
+    let engine = match &disk.checkpoint {
+        Some(checkpoint) => copy_engine(checkpoint, None).map_err(|e| e.to_string())?,
+        None => MemoryEngine::new(),
+    };
+    let engine_applied = engine.applied_index();
+    // node.rs refuses these two at start; neither may happen here.
+    let marker = recovered.snapshot.as_ref().map_or(0, |(i, _)| *i);
+    if engine_applied < marker {
+        return Err(format!(
+            "the WAL was released up to {marker} but the checkpoint is at {engine_applied}"
+        ));
+    }
+    if engine_applied > recovered.last_index() {
+        return Err(format!(
+            "the checkpoint is at {engine_applied} but the WAL ends at {}",
+            recovered.last_index()
+        ));
+    }
+    let restored = crate::raftlog::restore(&recovered, engine_applied, &conf)
         .map_err(|e| format!("its raft log does not restore: {e}"))?;
     if never_started {
         // As node.rs: a new cluster's first term is 1 (etcd's bootstrap).
@@ -1249,8 +1391,7 @@ fn boot(id: u64, members: u64, disk: &Disk, serve_at_once: bool) -> Result<Life,
         &logger,
     )
     .map_err(|e| format!("raft-rs refuses its state: {e}"))?;
-    let mvcc = MvccStore::open(MemoryEngine::new())
-        .map_err(|e| format!("an empty store does not open: {e}"))?;
+    let mvcc = MvccStore::open(engine).map_err(|e| format!("its checkpoint does not open: {e}"))?;
     Ok(Life {
         raw,
         state: StateMachine {
@@ -1261,8 +1402,103 @@ fn boot(id: u64, members: u64, disk: &Disk, serve_at_once: bool) -> Result<Life,
             pending: BTreeMap::new(),
             reads: ReadRounds::new(id),
             was_leader: false,
+            incoming: BTreeMap::new(),
+            snapshot_sends: Vec::new(),
+            last_checkpoint: engine_applied,
         },
     })
+}
+
+/// A copy of an engine's whole state at its applied index: what a
+/// checkpoint file or a snapshot stream holds.
+fn copy_engine(from: &MemoryEngine, stamp: Option<u64>) -> Result<MemoryEngine, ServerError> {
+    let snapshot = from.snapshot();
+    let mut batch = engine::WriteBatch::new();
+    snapshot.scan(
+        std::ops::Bound::Unbounded,
+        std::ops::Bound::Unbounded,
+        |k, v| {
+            batch.put(k.clone(), v.clone());
+            engine::Scan::Continue
+        },
+    )?;
+    batch.set_applied_index(stamp.unwrap_or(snapshot.applied_index()));
+    let copy = MemoryEngine::new();
+    copy.write(batch)?;
+    Ok(copy)
+}
+
+/// As node.rs' send_snapshot: the engine as it stands (at or past the
+/// index raft-rs named), with that index's term and membership.
+fn send_snapshots(
+    i: usize,
+    life: &mut Life,
+    disk: &Disk,
+    world: &mut World,
+) -> Result<(), ServerError> {
+    for mut m in std::mem::take(&mut life.state.snapshot_sends) {
+        let wanted = m.get_snapshot().get_metadata().index;
+        if life.state.applied < wanted {
+            life.state.snapshot_sends.push(m);
+            continue;
+        }
+        let mut data = copy_engine(life.state.mvcc.engine(), None)?;
+        let index = data.applied_index();
+        if let Some(old) = disk
+            .checkpoint
+            .as_ref()
+            .filter(|_| world.cfg.bug == Some(Bug::StaleSnapshot))
+        {
+            data = copy_engine(old, Some(index))?;
+        }
+        let store = life.raw.store();
+        let term = raft::Storage::term(store, index)?;
+        let conf = raft::Storage::initial_state(store)?.conf_state;
+        let meta = m.mut_snapshot().mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(conf);
+        let to = m.to;
+        let sent = world.send_one(i, m, Some(data));
+        world.report.snapshots_sent += u64::from(sent);
+        let status = if sent {
+            raft::SnapshotStatus::Finish
+        } else {
+            raft::SnapshotStatus::Failure
+        };
+        life.raw.report_snapshot(to, status);
+    }
+    Ok(())
+}
+
+/// As node.rs' maybe_snapshot and finish_snapshot: every CHECKPOINT_EVERY
+/// applied entries the engine is checkpointed, then the WAL gets a marker
+/// (synced) and raft-rs' log is compacted behind a catch-up tail. A member
+/// may die between the checkpoint and the marker.
+fn checkpoint(life: &mut Life, disk: &mut Disk, world: &mut World) -> Result<(), ServerError> {
+    let index = life.state.applied;
+    if index < life.state.last_checkpoint + CHECKPOINT_EVERY {
+        return Ok(());
+    }
+    let store = life.raw.store().clone();
+    let term = raft::Storage::term(&store, index)?;
+    let conf = raft::Storage::initial_state(&store)?.conf_state;
+    disk.checkpoint = Some(copy_engine(life.state.mvcc.engine(), None)?);
+    life.state.last_checkpoint = index;
+    world.report.checkpoints += 1;
+    if world.cfg.faults && !world.healing && world.rng.one_in(10) {
+        return Err(ServerError::Startup(DIED_IN_CHECKPOINT.into()));
+    }
+    disk.buffered.push(Record::Snapshot {
+        index,
+        meta: Bytes::from(crate::raftlog::encode_snapshot_meta(term, &conf)),
+    });
+    disk.frames.push(std::mem::take(&mut disk.buffered));
+    let keep_from = index.saturating_sub(CATCH_UP_ENTRIES);
+    if keep_from > raft::Storage::first_index(&store)? {
+        store.wl().compact(keep_from)?;
+    }
+    Ok(())
 }
 
 fn entry_data(kind: u8, member: u64, op: u64, req: Option<&mvcc::Request>) -> Vec<u8> {
@@ -1314,11 +1550,18 @@ mod tests {
             total.pauses += r.pauses;
             total.terms_led += r.terms_led;
             total.writes_unknown += r.writes_unknown;
+            total.checkpoints += r.checkpoints;
+            total.snapshots_installed += r.snapshots_installed;
         }
         // The faults really happened, and leadership moved because of them.
         assert!(total.crashes >= 3, "{total:?}");
         assert!(total.partitions + total.pauses >= 2, "{total:?}");
         assert!(total.terms_led >= 6, "{total:?}");
+        // Checkpoints and leader snapshots ran, and members restarted from them.
+        assert!(
+            total.checkpoints >= 10 && total.snapshots_installed >= 1,
+            "{total:?}"
+        );
     }
 
     /// Each check is shown to fail on the bug it is there for: some seed
@@ -1352,6 +1595,18 @@ mod tests {
     #[test]
     fn a_linearizable_read_without_read_index_is_caught() {
         caught(Bug::LocalLinearizable, &["a stale read"]);
+    }
+
+    #[test]
+    fn a_snapshot_with_stale_data_is_caught() {
+        caught(
+            Bug::StaleSnapshot,
+            &[
+                "restored index",
+                "with different data or effects",
+                "HashKV differs",
+            ],
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use server::sim::{Bug, Sim, SimConfig};
 
 const USAGE: &str =
     "usage: metcd-sim [--seed S] [--seeds K] [--steps N] [--members M] [--clients C] [--keys K] \
-                     [--no-faults] [--bug serve-at-once|lying-fsync|divergent-apply|local-linearizable] [--verbose]";
+                     [--no-faults] [--bug serve-at-once|lying-fsync|divergent-apply|local-linearizable|stale-snapshot] [--verbose]";
 
 fn main() {
     let mut cfg = SimConfig::default();
@@ -38,6 +38,7 @@ fn main() {
                     Some("lying-fsync") => Some(Bug::LyingFsync),
                     Some("divergent-apply") => Some(Bug::DivergentApply),
                     Some("local-linearizable") => Some(Bug::LocalLinearizable),
+                    Some("stale-snapshot") => Some(Bug::StaleSnapshot),
                     _ => {
                         eprintln!("metcd-sim: unknown --bug\n{USAGE}");
                         std::process::exit(2)
@@ -55,9 +56,9 @@ fn main() {
         }
     }
     println!(
-        "{:>6} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>9} {:>7}",
+        "{:>6} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>8} {:>9} {:>7}",
         "seed", "steps", "sim_s", "acked", "unknown", "failed", "reads", "lin_rd", "kills", "syncd", "pauses",
-        "parts", "terms", "index", "hash", "anomaly"
+        "parts", "terms", "ckpts", "snaps", "index", "hash", "anomaly"
     );
     let (mut total_steps, mut bad) = (0u64, 0u64);
     let started = std::time::Instant::now();
@@ -69,7 +70,7 @@ fn main() {
         .run();
         total_steps += r.steps;
         println!(
-            "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>9x} {:>7}",
+            "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>8} {:>9x} {:>7}",
             seed,
             r.steps,
             r.millis as f64 / 1000.0,
@@ -83,6 +84,8 @@ fn main() {
             r.pauses,
             r.partitions,
             r.terms_led,
+            r.checkpoints,
+            r.snapshots_installed,
             r.last_index,
             r.hash,
             r.anomalies.len()
