@@ -352,6 +352,31 @@ pub(crate) fn create_dir_durable(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Where a leader snapshot's WAL marker is kept while it is installed.
+const INSTALLED_SNAPSHOT: &str = "installed-snapshot";
+
+/// Writes (index, marker meta) atomically: temporary file, fsync, rename,
+/// fsync of the directory. Snapshot installs are rare and already block
+/// on the engine's file, so this runs in line.
+fn write_installed_snapshot(dirs: &DataDirs, index: u64, meta: &[u8]) -> Result<()> {
+    let dir = dirs.root.join("member");
+    let path = dir.join(INSTALLED_SNAPSHOT);
+    let tmp = dir.join(format!("{INSTALLED_SNAPSHOT}.tmp"));
+    let mut body = index.to_le_bytes().to_vec();
+    body.extend_from_slice(meta);
+    let written = std::fs::write(&tmp, &body)
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .and_then(|()| std::fs::File::open(&dir)?.sync_all());
+    written.map_err(|e| engine::Error::io("write", &path, e).into())
+}
+
+fn read_installed_snapshot(dirs: &DataDirs) -> Option<(u64, bytes::Bytes)> {
+    let body = std::fs::read(dirs.root.join("member").join(INSTALLED_SNAPSHOT)).ok()?;
+    let index = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
+    Some((index, bytes::Bytes::copy_from_slice(&body[8..])))
+}
+
 /// Who this member is: (cluster ID, member ID), recorded in
 /// `member/identity` at its first start. For a new cluster both are
 /// derived from the flags as etcd derives them; a member joining an
@@ -764,8 +789,19 @@ impl Node {
         let engine = engine_dir.open_engine()?;
         let engine_applied = engine.applied_index();
         phases.done("open the engine");
-        let recovered = wal::recover(&dirs.wal)?;
+        let mut recovered = wal::recover(&dirs.wal)?;
         phases.done("read the WAL");
+        if raftlog::adopt_installed_snapshot(
+            &mut recovered,
+            engine_applied,
+            read_installed_snapshot(&dirs),
+        ) {
+            // Wal::open writes the adopted marker into its first frame.
+            log(format_args!(
+                "the engine holds a leader's snapshot at index {engine_applied} whose WAL marker was lost \
+                 in a crash; its marker kept in member/{INSTALLED_SNAPSHOT} stands in"
+            ));
+        }
         if let Some((path, offset)) = &recovered.truncated {
             log(format_args!(
                 "wal: cut a torn tail in {} at offset {offset} (an unacknowledged group commit)",
@@ -2173,7 +2209,17 @@ impl Node {
                 "raft applies a snapshot at index {index} whose data never arrived"
             )));
         };
+        // The marker's contents go beside the engine first: if the member
+        // dies before this Ready's sync writes the marker, the engine is
+        // ahead of the WAL and start-up adopts them (raftlog).
+        write_installed_snapshot(
+            &self.dirs,
+            index,
+            &raftlog::encode_snapshot_meta(meta.term, meta.get_conf_state()),
+        )?;
         let engine = self.engine_dir.install_snapshot_file(&file).await?;
+        // Tests only: die as kill -9 would between the install and the marker.
+        fail::fail_point!("node::snapshot_installed", |_| std::process::abort());
         if engine.applied_index() != index {
             return Err(ServerError::Startup(format!(
                 "the snapshot for index {index} holds applied index {}",

@@ -143,6 +143,27 @@ pub fn decode_snapshot_meta(index: u64, mut b: &[u8]) -> Result<(u64, ConfState)
     Ok((term, cs))
 }
 
+/// A member that died between installing a leader's snapshot as its
+/// engine and syncing that snapshot's WAL marker has an engine ahead of the
+/// WAL (and possibly of the whole log). `node.rs` keeps the marker's
+/// contents beside the engine before installing it (`installed`: index and
+/// encoded meta); when they name the engine's applied index, they stand in
+/// for the lost marker (found by the simulation: without this such a
+/// member refused to start). Returns whether they did.
+pub fn adopt_installed_snapshot(
+    recovered: &mut engine::wal::Recovered,
+    engine_applied: u64,
+    installed: Option<(u64, Bytes)>,
+) -> bool {
+    let marker = recovered.snapshot.as_ref().map_or(0, |(i, _)| *i);
+    match installed {
+        Some((index, meta)) if index == engine_applied && index > marker => recovered
+            .add(engine::wal::Record::Snapshot { index, meta })
+            .is_ok(),
+        _ => false,
+    }
+}
+
 /// The durable Raft state rebuilt at start-up.
 pub struct RestoredLog {
     pub storage: MemStorage,
@@ -321,6 +342,56 @@ mod tests {
         let b = encode_snapshot_meta(6, &joint);
         assert_eq!(decode_snapshot_meta(11, &b).unwrap(), (6, joint));
         assert!(decode_snapshot_meta(11, &b[..b.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn a_kept_marker_stands_in_only_for_the_engine_it_was_kept_for() {
+        use engine::wal::{Record, Recovered};
+        let meta = Bytes::from(encode_snapshot_meta(
+            3,
+            &ConfState::from((vec![1, 2, 3], vec![])),
+        ));
+        let log = |last: u64| {
+            let mut r = Recovered::default();
+            for i in 1..=last {
+                let data = Bytes::from_static(b"e");
+                r.add(Record::Entry { index: i, data }).unwrap();
+            }
+            r
+        };
+        // The engine ahead of the whole log: the log restarts after it.
+        let mut r = log(40);
+        assert!(adopt_installed_snapshot(
+            &mut r,
+            100,
+            Some((100, meta.clone()))
+        ));
+        assert_eq!(r.snapshot.as_ref().map(|(i, _)| *i), Some(100));
+        assert!(r.entries.is_empty());
+        assert_eq!(r.last_index(), 100);
+        // Within a longer (stale) log: entries it covers go, later ones stay.
+        let mut r = log(120);
+        assert!(adopt_installed_snapshot(
+            &mut r,
+            100,
+            Some((100, meta.clone()))
+        ));
+        assert_eq!(r.entries.first().map(|(i, _)| *i), Some(101));
+        // Kept for another engine state, or older than the WAL's marker: not used.
+        let mut r = log(40);
+        assert!(!adopt_installed_snapshot(
+            &mut r,
+            90,
+            Some((100, meta.clone()))
+        ));
+        assert!(!adopt_installed_snapshot(&mut r, 90, None));
+        r.add(Record::Snapshot {
+            index: 100,
+            meta: meta.clone(),
+        })
+        .unwrap();
+        assert!(!adopt_installed_snapshot(&mut r, 100, Some((100, meta))));
+        assert_eq!(r.snapshot.as_ref().map(|(i, _)| *i), Some(100));
     }
 
     #[test]

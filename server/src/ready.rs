@@ -78,6 +78,7 @@ pub async fn handle_ready<H: ReadyHost>(
         host.read_index_ready(&rs.request_ctx, rs.index, applied);
     }
     host.apply(raw, ready.take_committed_entries())?;
+    step_down_if_removed(raw);
     if !ready.entries().is_empty() {
         for e in ready.entries() {
             crate::raftlog::encode_entry(e, buf);
@@ -103,6 +104,7 @@ pub async fn handle_ready<H: ReadyHost>(
         host.log_state(&crate::raftlog::encode_hard_state(&hs));
     }
     host.apply(raw, light.take_committed_entries())?;
+    step_down_if_removed(raw);
     raw.advance_apply();
     host.release_reads(raw.raft.raft_log.applied);
     Ok(())
@@ -118,4 +120,18 @@ pub fn claims_entries_we_lack(raw: &RawNode<MemStorage>, m: &Message) -> Option<
         && m.term >= raw.raft.term
         && m.commit > last)
         .then_some(last)
+}
+
+/// A leader that applied its own removal is in no configuration: raft-rs
+/// would panic looking up its own progress when it next persists entries
+/// (found by the simulation, seed 1 with membership changes). It steps
+/// down at once, as etcd's raft means to ("step down (for sanity)"); the
+/// member then leaves (node.rs), and the remaining voters elect a leader.
+/// A removed member never campaigns: raft-rs only lets members of the
+/// configuration do that.
+fn step_down_if_removed(raw: &mut RawNode<MemStorage>) {
+    if raw.raft.state == raft::StateRole::Leader && raw.raft.prs().get(raw.raft.id).is_none() {
+        let term = raw.raft.term;
+        raw.raft.become_follower(term, raft::INVALID_ID);
+    }
 }

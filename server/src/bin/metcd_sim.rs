@@ -56,9 +56,9 @@ fn main() {
         }
     }
     println!(
-        "{:>6} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>8} {:>9} {:>7}",
+        "{:>6} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8} {:>9} {:>7}",
         "seed", "steps", "sim_s", "acked", "unknown", "failed", "reads", "lin_rd", "kills", "syncd", "pauses",
-        "parts", "terms", "ckpts", "snaps", "index", "hash", "anomaly"
+        "parts", "terms", "ckpts", "snaps", "confs", "index", "hash", "anomaly"
     );
     let (mut total_steps, mut bad) = (0u64, 0u64);
     let started = std::time::Instant::now();
@@ -70,7 +70,7 @@ fn main() {
         .run();
         total_steps += r.steps;
         println!(
-            "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>8} {:>9x} {:>7}",
+            "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8} {:>9x} {:>7}",
             seed,
             r.steps,
             r.millis as f64 / 1000.0,
@@ -86,6 +86,7 @@ fn main() {
             r.terms_led,
             r.checkpoints,
             r.snapshots_installed,
+            r.membership_changes,
             r.last_index,
             r.hash,
             r.anomalies.len()

@@ -73,6 +73,8 @@ pub struct Server {
     /// and refuses to serve on a difference. Off for tests that damage an
     /// engine on purpose and check what the member does without it.
     pub verify_index_checkpoint: bool,
+    /// Environment variables for the next spawn (e.g. `FAILPOINTS`).
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
     log: PathBuf,
 }
@@ -105,6 +107,7 @@ impl Server {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             client_https,
             verify_index_checkpoint: true,
+            env: Vec::new(),
             child: None,
             log: data_dir.with_extension("log"),
         };
@@ -169,6 +172,7 @@ impl Server {
                 self.verify_index_checkpoint
                     .then_some(("METCD_VERIFY_INDEX_CHECKPOINT", "1")),
             )
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
