@@ -656,6 +656,44 @@ impl<T: Send + 'static> Outbox<T> {
     }
 }
 
+impl Outbox<Feed> {
+    /// Queues a feed item for a hub. The Raft loop never waits for a hub,
+    /// so a hub that falls behind (its core busy, its fan-out slow) would
+    /// let this queue grow with every write; at [`MAX_QUEUED_FEED`] items
+    /// what is queued collapses into one `Restored` at its newest revision
+    /// instead: the hub's watchers then re-read those events from history,
+    /// as after a snapshot install (etcd's answer to watchers that cannot
+    /// keep up), and a compaction past them cancels them with its revision.
+    fn push_feed(&self, item: &Feed) {
+        {
+            let mut queue = self.queue.borrow_mut();
+            if queue.len() >= MAX_QUEUED_FEED {
+                collapse_feed(&mut queue);
+            }
+            queue.push(item.clone());
+        }
+        self.ready.notify();
+    }
+}
+
+/// Feed items queued for one hub before they collapse into a resync.
+const MAX_QUEUED_FEED: usize = 8192;
+
+/// Replaces queued events by one `Restored` at the newest revision they
+/// reach; a subscription's `Base` (its first item) stays in front.
+fn collapse_feed(queue: &mut Vec<Feed>) {
+    let revision = queue
+        .iter()
+        .map(|item| match item {
+            Feed::Events(batch) => batch.last().map_or(0, |e| e.kv.mod_revision),
+            Feed::Restored { revision } | Feed::Base { revision } => *revision,
+        })
+        .max()
+        .unwrap_or(0);
+    queue.retain(|item| matches!(item, Feed::Base { .. }));
+    queue.push(Feed::Restored { revision });
+}
+
 /// A non-owner shard's link to the owner.
 pub struct Remote {
     to_owner: Rc<Outbox<(u64, Command)>>,
@@ -1132,7 +1170,7 @@ fn member_info(cfg: &Config, cluster_id: u64, member_id: u64) -> MemberInfo {
 fn forward_events(to_shard: ConnectedSender<Vec<Feed>>) -> EventSubscriber {
     let outbox = Outbox::new();
     glommio::spawn_local(outbox.clone().drain_into(to_shard)).detach();
-    Box::new(move |item| outbox.push(item.clone()))
+    Box::new(move |item| outbox.push_feed(item))
 }
 
 /// The owner's own hub, fed in this shard's watch fan-out queue
@@ -1146,7 +1184,7 @@ fn feed_in_watch_queue(hub: Rc<WatchHub>) -> EventSubscriber {
             feed_batch(&hub, &queued.next_batch().await).await;
         }
     });
-    Box::new(move |item| outbox.push(item.clone()))
+    Box::new(move |item| outbox.push_feed(item))
 }
 
 /// Feeds `batch` to `hub` in order, letting the other queues run after it
@@ -1305,6 +1343,59 @@ async fn serve_all(listeners: &Listeners, shard: usize, backend: Backend, hub: R
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
+
+    fn events_at(revision: i64) -> Feed {
+        let event = mvcc::Event {
+            kind: mvcc::EventKind::Put,
+            kv: mvcc::KeyValue {
+                key: bytes::Bytes::from_static(b"k"),
+                mod_revision: revision,
+                ..Default::default()
+            },
+            prev_kv: None,
+            prev_kv_unread: false,
+        };
+        Feed::Events(std::sync::Arc::from(vec![event]))
+    }
+
+    fn revision_of(item: &Feed) -> (char, i64) {
+        match item {
+            Feed::Events(batch) => ('e', batch[0].kv.mod_revision),
+            Feed::Restored { revision } => ('r', *revision),
+            Feed::Base { revision } => ('b', *revision),
+        }
+    }
+
+    /// A hub that stops taking its feed holds at most MAX_QUEUED_FEED
+    /// items: the oldest collapse into one resync at the newest revision
+    /// they reached, the subscription's base stays first, and what comes
+    /// after follows in order.
+    #[test]
+    fn a_stalled_feed_collapses_into_a_resync_instead_of_growing() {
+        let outbox: Rc<Outbox<Feed>> = Outbox::new();
+        outbox.push_feed(&Feed::Base { revision: 1 });
+        let mut longest = 0;
+        for revision in 2..(2 * MAX_QUEUED_FEED as i64 + 100) {
+            outbox.push_feed(&events_at(revision));
+            longest = longest.max(outbox.queue.borrow().len());
+        }
+        assert!(longest <= MAX_QUEUED_FEED + 1, "{longest}");
+        let queue: Vec<(char, i64)> = outbox.queue.borrow().iter().map(revision_of).collect();
+        assert_eq!(queue[0], ('b', 1));
+        // Collapsed twice; the second resync covers everything before it.
+        let (kind, through) = queue[1];
+        assert_eq!(kind, 'r');
+        let live: Vec<i64> = queue[2..]
+            .iter()
+            .map(|(k, r)| {
+                assert_eq!(*k, 'e');
+                *r
+            })
+            .collect();
+        assert_eq!(live.first(), Some(&(through + 1)));
+        assert_eq!(live.last(), Some(&(2 * MAX_QUEUED_FEED as i64 + 99)));
+        assert!(live.windows(2).all(|w| w[1] == w[0] + 1));
+    }
 
     /// A member of its own on this executor, serving, with `keys` keys
     /// under `k/`.
