@@ -607,6 +607,8 @@ struct Outbox<T> {
     ready: crate::notify::Notify,
     /// Messages sent (the link's tests count them).
     messages: Cell<u64>,
+    /// A feed queue collapsed once (logged the first time).
+    overflowed: Cell<bool>,
 }
 
 impl<T: Send + 'static> Outbox<T> {
@@ -615,6 +617,7 @@ impl<T: Send + 'static> Outbox<T> {
             queue: RefCell::new(Vec::new()),
             ready: crate::notify::Notify::default(),
             messages: Cell::new(0),
+            overflowed: Cell::new(false),
         })
     }
 
@@ -668,6 +671,13 @@ impl Outbox<Feed> {
         {
             let mut queue = self.queue.borrow_mut();
             if queue.len() >= MAX_QUEUED_FEED {
+                if !self.overflowed.replace(true) {
+                    eprintln!(
+                        "metcd: a watch hub fell {} feed items behind; its watchers re-read \
+                         from history (logged once per hub)",
+                        queue.len()
+                    );
+                }
                 collapse_feed(&mut queue);
             }
             queue.push(item.clone());
