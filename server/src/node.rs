@@ -3609,7 +3609,6 @@ impl Node {
     }
 }
 
-/// The active alarms, from their records.
 /// The Raft loop's effects for [`crate::ready::handle_ready`]: the real
 /// transport, WAL, state machine and read waiters of this member.
 struct NodeReady<'a> {
@@ -3664,6 +3663,7 @@ impl crate::ready::ReadyHost for NodeReady<'_> {
     }
 }
 
+/// The active alarms, from their records.
 fn restore_alarms(mvcc: &MvccStore<AnyEngine>) -> Result<crate::alarm::Alarms> {
     let records = mvcc.meta_with_prefix(crate::alarm::META_PREFIX)?;
     Ok(crate::alarm::Alarms::from_meta(&records))

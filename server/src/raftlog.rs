@@ -226,10 +226,25 @@ pub fn restore(
         } else {
             core.set_conf_state(snapshot.get_metadata().get_conf_state().clone());
         }
-        let live: Vec<Entry> = entries
+        let mut live: Vec<Entry> = entries
             .into_iter()
             .filter(|e| e.index > snap_index)
             .collect();
+        // Terms never go down along a log. Entries after the snapshot that
+        // do are a branch raft-rs discarded when it installed a leader's
+        // snapshot over a conflicting log (they were written before the
+        // snapshot's marker, and nothing after it overwrote them before a
+        // crash): kept, they would make this member's last term look
+        // older than it is, and its votes more generous than Raft allows.
+        let mut term = snap_term;
+        let stale = live.iter().position(|e| {
+            let down = e.term < term;
+            term = term.max(e.term);
+            down
+        });
+        if let Some(at) = stale {
+            live.truncate(at);
+        }
         if let Some(first) = live.first() {
             if first.index != snap_index + 1 {
                 return Err(DecodeError {
@@ -342,6 +357,53 @@ mod tests {
         let b = encode_snapshot_meta(6, &joint);
         assert_eq!(decode_snapshot_meta(11, &b).unwrap(), (6, joint));
         assert!(decode_snapshot_meta(11, &b[..b.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn a_discarded_branch_after_an_installed_snapshot_does_not_come_back() {
+        use engine::wal::{Record, Recovered};
+        let conf = ConfState::from((vec![1, 2, 3], vec![]));
+        let entry = |index: u64, term: u64| {
+            let e = Entry {
+                index,
+                term,
+                ..Default::default()
+            };
+            let mut buf = Vec::new();
+            encode_entry(&e, &mut buf);
+            Record::Entry {
+                index,
+                data: Bytes::from(buf),
+            }
+        };
+        let marker = |index: u64, term: u64| Record::Snapshot {
+            index,
+            meta: Bytes::from(encode_snapshot_meta(term, &conf)),
+        };
+        // A partitioned old leader's log (term 2 up to 10); a leader of
+        // term 4 installs a snapshot at 6: 7..10 are a discarded branch.
+        let mut r = Recovered::default();
+        for i in 1..=10 {
+            r.add(entry(i, 2)).unwrap();
+        }
+        r.add(marker(6, 4)).unwrap();
+        let restored = restore(&r, 6, &conf).unwrap();
+        assert_eq!(restored.last_index, 6);
+        // The member's own checkpoint at 6: the entries after it are live.
+        let mut r = Recovered::default();
+        for i in 1..=10 {
+            r.add(entry(i, 4)).unwrap();
+        }
+        r.add(marker(6, 4)).unwrap();
+        assert_eq!(restore(&r, 6, &conf).unwrap().last_index, 10);
+        // New entries after an installed snapshot stay; a term that goes
+        // down later cuts only from there.
+        let mut r = Recovered::default();
+        r.add(marker(6, 4)).unwrap();
+        for (i, t) in [(7, 4), (8, 5), (9, 3)] {
+            r.add(entry(i, t)).unwrap();
+        }
+        assert_eq!(restore(&r, 6, &conf).unwrap().last_index, 8);
     }
 
     #[test]

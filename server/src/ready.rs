@@ -128,10 +128,14 @@ pub fn claims_entries_we_lack(raw: &RawNode<MemStorage>, m: &Message) -> Option<
 /// down at once, as etcd's raft means to ("step down (for sanity)"); the
 /// member then leaves (node.rs), and the remaining voters elect a leader.
 /// A removed member never campaigns: raft-rs only lets members of the
-/// configuration do that.
+/// configuration do that. Same term, so the HardState `advance` checks
+/// stays as it was; the messages it queued as leader are dropped, as raft-rs
+/// refuses a follower that queued messages after a Ready (and followers
+/// hear of the commit from the next leader).
 fn step_down_if_removed(raw: &mut RawNode<MemStorage>) {
     if raw.raft.state == raft::StateRole::Leader && raw.raft.prs().get(raw.raft.id).is_none() {
         let term = raw.raft.term;
         raw.raft.become_follower(term, raft::INVALID_ID);
+        raw.raft.msgs.clear();
     }
 }

@@ -33,8 +33,13 @@
 //! member applied every acknowledged write, and all members' `HashKV`
 //! agree.
 //!
-//! Not simulated yet: membership changes, leases, auth, WAL segment
-//! release, the btree and lsm engines.
+//! An operator changes membership (adds a learner, promotes it, removes a
+//! voter, the leader included) one step at a time with etcd's strict
+//! checks; a member out of the configuration keeps running for node.rs'
+//! grace period, then stops.
+//!
+//! Not simulated yet: joint (multi-step) membership changes, leases, auth,
+//! WAL segment release, the btree and lsm engines.
 //!
 //! Must never touch real time, files or threads.
 
@@ -194,6 +199,8 @@ const DIED_IN_INSTALL: &str = "died between installing a snapshot and its WAL ma
 /// Member slots beyond the first voters, each added once (as a learner,
 /// then promoted) while a voter is removed to make room.
 const SPARE_MEMBERS: u64 = 3;
+/// node.rs' grace before a removed member exits.
+const LEAVE_GRACE_MS: u64 = 500;
 const ENTRY_CLIENT: u8 = 1;
 const ENTRY_PUBLISH: u8 = 2;
 
@@ -241,6 +248,8 @@ struct StateMachine {
     /// Snapshots raft-rs asked this member to send, one per peer.
     snapshot_sends: Vec<Message>,
     last_checkpoint: u64,
+    /// Removed from the configuration: stops then (node.rs' leave).
+    leaving_at: Option<u64>,
 }
 
 /// A linearizable read in flight: it must see at least `must_see`, the
@@ -532,6 +541,18 @@ impl SimReady<'_> {
             }
         };
         raw.store().wl().set_conf_state(cs.clone());
+        let me = self.id;
+        let stays = [
+            &cs.voters,
+            &cs.learners,
+            &cs.voters_outgoing,
+            &cs.learners_next,
+        ]
+        .iter()
+        .any(|ids| ids.contains(&me));
+        if !stays && self.state.leaving_at.is_none() {
+            self.state.leaving_at = Some(self.world.now + LEAVE_GRACE_MS);
+        }
         self.state.mvcc.put_meta(
             index,
             crate::node::CONF_META,
@@ -1064,14 +1085,22 @@ impl Sim {
                     m.down_until = now + self.world.rng.between(10, 300);
                 }
             } else if was_member && !m.removed {
-                m.removed = true;
-                m.down_until = u64::MAX;
-                if let Some(life) = m.life.take() {
-                    for (op, _) in life.state.pending {
-                        self.world.answers.push((op, Answer::Unknown));
+                // As node.rs' leave: it keeps running for a grace period
+                // (its own removal applied, or a peer told it), then stops.
+                let leaving = m
+                    .life
+                    .as_mut()
+                    .map(|l| *l.state.leaving_at.get_or_insert(now + LEAVE_GRACE_MS));
+                if leaving.is_none_or(|at| at <= now) {
+                    m.removed = true;
+                    m.down_until = u64::MAX;
+                    if let Some(life) = m.life.take() {
+                        for (op, _) in life.state.pending {
+                            self.world.answers.push((op, Answer::Unknown));
+                        }
                     }
+                    fold(&mut self.world.report.digest, &[now, 6, m.id]);
                 }
-                fold(&mut self.world.report.digest, &[now, 6, m.id]);
             }
         }
     }
@@ -1621,6 +1650,27 @@ fn boot(
             .map_err(|e| e.to_string())?;
         restored.storage.wl().set_conf_state(cs);
     }
+    // A log's terms never go down: a suffix with lower terms after the
+    // snapshot would be a discarded branch come back.
+    {
+        use raft::Storage;
+        let store = &restored.storage;
+        let (first, last) = (
+            store.first_index().map_err(|e| e.to_string())?,
+            store.last_index().map_err(|e| e.to_string())?,
+        );
+        let mut before = store.term(first - 1).map_err(|e| e.to_string())?;
+        for index in first..=last {
+            let term = store.term(index).map_err(|e| e.to_string())?;
+            if term < before {
+                return Err(format!(
+                    "its recovered log goes back from term {before} to {term} at index {index} \
+                     (entries of a discarded branch after a snapshot)"
+                ));
+            }
+            before = term;
+        }
+    }
     if never_started && !joining {
         // As node.rs: a new cluster's first term is 1 (etcd's bootstrap).
         restored.storage.wl().mut_hard_state().term = 1;
@@ -1645,6 +1695,7 @@ fn boot(
             incoming: BTreeMap::new(),
             snapshot_sends: Vec::new(),
             last_checkpoint: engine_applied,
+            leaving_at: None,
         },
     })
 }
