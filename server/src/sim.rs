@@ -1037,14 +1037,10 @@ impl Sim {
             self.reconfigure();
         }
         let n = self.members.len();
+        let leader = self.leader();
         let rng = &mut self.world.rng;
         if n > 1 && rng.one_in(2_500) {
             // Favour the leader: that is where the interesting cases are.
-            let leader = self.members.iter().position(|m| {
-                m.life
-                    .as_ref()
-                    .is_some_and(|l| l.raw.raft.state == StateRole::Leader)
-            });
             let i = match leader {
                 Some(l) if rng.one_in(2) => l,
                 _ => rng.below(n as u64) as usize,
@@ -1114,11 +1110,7 @@ impl Sim {
         if self.change_until > now {
             return;
         }
-        let Some(l) = self.members.iter().position(|m| {
-            m.life
-                .as_ref()
-                .is_some_and(|l| l.raw.raft.state == StateRole::Leader)
-        }) else {
+        let Some(l) = self.leader() else {
             return;
         };
         let conf = self.world.conf.clone();
@@ -1487,16 +1479,22 @@ impl Sim {
         self.check_end();
     }
 
-    /// The last write, through whichever member is up: it must commit.
-    fn propose_final(&mut self) {
-        let now = self.world.now;
-        let Some(member) = self.members.iter_mut().find(|m| {
+    /// A member that believes it leads (two may, in different terms).
+    fn leader(&self) -> Option<usize> {
+        self.members.iter().position(|m| {
             m.life
                 .as_ref()
                 .is_some_and(|l| l.raw.raft.state == StateRole::Leader)
-        }) else {
+        })
+    }
+
+    /// The last write, through the leader: it must commit.
+    fn propose_final(&mut self) {
+        let now = self.world.now;
+        let Some(l) = self.leader() else {
             return;
         };
+        let member = &mut self.members[l];
         let id = member.id;
         let Some(life) = member.life.as_mut() else {
             return;

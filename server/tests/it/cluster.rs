@@ -1035,6 +1035,38 @@ fn a_leader_removed_while_writes_come_in_leaves_cleanly() {
     });
 }
 
+/// Kills a follower, then puts 1200 keys `bulk/NNNNN` through the leader,
+/// enough for the leader to trim its log past the follower (with
+/// `--snapshot-count 200` and a 50-entry catch-up tail). Returns (leader,
+/// follower).
+async fn lag_a_follower(cluster: &mut Cluster, value: &str) -> (usize, usize) {
+    let (leader, _) = leader_and_ids(&cluster.members).await;
+    let lagging = (0..3).find(|i| *i != leader).unwrap();
+    cluster.members[lagging].kill9();
+    let mut c = connect(&cluster.members[leader]).await;
+    for i in 0..1200 {
+        within("put", c.put(format!("bulk/{i:05}"), value, None))
+            .await
+            .unwrap();
+    }
+    (leader, lagging)
+}
+
+/// Waits (bounded) until `lagging` reports the leader's revision.
+async fn wait_caught_up(cluster: &Cluster, leader: usize, lagging: usize) {
+    let target = status(&cluster.members[leader]).await.unwrap().1;
+    // Generous: under a loaded CI machine three members plus the test
+    // share two cores; the bound is for a stuck member, not speed.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while status(&cluster.members[lagging]).await.map(|s| s.1) != Some(target) {
+        assert!(
+            Instant::now() < deadline,
+            "the lagging member never caught up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A follower killed between installing a leader's snapshot as its engine
 /// and syncing the snapshot's WAL marker starts again and catches up (found
 /// by the deterministic simulation: such a member refused to start, "the
@@ -1051,15 +1083,7 @@ fn a_follower_killed_while_installing_a_snapshot_starts_again() {
         ],
     );
     runtime().block_on(async {
-        let (leader, _) = leader_and_ids(&cluster.members).await;
-        let lagging = (0..3).find(|i| *i != leader).unwrap();
-        cluster.members[lagging].kill9();
-        let mut c = connect(&cluster.members[leader]).await;
-        for i in 0..1200 {
-            within("put", c.put(format!("bulk/{i:05}"), "v", None))
-                .await
-                .unwrap();
-        }
+        let (leader, lagging) = lag_a_follower(&mut cluster, "v").await;
         let member = &mut cluster.members[lagging];
         member.env = vec![(
             "FAILPOINTS".into(),
@@ -1075,12 +1099,7 @@ fn a_follower_killed_while_installing_a_snapshot_starts_again() {
         member.env.clear();
         member.respawn_unchecked();
         member.wait_healthy();
-        let target = status(&cluster.members[leader]).await.unwrap().1;
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while status(&cluster.members[lagging]).await.map(|s| s.1) != Some(target) {
-            assert!(Instant::now() < deadline, "the member never caught up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_caught_up(&cluster, leader, lagging).await;
         let log = cluster.members[lagging].log_text();
         assert!(log.contains("stands in"), "{log}");
         let mut c = connect(&cluster.members[lagging]).await;
@@ -1105,31 +1124,10 @@ fn lagging_follower_catches_up_with(engine: &str) {
     );
     let value = "v".repeat(256);
     runtime().block_on(async {
-        let (leader, _) = leader_and_ids(&cluster.members).await;
-        let lagging = (0..3).find(|i| *i != leader).unwrap();
-        cluster.members[lagging].kill9();
-        let mut c = connect(&cluster.members[leader]).await;
-        for i in 0..1200 {
-            within("put", c.put(format!("bulk/{i:05}"), value.clone(), None))
-                .await
-                .unwrap();
-        }
+        let (leader, lagging) = lag_a_follower(&mut cluster, &value).await;
         cluster.members[lagging].respawn_unchecked();
         cluster.members[lagging].wait_healthy();
-        let target = status(&cluster.members[leader]).await.unwrap().1;
-        // Generous: under a loaded CI machine three members plus the test
-        // share two cores; the bound is for a stuck member, not speed.
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            if status(&cluster.members[lagging]).await.map(|s| s.1) == Some(target) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the lagging member never caught up"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_caught_up(&cluster, leader, lagging).await;
         let log = cluster.members[lagging].log_text();
         assert!(log.contains("installed the leader's snapshot"), "{log}");
         assert!(
@@ -1166,6 +1164,7 @@ fn lagging_follower_catches_up_with(engine: &str) {
         );
         // More writes: the member that installed the snapshot keeps
         // applying the log after it and snapshots on its own.
+        let mut c = connect(&cluster.members[leader]).await;
         for i in 0..400 {
             within("put", c.put(format!("after/{i:05}"), value.clone(), None))
                 .await
