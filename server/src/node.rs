@@ -863,6 +863,13 @@ impl Node {
             )));
         }
         let restored = raftlog::restore(&recovered, engine_applied, &initial_conf)?;
+        if restored.discarded > 0 {
+            log(format_args!(
+                "dropped {} log entries after the snapshot: a branch the leader's snapshot replaced \
+                 (their terms go down)",
+                restored.discarded
+            ));
+        }
         phases.done("restore the raft log");
         let never_started = recovered.state.is_none()
             && recovered.entries.is_empty()

@@ -170,6 +170,8 @@ pub struct RestoredLog {
     /// The index the state machine has already applied (engine durable index).
     pub applied: u64,
     pub last_index: u64,
+    /// Entries of a discarded branch cut after the snapshot.
+    pub discarded: usize,
 }
 
 /// Rebuilds raft-rs storage from what the WAL recovered.
@@ -204,6 +206,7 @@ pub fn restore(
             snap_index = engine_applied;
         }
     }
+    let mut discarded = 0;
     let mut snapshot = Snapshot::default();
     let mut meta = SnapshotMetadata {
         index: snap_index,
@@ -243,6 +246,7 @@ pub fn restore(
             down
         });
         if let Some(at) = stale {
+            discarded = live.len() - at;
             live.truncate(at);
         }
         if let Some(first) = live.first() {
@@ -272,6 +276,7 @@ pub fn restore(
         storage,
         applied: engine_applied.min(last_index),
         last_index,
+        discarded,
     })
 }
 
@@ -388,7 +393,7 @@ mod tests {
         }
         r.add(marker(6, 4)).unwrap();
         let restored = restore(&r, 6, &conf).unwrap();
-        assert_eq!(restored.last_index, 6);
+        assert_eq!((restored.last_index, restored.discarded), (6, 4));
         // The member's own checkpoint at 6: the entries after it are live.
         let mut r = Recovered::default();
         for i in 1..=10 {

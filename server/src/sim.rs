@@ -135,6 +135,8 @@ pub struct SimReport {
     pub snapshots_installed: u64,
     /// Membership changes applied (learner added, promoted, voter removed).
     pub membership_changes: u64,
+    /// Entries of discarded branches cut at restarts (raftlog::restore).
+    pub discarded_entries: u64,
     pub last_index: u64,
     pub revision: i64,
     pub hash: u32,
@@ -934,7 +936,8 @@ impl Sim {
             &mut member.disk,
             serve_at_once,
         ) {
-            Ok(life) => {
+            Ok((life, discarded)) => {
+                self.world.report.discarded_entries += discarded;
                 let (applied, revision) = (life.state.applied, life.state.mvcc.current_revision());
                 self.world.check_restored(member.id, applied, revision);
                 member.life = Some(life);
@@ -1595,7 +1598,7 @@ fn boot(
     joining: bool,
     disk: &mut Disk,
     serve_at_once: bool,
-) -> Result<Life, String> {
+) -> Result<(Life, u64), String> {
     let mut recovered = disk
         .recover()
         .map_err(|e| format!("its WAL does not recover: {e}"))?;
@@ -1680,22 +1683,26 @@ fn boot(
         &logger,
     )
     .map_err(|e| format!("raft-rs refuses its state: {e}"))?;
-    Ok(Life {
-        raw,
-        state: StateMachine {
-            mvcc,
-            applied: restored.applied,
-            serving: serve_at_once,
-            publish: None,
-            pending: BTreeMap::new(),
-            reads: ReadRounds::new(id),
-            was_leader: false,
-            incoming: BTreeMap::new(),
-            snapshot_sends: Vec::new(),
-            last_checkpoint: engine_applied,
-            leaving_at: None,
+    let discarded = restored.discarded as u64;
+    Ok((
+        Life {
+            raw,
+            state: StateMachine {
+                mvcc,
+                applied: restored.applied,
+                serving: serve_at_once,
+                publish: None,
+                pending: BTreeMap::new(),
+                reads: ReadRounds::new(id),
+                was_leader: false,
+                incoming: BTreeMap::new(),
+                snapshot_sends: Vec::new(),
+                last_checkpoint: engine_applied,
+                leaving_at: None,
+            },
         },
-    })
+        discarded,
+    ))
 }
 
 /// A copy of an engine's whole state at its applied index: what a

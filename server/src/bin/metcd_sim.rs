@@ -60,7 +60,7 @@ fn main() {
         "seed", "steps", "sim_s", "acked", "unknown", "failed", "reads", "lin_rd", "kills", "syncd", "pauses",
         "parts", "terms", "ckpts", "snaps", "confs", "index", "hash", "anomaly"
     );
-    let (mut total_steps, mut bad) = (0u64, 0u64);
+    let (mut total_steps, mut bad, mut discarded) = (0u64, 0u64, 0u64);
     let started = std::time::Instant::now();
     for seed in cfg.seed..cfg.seed + seeds {
         let r = Sim::new(SimConfig {
@@ -69,6 +69,7 @@ fn main() {
         })
         .run();
         total_steps += r.steps;
+        discarded += r.discarded_entries;
         println!(
             "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8} {:>9x} {:>7}",
             seed,
@@ -102,7 +103,8 @@ fn main() {
     }
     let secs = started.elapsed().as_secs_f64();
     println!(
-        "{seeds} run(s), {total_steps} steps in {secs:.1} s ({:.0} steps/s), {bad} with anomalies",
+        "{seeds} run(s), {total_steps} steps in {secs:.1} s ({:.0} steps/s), {bad} with anomalies; \
+         {discarded} entries of discarded branches cut at restarts",
         total_steps as f64 / secs.max(1e-9)
     );
     if bad > 0 {
