@@ -1602,12 +1602,16 @@ fn boot(
     let mut recovered = disk
         .recover()
         .map_err(|e| format!("its WAL does not recover: {e}"))?;
-    let never_started = recovered.state.is_none() && recovered.entries.is_empty();
     let engine = match &disk.checkpoint {
         Some(checkpoint) => copy_engine(checkpoint, None).map_err(|e| e.to_string())?,
         None => MemoryEngine::new(),
     };
     let engine_applied = engine.applied_index();
+    // As node.rs (before a kept marker is adopted into `recovered`).
+    let never_started = recovered.state.is_none()
+        && recovered.entries.is_empty()
+        && recovered.snapshot.is_none()
+        && engine_applied == 0;
     if crate::raftlog::adopt_installed_snapshot(
         &mut recovered,
         engine_applied,
