@@ -846,21 +846,22 @@ impl Node {
                 ..Default::default()
             }
         };
-        let marker = recovered.snapshot.as_ref().map_or(0, |(i, _)| *i);
-        if engine_applied < marker {
-            return Err(ServerError::Startup(format!(
-                "the WAL was released up to index {marker} but the newest snapshot in {} is at {engine_applied}: \
-                 the snapshot directory is older than the WAL (restored from an old backup?); restore both together",
-                dirs.snap.display()
-            )));
-        }
-        if engine_applied > recovered.last_index() {
-            return Err(ServerError::Startup(format!(
-                "the snapshot in {} is at index {engine_applied} but the WAL ends at {}: WAL data is missing; \
-                 restore this member from a backup or re-add it to its cluster",
-                dirs.snap.display(),
-                recovered.last_index()
-            )));
+        match raftlog::check_engine_against_wal(&recovered, engine_applied) {
+            Ok(()) => {}
+            Err(raftlog::EngineWalMismatch::WalReleasedPastEngine { marker }) => {
+                return Err(ServerError::Startup(format!(
+                    "the WAL was released up to index {marker} but the newest snapshot in {} is at {engine_applied}: \
+                     the snapshot directory is older than the WAL (restored from an old backup?); restore both together",
+                    dirs.snap.display()
+                )));
+            }
+            Err(raftlog::EngineWalMismatch::WalMissing { wal_end }) => {
+                return Err(ServerError::Startup(format!(
+                    "the snapshot in {} is at index {engine_applied} but the WAL ends at {wal_end}: WAL data is missing; \
+                     restore this member from a backup or re-add it to its cluster",
+                    dirs.snap.display(),
+                )));
+            }
         }
         let restored = raftlog::restore(&recovered, engine_applied, &initial_conf)?;
         if restored.discarded > 0 {
@@ -906,8 +907,7 @@ impl Node {
         phases.done("load the key index");
         // Membership changes applied into the engine are newer than any
         // WAL snapshot marker (the engine is at or past it).
-        if let Some((_, value)) = mvcc.meta_with_prefix(CONF_META)?.into_iter().next() {
-            let (_, cs) = raftlog::decode_snapshot_meta(engine_applied, &value)?;
+        if let Some(cs) = conf_kept_in(&mvcc, engine_applied)? {
             restored.storage.wl().set_conf_state(cs);
         }
         let conf = restored.storage.initial_state()?.conf_state;
@@ -955,17 +955,11 @@ impl Node {
         drop(recovered);
         phases.done("open the WAL");
 
-        let raft_cfg = raft::Config {
+        let raft_cfg = crate::ready::raft_config(
             id,
-            election_tick: (cfg.election_timeout / cfg.heartbeat_interval).max(2) as usize,
-            heartbeat_tick: 1,
-            applied: restored.applied,
-            max_size_per_msg: 1 << 20,
-            max_inflight_msgs: 256,
-            check_quorum: true,
-            pre_vote: true,
-            ..Default::default()
-        };
+            restored.applied,
+            (cfg.election_timeout / cfg.heartbeat_interval).max(2) as usize,
+        );
         raft_cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let removed_members: std::collections::HashSet<u64> = mvcc
@@ -2219,11 +2213,8 @@ impl Node {
         // The marker's contents go beside the engine first: if the member
         // dies before this Ready's sync writes the marker, the engine is
         // ahead of the WAL and start-up adopts them (raftlog).
-        write_installed_snapshot(
-            &self.dirs,
-            index,
-            &raftlog::encode_snapshot_meta(meta.term, meta.get_conf_state()),
-        )?;
+        let marker = raftlog::encode_snapshot_meta(meta.term, meta.get_conf_state());
+        write_installed_snapshot(&self.dirs, index, &marker)?;
         let engine = self.engine_dir.install_snapshot_file(&file).await?;
         // Tests only: die as kill -9 would between the install and the marker.
         fail::fail_point!("node::snapshot_installed", |_| std::process::abort());
@@ -2267,7 +2258,7 @@ impl Node {
         self.learner.set(conf.learners.contains(&self.id));
         self.publish_read_view();
         raw.store().wl().apply_snapshot(snap)?;
-        wal.append_snapshot(index, &raftlog::encode_snapshot_meta(meta.term, &conf));
+        wal.append_snapshot(index, &marker);
         self.last_snapshot_index.set(index);
         let mut terms = self.applied_terms.borrow_mut();
         terms.note(index, meta.term);
@@ -3667,6 +3658,20 @@ impl crate::ready::ReadyHost for NodeReady<'_> {
 
     fn release_reads(&mut self, applied: u64) {
         self.node.release_reads(applied);
+    }
+}
+
+/// The membership the engine holds (`raft/conf`, written by every applied
+/// change), if any change was applied: newer than any WAL marker's.
+pub(crate) fn conf_kept_in<E: Engine>(
+    mvcc: &MvccStore<E>,
+    engine_applied: u64,
+) -> Result<Option<ConfState>> {
+    match mvcc.meta_with_prefix(CONF_META)?.into_iter().next() {
+        Some((_, value)) => Ok(Some(
+            raftlog::decode_snapshot_meta(engine_applied, &value)?.1,
+        )),
+        None => Ok(None),
     }
 }
 

@@ -143,6 +143,34 @@ pub fn decode_snapshot_meta(index: u64, mut b: &[u8]) -> Result<(u64, ConfState)
     Ok((term, cs))
 }
 
+/// Why an engine and a recovered WAL cannot start together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineWalMismatch {
+    /// The WAL was released past the engine's applied index (the engine
+    /// is older than the WAL: restored from an old copy).
+    WalReleasedPastEngine { marker: u64 },
+    /// The engine is ahead of everything the WAL holds.
+    WalMissing { wal_end: u64 },
+}
+
+/// Checks that the WAL can continue the engine's state: its newest
+/// marker is at or before the engine's applied index, and it reaches
+/// that index.
+pub fn check_engine_against_wal(
+    recovered: &engine::wal::Recovered,
+    engine_applied: u64,
+) -> Result<(), EngineWalMismatch> {
+    let marker = recovered.snapshot.as_ref().map_or(0, |(i, _)| *i);
+    if engine_applied < marker {
+        return Err(EngineWalMismatch::WalReleasedPastEngine { marker });
+    }
+    let wal_end = recovered.last_index();
+    if engine_applied > wal_end {
+        return Err(EngineWalMismatch::WalMissing { wal_end });
+    }
+    Ok(())
+}
+
 /// A member that died between installing a leader's snapshot as its
 /// engine and syncing that snapshot's WAL marker has an engine ahead of the
 /// WAL (and possibly of the whole log). `node.rs` keeps the marker's
@@ -409,6 +437,29 @@ mod tests {
             r.add(entry(i, t)).unwrap();
         }
         assert_eq!(restore(&r, 6, &conf).unwrap().last_index, 8);
+    }
+
+    #[test]
+    fn a_start_refuses_an_engine_the_wal_cannot_continue() {
+        use engine::wal::{Record, Recovered};
+        let mut r = Recovered::default();
+        for index in 1..=20 {
+            let data = Bytes::from_static(b"e");
+            r.add(Record::Entry { index, data }).unwrap();
+        }
+        let meta = Bytes::from(encode_snapshot_meta(1, &ConfState::default()));
+        r.add(Record::Snapshot { index: 10, meta }).unwrap();
+        for engine_applied in [10, 15, 20] {
+            assert_eq!(check_engine_against_wal(&r, engine_applied), Ok(()));
+        }
+        assert_eq!(
+            check_engine_against_wal(&r, 9),
+            Err(EngineWalMismatch::WalReleasedPastEngine { marker: 10 })
+        );
+        assert_eq!(
+            check_engine_against_wal(&r, 21),
+            Err(EngineWalMismatch::WalMissing { wal_end: 20 })
+        );
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! (`sim.rs`, fake network, disk and clock) both run this one function, so
 //! the simulation exercises the production ordering, not a copy of it.
 //!
+//! It also holds the raft-rs configuration every member runs with, so the
+//! simulation's members are configured as the real ones are.
+//!
 //! This module must never do I/O, read a clock or spawn tasks itself.
 
 use raft::eraftpb::{Entry, Message, Snapshot};
@@ -14,6 +17,23 @@ use raft::storage::MemStorage;
 use raft::RawNode;
 
 use crate::error::ServerError;
+
+/// raft-rs' configuration for member `id`: one tick per heartbeat,
+/// `election_tick` ticks to an election, pre-vote and check-quorum (etcd's
+/// defaults), 1 MiB appends, 256 in flight.
+pub fn raft_config(id: u64, applied: u64, election_tick: usize) -> raft::Config {
+    raft::Config {
+        id,
+        election_tick,
+        heartbeat_tick: 1,
+        applied,
+        max_size_per_msg: 1 << 20,
+        max_inflight_msgs: 256,
+        check_quorum: true,
+        pre_vote: true,
+        ..Default::default()
+    }
+}
 
 /// What handling a Ready needs from the member around it.
 ///

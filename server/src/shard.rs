@@ -692,14 +692,7 @@ const MAX_QUEUED_FEED: usize = 8192;
 /// Replaces queued events by one `Restored` at the newest revision they
 /// reach; a subscription's `Base` (its first item) stays in front.
 fn collapse_feed(queue: &mut Vec<Feed>) {
-    let revision = queue
-        .iter()
-        .map(|item| match item {
-            Feed::Events(batch) => batch.last().map_or(0, |e| e.kv.mod_revision),
-            Feed::Restored { revision } | Feed::Base { revision } => *revision,
-        })
-        .max()
-        .unwrap_or(0);
+    let revision = queue.iter().map(Feed::revision).max().unwrap_or(0);
     queue.retain(|item| matches!(item, Feed::Base { .. }));
     queue.push(Feed::Restored { revision });
 }

@@ -563,13 +563,6 @@ impl SimReady<'_> {
         Ok(Some(cs))
     }
 
-    fn log_snapshot(&mut self, index: u64, term: u64, conf: &ConfState) {
-        self.disk.buffered.push(Record::Snapshot {
-            index,
-            meta: Bytes::from(crate::raftlog::encode_snapshot_meta(term, conf)),
-        });
-    }
-
     fn apply_one(
         &mut self,
         raw: &mut RawNode<MemStorage>,
@@ -726,7 +719,7 @@ impl ReadyHost for SimReady<'_> {
             meta.term,
             meta.get_conf_state(),
         ));
-        self.disk.installed = Some((index, marker));
+        self.disk.installed = Some((index, marker.clone()));
         self.disk.checkpoint = Some(copy_engine(&engine, None)?);
         if self.world.cfg.faults && !self.world.healing && self.world.rng.one_in(4) {
             // Dies with the engine installed and the marker not yet synced.
@@ -734,7 +727,10 @@ impl ReadyHost for SimReady<'_> {
         }
         self.state.mvcc = MvccStore::open(engine)?;
         raw.store().wl().apply_snapshot(snap)?;
-        self.log_snapshot(index, meta.term, meta.get_conf_state());
+        self.disk.buffered.push(Record::Snapshot {
+            index,
+            meta: marker,
+        });
         self.state.applied = index;
         self.state.last_checkpoint = index;
         self.state.incoming.retain(|i, _| *i > index);
@@ -824,22 +820,15 @@ pub struct Sim {
     next_spare: u64,
 }
 
+/// node.rs' configuration, with one exception.
 fn raft_config(id: u64, applied: u64) -> raft::Config {
     raft::Config {
-        id,
-        election_tick: ELECTION_TICKS,
-        heartbeat_tick: 1,
         // A range of one: raft-rs draws the timeout from its own thread
         // RNG, which a seeded run cannot replay. Members' clocks differ
         // instead (each its own tick length, from the seed).
         min_election_tick: ELECTION_TICKS,
         max_election_tick: ELECTION_TICKS + 1,
-        applied,
-        max_size_per_msg: 1 << 20,
-        max_inflight_msgs: 256,
-        check_quorum: true,
-        pre_vote: true,
-        ..Default::default()
+        ..crate::ready::raft_config(id, applied, ELECTION_TICKS)
     }
 }
 
@@ -1629,30 +1618,21 @@ fn boot(
         }
         disk.frames.push(frame);
     }
-    // node.rs refuses these two at start; neither may happen here.
-    let marker = recovered.snapshot.as_ref().map_or(0, |(i, _)| *i);
-    if engine_applied < marker {
-        return Err(format!(
-            "the WAL was released up to {marker} but the checkpoint is at {engine_applied}"
-        ));
-    }
-    if engine_applied > recovered.last_index() {
-        return Err(format!(
-            "the checkpoint is at {engine_applied} but the WAL ends at {}",
-            recovered.last_index()
-        ));
-    }
+    // node.rs refuses these at start; none may happen here.
+    crate::raftlog::check_engine_against_wal(&recovered, engine_applied).map_err(|e| match e {
+        crate::raftlog::EngineWalMismatch::WalReleasedPastEngine { marker } => {
+            format!("the WAL was released up to {marker} but the checkpoint is at {engine_applied}")
+        }
+        crate::raftlog::EngineWalMismatch::WalMissing { wal_end } => {
+            format!("the checkpoint is at {engine_applied} but the WAL ends at {wal_end}")
+        }
+    })?;
     let restored = crate::raftlog::restore(&recovered, engine_applied, initial_conf)
         .map_err(|e| format!("its raft log does not restore: {e}"))?;
     let mvcc = MvccStore::open(engine).map_err(|e| format!("its checkpoint does not open: {e}"))?;
     // As node.rs: membership applied into the engine is newer than any
     // WAL marker's.
-    let kept = mvcc
-        .meta_with_prefix(crate::node::CONF_META)
-        .map_err(|e| e.to_string())?;
-    if let Some((_, value)) = kept.into_iter().next() {
-        let (_, cs) = crate::raftlog::decode_snapshot_meta(engine_applied, &value)
-            .map_err(|e| e.to_string())?;
+    if let Some(cs) = crate::node::conf_kept_in(&mvcc, engine_applied).map_err(|e| e.to_string())? {
         restored.storage.wl().set_conf_state(cs);
     }
     // A log's terms never go down: a suffix with lower terms after the

@@ -59,6 +59,16 @@ pub enum Feed {
     Base { revision: i64 },
 }
 
+impl Feed {
+    /// The store revision the feed reached with this item.
+    pub fn revision(&self) -> i64 {
+        match self {
+            Feed::Events(batch) => batch.last().map_or(0, |e| e.kv.mod_revision),
+            Feed::Restored { revision } | Feed::Base { revision } => *revision,
+        }
+    }
+}
+
 /// Receives the feed; it must only enqueue, never wait.
 pub type EventSubscriber = Box<dyn Fn(&Feed)>;
 
@@ -509,20 +519,12 @@ impl WatchHub {
 
     /// Applies one item of the owner's feed.
     pub fn feed(&self, item: &Feed) {
-        let revision = match item {
-            Feed::Events(batch) => {
-                self.publish(batch);
-                batch.last().map_or(0, |e| e.kv.mod_revision)
-            }
-            Feed::Restored { revision } => {
-                self.restored(*revision);
-                *revision
-            }
-            Feed::Base { revision } => {
-                self.note_revision(*revision);
-                *revision
-            }
-        };
+        match item {
+            Feed::Events(batch) => self.publish(batch),
+            Feed::Restored { revision } => self.restored(*revision),
+            Feed::Base { revision } => self.note_revision(*revision),
+        }
+        let revision = item.revision();
         if revision > self.fed.get() {
             self.fed.set(revision);
             for waker in self.fed_waiters.borrow_mut().drain(..) {
