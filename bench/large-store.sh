@@ -8,11 +8,13 @@
 #
 #   bench/large-store.sh                        # KEYS=1000000, all four
 #   KEYS=200000 SERVERS="memory lsm" bench/large-store.sh
+#   METCD_BIN=/path/to/older/metcd SERVERS=memory bench/large-store.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KEYS=${KEYS:-1000000}
 SERVERS=${SERVERS:-etcd memory btree lsm}
 cargo build --release -q -p server -p bench
+METCD=${METCD_BIN:-$PWD/target/release/metcd}
 B=$PWD/target/release/metcd-bench
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
@@ -34,7 +36,7 @@ start() { # server name; sets PID
       --listen-peer-urls $PEER --initial-advertise-peer-urls $PEER --initial-cluster default=$PEER \
       >>"$WORK/$name.log" 2>&1 &
   else
-    ./target/release/metcd --engine "$name" --data-dir "$WORK/$name" --listen-client-urls "http://$EP" \
+    "$METCD" --engine "$name" --data-dir "$WORK/$name" --listen-client-urls "http://$EP" \
       --advertise-client-urls "http://$EP" --listen-peer-urls $PEER --initial-advertise-peer-urls $PEER \
       --initial-cluster default=$PEER --listen-http-urls "http://$HTTP_API" >>"$WORK/$name.log" 2>&1 &
   fi
@@ -69,7 +71,7 @@ for s in $SERVERS; do
   ready=$(wait_ready)
   sleep 2
   after=$(rss_mib "$pid"); cache_after=$(cache_mib)
-  if [ "$s" != etcd ]; then grep -h "start-up\|recovered" "$WORK/$s.log" | tail -9 || true; fi
+  if [ "$s" != etcd ]; then grep -h "start-up\|recovered\|raised to ordinary\|could not raise" "$WORK/$s.log" | tail -12 || true; fi
   rows+=("| $s | $rate | $before MiB | $cache_before MiB | ${ready}s | $after MiB | $cache_after MiB |")
   kill -9 "$pid"; wait "$pid" 2>/dev/null || true
 done

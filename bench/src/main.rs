@@ -22,6 +22,10 @@
 //! - `watch`: `--watchers` watches of a prefix over `--streams` Watch
 //!   streams while `--clients` put under it at `--put-rate`; the latency
 //!   from each put's send to each event's arrival.
+//! - `list`: Kubernetes' paged LIST of `--prefix`, pages of `--limit`
+//!   keys at the first page's revision, one after another on one
+//!   connection (own flags: `--endpoint`, `--keys-only`, `--consistency`,
+//!   `--max-pages`); prints keys, pages and page latencies.
 //! - `compare`: starts real etcd and metcd (1 and 3 members) itself and
 //!   runs etcd's published benchmark cases on both (`--suite etcd-docs`);
 //!   a markdown table per topology and an SVG scatter plot.
@@ -35,7 +39,7 @@
 //! Every run is bounded by `--total` and `--duration`, whichever ends first;
 //! connections are set up before timing. Modules: `load` (flags, load loop),
 //! `ops` (workloads), `grpc` (client), `keys`, `rate`, `report`,
-//! `watch`, `compare` (the etcd/metcd suite) and `plot` (its figure).
+//! `watch`, `list`, `compare` (the etcd/metcd suite) and `plot` (its figure).
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -51,6 +55,7 @@ mod compare;
 mod engine_bench;
 mod grpc;
 mod keys;
+mod list;
 mod load;
 mod ops;
 mod plot;
@@ -93,6 +98,9 @@ enum Cmd {
     Compare(compare::CompareArgs),
     /// Event latency of watches on a prefix while keys under it are put.
     Watch(watch::WatchArgs),
+    /// Kubernetes' paged LIST: a prefix read in pages of --limit keys at
+    /// the first page's revision, timed.
+    List(list::ListArgs),
     /// Durable PUTs over the HTTP API at several concurrency levels.
     HttpPut {
         #[arg(long, default_value = "127.0.0.1:3379")]
@@ -174,6 +182,7 @@ fn main() {
         Cmd::LeaseKeepalive(args) => ops::lease_keepalive_cmd(args),
         Cmd::Compare(args) => compare::compare_cmd(args),
         Cmd::Watch(args) => watch::watch_cmd(args),
+        Cmd::List(args) => list::list_cmd(args),
     };
     if let Err(e) = result {
         eprintln!("metcd-bench: {e}");

@@ -220,4 +220,63 @@ fn put_then_range_reads_the_written_keys() {
         "json",
     ]);
     assert_eq!(reports[0]["counters"]["kvs"], 0, "{}", reports[0]);
+
+    // Kubernetes' paged LIST of the same keys: 500 in pages of 64 is seven
+    // full pages and one of 52; with values, 256 bytes each.
+    let listed = bench_text(&[
+        "list",
+        "--endpoint",
+        &endpoint,
+        "--prefix",
+        "0000",
+        "--limit",
+        "64",
+    ]);
+    assert!(
+        listed.contains("list: 500 keys (0.1 MiB of values) in 8 pages at revision 501 in "),
+        "{listed}"
+    );
+    let listed = bench_text(&[
+        "list",
+        "--endpoint",
+        &endpoint,
+        "--limit",
+        "499",
+        "--keys-only",
+        "--consistency",
+        "s",
+    ]);
+    assert!(
+        listed.contains("list: 500 keys (0.0 MiB of values) in 2 pages at revision 501 in "),
+        "{listed}"
+    );
+    let listed = bench_text(&[
+        "list",
+        "--endpoint",
+        &endpoint,
+        "--limit",
+        "100",
+        "--max-pages",
+        "3",
+    ]);
+    assert!(
+        listed.contains("list: 300 keys (0.1 MiB of values) in 3 pages at revision 501 (stopped at --max-pages) in "),
+        "{listed}"
+    );
+}
+
+/// Runs metcd-bench with `args`; its standard output.
+fn bench_text(args: &[&str]) -> String {
+    let out = Command::new(BENCH)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run metcd-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "metcd-bench {args:?} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }

@@ -512,8 +512,131 @@ pub enum Urgency {
     /// shards need (the memory engine's: it serialises a snapshot): the
     /// lowest CPU priority (nice 19), so on a machine whose cores are all
     /// busy serving it takes only what the shards leave instead of stalling
-    /// them. On idle cores it runs at full speed.
+    /// them. On idle cores it runs at full speed. Its caller may raise it
+    /// back to ordinary priority once the work has fallen behind
+    /// ([`hurry_background_work`]).
     Background,
+}
+
+/// The threads doing [`Urgency::Background`] work now, the nice value they
+/// were started from, and whether that work was hurried.
+struct BackgroundThreads {
+    tids: Vec<libc::pid_t>,
+    normal_nice: i32,
+    hurried: bool,
+}
+
+static BACKGROUND_THREADS: Mutex<BackgroundThreads> = Mutex::new(BackgroundThreads {
+    tids: Vec::new(),
+    normal_nice: 0,
+    hurried: false,
+});
+
+fn background_threads() -> std::sync::MutexGuard<'static, BackgroundThreads> {
+    // The registry holds no invariant a panic could break halfway.
+    BACKGROUND_THREADS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The calling thread, registered as doing background work for as long as
+/// this lives: at nice 19, or at the priority it came from once the work
+/// is hurried (a thread registered after that starts hurried).
+pub(crate) struct BackgroundThread {
+    tid: libc::pid_t,
+}
+
+impl BackgroundThread {
+    pub(crate) fn enter() -> BackgroundThread {
+        let tid = own_tid();
+        let mut threads = background_threads();
+        if threads.tids.is_empty() {
+            // The first thread of a job inherited its starter's priority
+            // (a shard's): what hurried work goes back to.
+            threads.normal_nice = nice_of(tid).unwrap_or(0);
+            threads.hurried = false;
+        }
+        threads.tids.push(tid);
+        let nice = if threads.hurried {
+            threads.normal_nice
+        } else {
+            LOWEST_PRIORITY
+        };
+        drop(threads);
+        // Best effort: a thread left at its priority only competes harder
+        // with the shards (or, hurried, keeps lagging).
+        let _ = set_nice(tid, nice);
+        BackgroundThread { tid }
+    }
+}
+
+impl Drop for BackgroundThread {
+    fn drop(&mut self) {
+        let mut threads = background_threads();
+        threads.tids.retain(|&tid| tid != self.tid);
+    }
+}
+
+/// Raises every thread doing [`Urgency::Background`] work now (and any
+/// that joins the same work later) back to the priority its work was
+/// started from: for a checkpoint that has fallen so far behind that the
+/// log a restart would replay keeps growing faster than it writes. Returns
+/// how many threads were raised; an error when the process may not raise
+/// priorities (neither root nor `CAP_SYS_NICE`, nor an `RLIMIT_NICE` that
+/// allows it).
+pub fn hurry_background_work() -> std::io::Result<usize> {
+    let mut threads = background_threads();
+    threads.hurried = !threads.tids.is_empty();
+    let nice = threads.normal_nice;
+    for &tid in &threads.tids {
+        set_nice(tid, nice)?;
+    }
+    Ok(threads.tids.len())
+}
+
+const LOWEST_PRIORITY: i32 = 19;
+
+/// Blocks the calling background thread until it runs above the lowest
+/// priority (it was hurried), for at most `bound`: the failpoint that makes
+/// a checkpoint starve in tests.
+pub(crate) fn wait_until_hurried(bound: std::time::Duration) {
+    let deadline = std::time::Instant::now() + bound;
+    while nice_of(own_tid()).is_ok_and(|nice| nice >= LOWEST_PRIORITY)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+fn own_tid() -> libc::pid_t {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// Thread `tid`'s nice value.
+fn nice_of(tid: libc::pid_t) -> std::io::Result<i32> {
+    // SAFETY: integer-only syscalls; errno is cleared first because -1 is
+    // also a valid priority.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+        if *libc::__errno_location() != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(nice)
+    }
+}
+
+/// Sets thread `tid`'s nice value (on Linux, `PRIO_PROCESS` with a thread
+/// id changes that thread alone).
+fn set_nice(tid: libc::pid_t, nice: i32) -> std::io::Result<()> {
+    // SAFETY: setpriority only reads its integer arguments.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Runs blocking engine work (a btree/lsm persist, a defragmentation, a
@@ -522,7 +645,8 @@ pub enum Urgency {
 /// which also runs glommio's renames, removes and truncates for the core,
 /// and a WAL segment roll would wait for the whole persist. These calls
 /// are rare (once per checkpoint), so a thread each costs nothing that
-/// matters. Threads the work starts (an executor) inherit its priority.
+/// matters. Threads the work starts (an executor) inherit its priority;
+/// to be hurried with it, they register ([`BackgroundThread::enter`]).
 pub(crate) async fn off_core<T, R, F>(value: T, urgency: Urgency, f: F) -> Result<R>
 where
     T: Send + 'static,
@@ -533,9 +657,7 @@ where
     std::thread::Builder::new()
         .name("metcd-engine-io".to_owned())
         .spawn(move || {
-            if urgency == Urgency::Background {
-                lower_own_priority();
-            }
+            let _background = (urgency == Urgency::Background).then(BackgroundThread::enter);
             let _ = done.send(f(value));
         })
         .map_err(|source| Error::Io {
@@ -546,17 +668,6 @@ where
     answer.await.map_err(|_| {
         Error::Invalid("the engine's worker thread stopped without an answer".to_owned())
     })?
-}
-
-/// Sets the calling thread's nice value to 19. Best effort: a thread that
-/// keeps its priority only competes harder with the shards.
-fn lower_own_priority() {
-    // SAFETY: gettid and setpriority only read their integer arguments; on
-    // Linux, PRIO_PROCESS with a thread id changes that thread alone.
-    unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19);
-    }
 }
 
 fn list_names(dir: &Path) -> Result<Vec<String>> {
@@ -607,8 +718,15 @@ mod tests {
         }
     }
 
+    /// Held by the tests that read priorities: the registry of background
+    /// threads is the process's.
+    static PRIORITY_TESTS: Mutex<()> = Mutex::new(());
+
     #[test]
     fn background_work_yields_the_cpu_and_waited_work_does_not() {
+        let _serial = PRIORITY_TESTS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let caller = own_nice();
         let (waited, background, started_by_background) =
             glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
@@ -636,6 +754,74 @@ mod tests {
         assert_eq!(background, 19);
         assert_eq!(started_by_background, 19);
         assert_eq!(own_nice(), caller, "the caller's own priority is untouched");
+    }
+
+    #[test]
+    fn hurried_background_work_goes_back_to_its_starters_priority() {
+        let _serial = PRIORITY_TESTS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let caller = own_nice();
+        let (hurried, niced, raised, joined_later, next_job) =
+            glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .io_memory(1 << 20)
+                .spawn(move || async move {
+                    let (started, started_rx) = futures_channel::oneshot::channel();
+                    let (go_on, go_on_rx) = std::sync::mpsc::channel::<()>();
+                    let work = glommio::spawn_local(off_core((), Urgency::Background, move |()| {
+                        // An executor thread the job started, registered.
+                        let (helper_go_on, helper_go_on_rx) = std::sync::mpsc::channel::<()>();
+                        let helper = std::thread::spawn(move || {
+                            let _registered = BackgroundThread::enter();
+                            helper_go_on_rx.recv().unwrap();
+                            own_nice()
+                        });
+                        let niced = own_nice();
+                        started.send(()).unwrap();
+                        go_on_rx.recv().unwrap();
+                        let raised = own_nice();
+                        helper_go_on.send(()).unwrap();
+                        let helper_raised = helper.join().unwrap();
+                        let joined_later = std::thread::spawn(|| {
+                            let _registered = BackgroundThread::enter();
+                            own_nice()
+                        })
+                        .join()
+                        .unwrap();
+                        Ok((niced, (raised, helper_raised), joined_later))
+                    }));
+                    started_rx.await.unwrap();
+                    // Wait until the helper has registered too.
+                    while background_threads().tids.len() < 2 {
+                        glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                    }
+                    // Raising a priority needs root or CAP_SYS_NICE (CI
+                    // and the scripts run as root).
+                    let hurried = hurry_background_work().unwrap();
+                    go_on.send(()).unwrap();
+                    let (niced, raised, joined_later) = work.await.unwrap();
+                    // A later job starts at the lowest priority again.
+                    let next_job = off_core((), Urgency::Background, |()| Ok(own_nice()))
+                        .await
+                        .unwrap();
+                    (hurried, niced, raised, joined_later, next_job)
+                })
+                .unwrap()
+                .join()
+                .unwrap();
+        assert_eq!(niced, 19);
+        assert_eq!(hurried, 2, "the worker and the thread it started");
+        assert_eq!(
+            raised,
+            (caller, caller),
+            "both threads are back at the caller's priority"
+        );
+        assert_eq!(
+            joined_later, caller,
+            "a thread joining hurried work starts hurried"
+        );
+        assert_eq!(next_job, 19);
+        assert!(background_threads().tids.is_empty());
     }
 
     /// A snapshot file in `snapfile`'s layout, written by hand so the test

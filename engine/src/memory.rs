@@ -999,6 +999,8 @@ pub async fn write_snapshot_file_off_core<S: EngineSnapshot>(
             .name("metcd-snapshot")
             .io_memory(CHECKPOINT_IO_MEMORY)
             .spawn(move || async move {
+                let _background =
+                    (urgency == Urgency::Background).then(crate::any::BackgroundThread::enter);
                 // A timer bounds every sleep of this executor: once, in a
                 // test, it slept 15 minutes in io_uring_enter with the
                 // write's completion unreaped, until a signal woke it (a
@@ -1009,6 +1011,11 @@ pub async fn write_snapshot_file_off_core<S: EngineSnapshot>(
                         glommio::timer::sleep(REAP_EVERY).await;
                     }
                 });
+                // Tests: a checkpoint that starves until it is hurried (as
+                // one at nice 19 on cores kept busy can).
+                if checkpoint_starves() {
+                    crate::any::wait_until_hurried(std::time::Duration::from_secs(60));
+                }
                 let written = snapfile::write(&snapshot, &tmp).await;
                 drop(reaper);
                 written
@@ -1018,6 +1025,13 @@ pub async fn write_snapshot_file_off_core<S: EngineSnapshot>(
             .map_err(|e| executor_error(e.to_string()))?
     })
     .await
+}
+
+/// Failpoint `memory::checkpoint_until_hurried` (tests; never set
+/// otherwise).
+fn checkpoint_starves() -> bool {
+    fail::fail_point!("memory::checkpoint_until_hurried", |_| true);
+    false
 }
 
 /// The longest the checkpoint executor sleeps before it looks for I/O

@@ -591,6 +591,11 @@ pub struct Node {
     last_snapshot_index: Cell<u64>,
     /// When the checkpoint in flight started (for its log line).
     snapshot_started: Cell<Option<Instant>>,
+    /// The applied index at which the checkpoint in flight, if still
+    /// running at the lowest CPU priority, is raised to ordinary priority:
+    /// by then the log a restart would replay has grown by another
+    /// checkpoint's spacing while it ran.
+    snapshot_hurry_at: Cell<Option<u64>>,
     /// WAL bytes written when the last checkpoint started, and the bytes
     /// that checkpoint rewrote (the whole store for the memory engine, 0
     /// for engines that persist only what changed): the next one waits
@@ -1081,6 +1086,7 @@ impl Node {
             snapshot_in_flight: Cell::new(false),
             snapshot_retry_at: Cell::new(None),
             snapshot_started: Cell::new(None),
+            snapshot_hurry_at: Cell::new(None),
             snapshot_pacing: Cell::new((0, 0)),
             snapshot_pacing_pending: Cell::new(None),
             index_checkpointing: RefCell::new(IndexCheckpointing {
@@ -2800,10 +2806,13 @@ impl Node {
     /// size since it started (each WAL byte pays for at most one checkpoint
     /// byte; recovery replays at most about a store's worth of log). It runs
     /// as its own task, at the lowest CPU priority (the engine's
-    /// `Urgency::Background`), so the loop keeps committing.
+    /// `Urgency::Background`), so the loop keeps committing, until
+    /// another spacing's worth of entries has been applied meanwhile (see
+    /// [`Node::hurry_a_lagging_checkpoint`]).
     fn maybe_snapshot(self: &Rc<Self>, wal_bytes: u64) {
         self.maybe_write_index_checkpoint();
         let applied = self.engine.borrow().applied_index();
+        self.hurry_a_lagging_checkpoint(applied);
         let (wal_bytes_then, rewritten) = self.snapshot_pacing.get();
         let counted = applied >= self.last_snapshot_index.get() + self.checkpoint_spacing();
         let forced = !counted && self.compaction_wants_checkpoint(applied);
@@ -2831,6 +2840,8 @@ impl Node {
             self.index_checkpointing.borrow_mut().forced_at = Some(Instant::now());
         }
         self.snapshot_started.set(Some(Instant::now()));
+        self.snapshot_hurry_at
+            .set(Some(applied.saturating_add(self.checkpoint_spacing())));
         let rewrites = if rewrites_store {
             engine::Engine::size(&engine).total_bytes
         } else {
@@ -2864,6 +2875,40 @@ impl Node {
             node.queue_ready.notify();
         })
         .detach();
+    }
+
+    /// Raises the checkpoint in flight to ordinary CPU priority once
+    /// `applied` reaches its hurry point: on cores kept busy by the shards
+    /// (and, on a small machine, the clients), a checkpoint at the lowest
+    /// priority can starve for as long as the writes last, and everything
+    /// applied meanwhile is log a restart replays (half a million entries
+    /// once, filling 1M keys on 2 vCPUs). Once per checkpoint.
+    fn hurry_a_lagging_checkpoint(&self, applied: u64) {
+        let Some(at) = self.snapshot_hurry_at.get() else {
+            return;
+        };
+        if !self.snapshot_in_flight.get() || applied < at {
+            return;
+        }
+        self.snapshot_hurry_at.set(None);
+        let running_for = self
+            .snapshot_started
+            .get()
+            .map_or(Duration::ZERO, |t| t.elapsed());
+        match engine::any::hurry_background_work() {
+            Ok(0) => {}
+            Ok(_) => log(format_args!(
+                "checkpoint still running after {:.1} s and {} more applied entries: \
+                 raised to ordinary CPU priority",
+                running_for.as_secs_f64(),
+                self.checkpoint_spacing()
+            )),
+            Err(e) => log(format_args!(
+                "checkpoint still running after {:.1} s: could not raise its CPU priority \
+                 ({e}; needs root or CAP_SYS_NICE), a restart may replay more log",
+                running_for.as_secs_f64()
+            )),
+        }
     }
 
     /// Entries between two engine checkpoints: `--snapshot-count`, and at
@@ -2992,6 +3037,7 @@ impl Node {
             return Ok(());
         };
         self.snapshot_in_flight.set(false);
+        self.snapshot_hurry_at.set(None);
         let pacing = self.snapshot_pacing_pending.take();
         let took = self
             .snapshot_started

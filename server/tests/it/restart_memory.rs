@@ -152,3 +152,67 @@ fn the_block_cache_is_counted_apart_on_the_http_api() {
     assert!(page.contains("etcd_server_has_leader"), "{page}");
     assert!(!page.contains("metcd_"), "{page}");
 }
+
+/// A memory checkpoint that starves at the lowest CPU priority (here: a
+/// failpoint holds it until its thread runs above nice 19) is raised to
+/// ordinary priority once another `--snapshot-count` entries have been
+/// applied meanwhile, and then finishes: what a restart replays stops
+/// growing.
+#[test]
+fn a_starving_memory_checkpoint_is_hurried_and_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(
+        &dir.path().join("m"),
+        &["--engine", "memory", "--snapshot-count", "100"],
+    );
+    s.env = vec![(
+        "FAILPOINTS".into(),
+        "memory::checkpoint_until_hurried=return".into(),
+    )];
+    s.restart();
+    let snapshots = |s: &Server| {
+        s.log_text()
+            .lines()
+            .filter(|l| l.contains("snapshot at applied index"))
+            .count()
+    };
+    let rt = runtime();
+    rt.block_on(async {
+        let mut c = connect(&s).await;
+        // Past the first checkpoint's start: it starves.
+        for i in 0..150 {
+            within("put", c.put(format!("k{i}"), "v", None))
+                .await
+                .unwrap();
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(
+        snapshots(&s),
+        0,
+        "the failpoint did not hold the checkpoint"
+    );
+    rt.block_on(async {
+        let mut c = connect(&s).await;
+        // Another --snapshot-count entries while it runs: hurried.
+        for i in 150..300 {
+            within("put", c.put(format!("k{i}"), "v", None))
+                .await
+                .unwrap();
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while snapshots(&s) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the checkpoint never finished:\n{}",
+            s.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let log = s.log_text();
+    assert!(
+        log.contains("raised to ordinary CPU priority"),
+        "no hurry logged:\n{log}"
+    );
+}
