@@ -1388,6 +1388,12 @@ fn collect_range(
 ) -> Option<Bytes> {
     let keep = if req.count_only { 0 } else { fetch_limit(req) };
     let range = KeyRange::new(&req.key, &req.range_end);
+    if revs.len() >= keep {
+        // Only the count is left to make: whole leaves at a time where the
+        // index can (a paged LIST's page no longer costs the rest of the
+        // key space).
+        return index.count_slice(range, at, after, max_keys, count);
+    }
     index.visit_slice(range, at, after, max_keys, |_, r| {
         *count += 1;
         if revs.len() < keep {

@@ -1660,6 +1660,15 @@ fn a_range_walked_in_slices_is_a_point_in_time() {
             count_only: true,
             ..RangeRequest::default()
         },
+        // At a revision older than the keys' newest events, a count walks
+        // key by key (at "now" it takes whole leaves of the index).
+        RangeRequest {
+            key: b("k"),
+            range_end: b("l"),
+            count_only: true,
+            revision: 30,
+            ..RangeRequest::default()
+        },
         RangeRequest {
             key: b("k"),
             range_end: b("l"),
@@ -1682,7 +1691,11 @@ fn a_range_walked_in_slices_is_a_point_in_time() {
             t.delete(&format!("k{:02}", 38 - slices), "");
             t.put(&format!("k{slices:02}x"), "created");
         }
-        assert!(slices >= 13, "40 keys in slices of 3 take 14 slices");
+        let whole_leaves = req.count_only && req.revision == 0;
+        assert!(
+            whole_leaves || slices >= 13,
+            "40 keys in slices of 3 take 14 slices: {req:?}"
+        );
         let got = match walk.finish() {
             RangeStart::Done(r) => r,
             RangeStart::Plan(plan) => plan.finish().unwrap(),
