@@ -21,17 +21,21 @@
 #   KEYS=300 VALUE=1048576 bench/big-store.sh        # a few 1 MiB values
 #
 # The quota is raised to 8 GiB for both (etcd's largest); every wait is
-# bounded (WAIT_SECS, default 900 s per step).
+# bounded (WAIT_SECS, default 900 s per step). Data goes to a new directory
+# under WORK_DIR (default $TMPDIR or /tmp), removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KEYS=${KEYS:-10000000}
 VALUE=${VALUE:-256}
 SERVERS=${SERVERS:-etcd memory btree lsm}
 WAIT_SECS=${WAIT_SECS:-900}
+for tool in etcdctl bc /usr/bin/time; do
+  command -v $tool >/dev/null || { echo "big-store.sh needs $tool" >&2; exit 2; }
+done
 cargo build --release -q -p server -p bench
 B=$PWD/target/release/metcd-bench
 METCD=${METCD_BIN:-$PWD/target/release/metcd}
-WORK=${WORK:-$(mktemp -d)}
+WORK=$(mktemp -d "${WORK_DIR:-${TMPDIR:-/tmp}}/big-store.XXXXXX")
 trap 'kill -9 $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 QUOTA=$((8 << 30))
 EP=127.0.0.1:23950 PEER=http://127.0.0.1:23951 HTTP_API=127.0.0.1:23952
@@ -65,9 +69,10 @@ start() {
 
 # Waits (bounded) until a serializable get of the last key answers on $1.
 wait_read() {
-  local ep=$1
-  for _ in $(seq $((WAIT_SECS * 20))); do
-    if etcdctl --endpoints "$ep" --command-timeout=2s get --consistency=s "$LAST" --keys-only 2>/dev/null | grep -q .; then
+  local ep=$1 deadline=$((SECONDS + WAIT_SECS)) got
+  while [ $SECONDS -lt $deadline ]; do
+    got=$(etcdctl --endpoints "$ep" --command-timeout=2s get --consistency=s "$LAST" --keys-only 2>/dev/null || true)
+    if [ -n "$got" ]; then
       return 0
     fi
     sleep 0.05
@@ -77,8 +82,9 @@ wait_read() {
 }
 
 revision() { # endpoint -> its header revision (empty when it does not answer)
-  etcdctl --endpoints "$1" --command-timeout=2s endpoint status -w json 2>/dev/null \
-    | grep -o '"revision":[0-9]*' | head -1 | cut -d: -f2
+  local status
+  status=$(etcdctl --endpoints "$1" --command-timeout=2s endpoint status -w json 2>/dev/null || true)
+  grep -o '"revision":[0-9]*' <<<"$status" | head -1 | cut -d: -f2 || true
 }
 
 rows=()
@@ -97,7 +103,7 @@ for s in $SERVERS; do
   row "$s" fill "$(since "$t") s ($(grep -o '[0-9.]* ops/s' <<<"$out" | head -1))" "$(mib "$pid" VmHWM) MiB"
 
   sleep 2
-  kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+  kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
   t=$(now)
   start "$s" "$WORK/$s" 1 --initial-cluster "$one"; pid=$PID
   wait_read $EP
@@ -118,7 +124,7 @@ for s in $SERVERS; do
   reset_peak "$pid"; t=$(now)
   etcdctl --endpoints $EP --command-timeout=${WAIT_SECS}s snapshot save "$WORK/backup.db" >/dev/null
   row "$s" backup "$(since "$t") s ($(du -m "$WORK/backup.db" | cut -f1) MiB)" "$(mib "$pid" VmHWM) MiB"
-  kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+  kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
 
   restored=$WORK/$s-restored
   restore=(etcdctl snapshot restore)
@@ -135,15 +141,15 @@ for s in $SERVERS; do
   etcdctl --endpoints $EP member add learner --learner --peer-urls=$PEER2 >/dev/null
   start "$s" "$WORK/$s-learner" 2 --name learner --initial-cluster "$one,learner=$PEER2" \
     --initial-cluster-state existing; learner=$PID
-  target=$(revision $EP) caught=""
-  for _ in $(seq $((WAIT_SECS * 10))); do
+  target=$(revision $EP) caught="" deadline=$((SECONDS + WAIT_SECS))
+  while [ $SECONDS -lt $deadline ]; do
     if [ "$(revision $EP2)" = "$target" ]; then caught=yes; break; fi
     sleep 0.1
   done
   [ -n "$caught" ] || echo "the learner did not reach revision $target in ${WAIT_SECS}s" >&2
   row "$s" "learner catches up" "$(since "$t") s$([ -n "$caught" ] || echo " (not caught up)")" \
     "$(mib "$pid" VmHWM) MiB leader, $(mib "$learner" VmHWM) MiB learner"
-  kill -9 "$pid" "$learner"; wait "$pid" "$learner" 2>/dev/null || true
+  kill -9 "$pid" "$learner" 2>/dev/null || true; wait "$pid" "$learner" 2>/dev/null || true
   rm -rf "${WORK:?}/$s-restored" "${WORK:?}/$s-learner"
 done
 echo

@@ -59,6 +59,9 @@ pub fn list_cmd(args: ListArgs) -> Result<(), String> {
     if args.limit <= 0 {
         return Err("--limit: a paged list needs a limit of at least 1".into());
     }
+    if args.max_pages == 0 {
+        return Err("--max-pages: at least 1".into());
+    }
     let endpoint = args
         .endpoint
         .trim()

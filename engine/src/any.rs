@@ -562,10 +562,11 @@ impl BackgroundThread {
         } else {
             LOWEST_PRIORITY
         };
-        drop(threads);
-        // Best effort: a thread left at its priority only competes harder
-        // with the shards (or, hurried, keeps lagging).
+        // Under the lock: a hurry between the choice and the change would
+        // be undone. Best effort: a thread left at its priority only
+        // competes harder with the shards (or, hurried, keeps lagging).
         let _ = set_nice(tid, nice);
+        drop(threads);
         BackgroundThread { tid }
     }
 }
@@ -588,10 +589,17 @@ pub fn hurry_background_work() -> std::io::Result<usize> {
     let mut threads = background_threads();
     threads.hurried = !threads.tids.is_empty();
     let nice = threads.normal_nice;
+    // Every thread is tried, whatever one of them answers.
+    let mut refused = None;
     for &tid in &threads.tids {
-        set_nice(tid, nice)?;
+        if let Err(e) = set_nice(tid, nice) {
+            refused.get_or_insert(e);
+        }
     }
-    Ok(threads.tids.len())
+    match refused {
+        Some(e) => Err(e),
+        None => Ok(threads.tids.len()),
+    }
 }
 
 const LOWEST_PRIORITY: i32 = 19;
@@ -657,8 +665,13 @@ where
     std::thread::Builder::new()
         .name("metcd-engine-io".to_owned())
         .spawn(move || {
-            let _background = (urgency == Urgency::Background).then(BackgroundThread::enter);
-            let _ = done.send(f(value));
+            let result = {
+                // Unregistered before the answer goes: the caller's next
+                // job must find this one gone (and start at nice 19).
+                let _background = (urgency == Urgency::Background).then(BackgroundThread::enter);
+                f(value)
+            };
+            let _ = done.send(result);
         })
         .map_err(|source| Error::Io {
             op: "start a thread for",

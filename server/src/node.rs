@@ -689,6 +689,11 @@ fn log(msg: std::fmt::Arguments<'_>) {
     eprintln!("metcd: {msg}");
 }
 
+/// How long a background checkpoint may take before it is raised to
+/// ordinary CPU priority, however few entries came meanwhile (a full
+/// checkpoint of 1M keys takes about a second on an idle core).
+const CHECKPOINT_PATIENCE: Duration = Duration::from_secs(10);
+
 /// The most entries between two checkpoints of the btree engine, whatever
 /// `--snapshot-count` says (etcd commits bbolt every 100 ms anyway): a
 /// restart re-applies every entry since the engine's last persist, ~8 us
@@ -2840,8 +2845,11 @@ impl Node {
             self.index_checkpointing.borrow_mut().forced_at = Some(Instant::now());
         }
         self.snapshot_started.set(Some(Instant::now()));
+        // Only the memory engine's checkpoint is background work (btree
+        // and lsm persists keep ordinary priority: they hold locks).
+        let background = engine.kind() == engine::any::EngineKind::Memory;
         self.snapshot_hurry_at
-            .set(Some(applied.saturating_add(self.checkpoint_spacing())));
+            .set(background.then(|| applied.saturating_add(self.checkpoint_spacing())));
         let rewrites = if rewrites_store {
             engine::Engine::size(&engine).total_bytes
         } else {
@@ -2882,26 +2890,35 @@ impl Node {
     /// (and, on a small machine, the clients), a checkpoint at the lowest
     /// priority can starve for as long as the writes last, and everything
     /// applied meanwhile is log a restart replays (half a million entries
-    /// once, filling 1M keys on 2 vCPUs). Once per checkpoint.
+    /// once, filling 1M keys on 2 vCPUs). Also once it has run for
+    /// [`CHECKPOINT_PATIENCE`] whatever was applied: a member that went
+    /// quiet with its last checkpoint starved by other processes would
+    /// otherwise replay that checkpoint's log at every restart until it
+    /// finished. Once per checkpoint.
     fn hurry_a_lagging_checkpoint(&self, applied: u64) {
         let Some(at) = self.snapshot_hurry_at.get() else {
             return;
         };
-        if !self.snapshot_in_flight.get() || applied < at {
-            return;
-        }
-        self.snapshot_hurry_at.set(None);
         let running_for = self
             .snapshot_started
             .get()
             .map_or(Duration::ZERO, |t| t.elapsed());
-        match engine::any::hurry_background_work() {
+        if !self.snapshot_in_flight.get() || (applied < at && running_for < CHECKPOINT_PATIENCE) {
+            return;
+        }
+        let meanwhile = (applied + self.checkpoint_spacing()).saturating_sub(at);
+        let hurried = engine::any::hurry_background_work();
+        if !matches!(hurried, Ok(0)) {
+            // Once: raised, or refused (no privilege). With no thread
+            // registered yet, the next turn asks again.
+            self.snapshot_hurry_at.set(None);
+        }
+        match hurried {
             Ok(0) => {}
             Ok(_) => log(format_args!(
-                "checkpoint still running after {:.1} s and {} more applied entries: \
+                "checkpoint still running after {:.1} s and {meanwhile} more applied entries: \
                  raised to ordinary CPU priority",
                 running_for.as_secs_f64(),
-                self.checkpoint_spacing()
             )),
             Err(e) => log(format_args!(
                 "checkpoint still running after {:.1} s: could not raise its CPU priority \

@@ -370,6 +370,31 @@ impl Leaf {
     }
 }
 
+/// Where a slice of a range's walk goes, resuming after `after`.
+enum SliceBounds<'a> {
+    /// Keys from the first bound up to the second.
+    Keys(Bound<&'a [u8]>, Bound<&'a [u8]>),
+    /// The range's single key, not examined yet.
+    Single(&'a [u8]),
+    /// Nothing left.
+    Nothing,
+}
+
+fn slice_bounds<'a>(range: KeyRange<'a>, after: Option<&'a [u8]>) -> SliceBounds<'a> {
+    let (start, end) = match range {
+        KeyRange::Empty => return SliceBounds::Nothing,
+        KeyRange::Single(key) if after.is_none() => return SliceBounds::Single(key),
+        KeyRange::Single(_) => return SliceBounds::Nothing,
+        KeyRange::From(key) => (key, Bound::Unbounded),
+        KeyRange::Between(key, end) => (key, Bound::Excluded(end)),
+    };
+    let start = match after {
+        Some(last) => Bound::Excluded(last),
+        None => Bound::Included(start),
+    };
+    SliceBounds::Keys(start, end)
+}
+
 /// A key's length as stored in a leaf; keys are bounded by the request size
 /// limit, far below 4 GiB.
 fn key_len(key: &[u8]) -> u32 {
@@ -436,14 +461,9 @@ impl KeyIndex {
         }
     }
 
-    /// Calls `f` for each key from `start` up to `end` with its slot, in
-    /// ascending key order, until `f` returns false; true when it never did.
-    fn for_each_from<'a>(
-        &'a self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-        mut f: impl FnMut(&'a [u8], &'a Slot) -> bool,
-    ) -> bool {
+    /// The leaves in key order from the one that holds (or would hold)
+    /// `start`'s key on.
+    fn leaves_from<'a>(&'a self, start: Bound<&[u8]>) -> impl Iterator<Item = &'a Leaf> + 'a {
         let first = match start {
             Bound::Unbounded => None,
             Bound::Included(k) | Bound::Excluded(k) => self
@@ -453,7 +473,20 @@ impl KeyIndex {
                 .map(|(bound, _)| &bound[..]),
         };
         let from = first.map_or(Bound::Unbounded, Bound::Included);
-        for (_, leaf) in self.leaves.range::<[u8], _>((from, Bound::Unbounded)) {
+        self.leaves
+            .range::<[u8], _>((from, Bound::Unbounded))
+            .map(|(_, leaf)| leaf)
+    }
+
+    /// Calls `f` for each key from `start` up to `end` with its slot, in
+    /// ascending key order, until `f` returns false; true when it never did.
+    fn for_each_from<'a>(
+        &'a self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        mut f: impl FnMut(&'a [u8], &'a Slot) -> bool,
+    ) -> bool {
+        for leaf in self.leaves_from(start) {
             for i in leaf.first_from(start)..leaf.slots.len() {
                 let key = leaf.key(i);
                 let before_end = match end {
@@ -510,22 +543,15 @@ impl KeyIndex {
         max_keys: usize,
         mut f: impl FnMut(&[u8], Rev),
     ) -> Option<Bytes> {
-        let (start, end): (&[u8], Bound<&[u8]>) = match range {
-            KeyRange::Empty => return None,
-            KeyRange::Single(key) => {
-                if after.is_none() {
-                    if let Some(r) = self.get(key, at) {
-                        f(key, r);
-                    }
+        let (start, end) = match slice_bounds(range, after) {
+            SliceBounds::Keys(start, end) => (start, end),
+            SliceBounds::Single(key) => {
+                if let Some(r) = self.get(key, at) {
+                    f(key, r);
                 }
                 return None;
             }
-            KeyRange::From(key) => (key, Bound::Unbounded),
-            KeyRange::Between(key, end) => (key, Bound::Excluded(end)),
-        };
-        let start = match after {
-            Some(last) => Bound::Excluded(last),
-            None => Bound::Included(start),
+            SliceBounds::Nothing => return None,
         };
         self.slice_from(start, end, max_keys, |k, s| {
             if let Some(r) = s.visible(at) {
@@ -590,34 +616,20 @@ impl KeyIndex {
         max_keys: usize,
         count: &mut i64,
     ) -> Option<Bytes> {
-        let (start, end): (&[u8], Bound<&[u8]>) = match range {
-            KeyRange::Empty => return None,
-            KeyRange::Single(key) => {
-                if after.is_none() && self.get(key, at).is_some() {
+        let (start, end) = match slice_bounds(range, after) {
+            SliceBounds::Keys(start, end) => (start, end),
+            SliceBounds::Single(key) => {
+                if self.get(key, at).is_some() {
                     *count += 1;
                 }
                 return None;
             }
-            KeyRange::From(key) => (key, Bound::Unbounded),
-            KeyRange::Between(key, end) => (key, Bound::Excluded(end)),
+            SliceBounds::Nothing => return None,
         };
-        let start = match after {
-            Some(last) => Bound::Excluded(last),
-            None => Bound::Included(start),
-        };
-        let first_leaf = match start {
-            Bound::Included(k) | Bound::Excluded(k) => self
-                .leaves
-                .range::<[u8], _>((Bound::Unbounded, Bound::Included(k)))
-                .next_back()
-                .map(|(bound, _)| &bound[..]),
-            Bound::Unbounded => None,
-        };
-        let from = first_leaf.map_or(Bound::Unbounded, Bound::Included);
         let budget = max_keys.max(1);
         let mut examined = 0;
         let mut last: Option<&[u8]> = None;
-        for (_, leaf) in self.leaves.range::<[u8], _>((from, Bound::Unbounded)) {
+        for leaf in self.leaves_from(start) {
             let first = leaf.first_from(start);
             let Some(last_slot) = leaf.slots.len().checked_sub(1) else {
                 continue;

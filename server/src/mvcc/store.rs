@@ -1373,7 +1373,8 @@ fn fetch_limit(req: &RangeRequest) -> usize {
 }
 
 /// One pass of a range over the index at `at`, from after `after`, over at
-/// most `max_keys` keys (see [`KeyIndex::visit_slice`]): `count` counts
+/// most `max_keys` keys (see [`KeyIndex::visit_slice`]; a leaf counted
+/// whole, see [`KeyIndex::count_slice`], is one): `count` counts
 /// every visible key, regardless of limit and of the revision filters
 /// applied later; `revs` keeps the first [`fetch_limit`] of them (none for
 /// `count_only`). Returns where the next pass resumes.
@@ -1388,18 +1389,28 @@ fn collect_range(
 ) -> Option<Bytes> {
     let keep = if req.count_only { 0 } else { fetch_limit(req) };
     let range = KeyRange::new(&req.key, &req.range_end);
-    if revs.len() >= keep {
-        // Only the count is left to make: whole leaves at a time where the
-        // index can (a paged LIST's page no longer costs the rest of the
-        // key space).
-        return index.count_slice(range, at, after, max_keys, count);
-    }
-    index.visit_slice(range, at, after, max_keys, |_, r| {
-        *count += 1;
-        if revs.len() < keep {
-            revs.push(r);
+    let mut after = after.map(Bytes::copy_from_slice);
+    let mut budget = max_keys.max(1);
+    // Key by key until the answer has the revisions it returns...
+    while revs.len() < keep {
+        let step = budget.min(keep - revs.len());
+        let next = index.visit_slice(range, at, after.as_deref(), step, |_, r| {
+            *count += 1;
+            if revs.len() < keep {
+                revs.push(r);
+            }
+        });
+        budget -= step;
+        match next {
+            None => return None,
+            Some(k) if budget == 0 => return Some(k),
+            Some(k) => after = Some(k),
         }
-    })
+    }
+    // ...then only the count is left to make: whole leaves at a time where
+    // the index can (a paged LIST's page no longer costs the rest of the
+    // key space).
+    index.count_slice(range, at, after.as_deref(), budget, count)
 }
 
 /// The answer of a `count_only` range.
