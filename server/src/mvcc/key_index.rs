@@ -370,6 +370,15 @@ impl Leaf {
     }
 }
 
+/// Whether `key` comes before the range's `end`.
+fn before_end(key: &[u8], end: Bound<&[u8]>) -> bool {
+    match end {
+        Bound::Unbounded => true,
+        Bound::Excluded(e) => key < e,
+        Bound::Included(e) => key <= e,
+    }
+}
+
 /// Where a slice of a range's walk goes, resuming after `after`.
 enum SliceBounds<'a> {
     /// Keys from the first bound up to the second.
@@ -489,12 +498,7 @@ impl KeyIndex {
         for leaf in self.leaves_from(start) {
             for i in leaf.first_from(start)..leaf.slots.len() {
                 let key = leaf.key(i);
-                let before_end = match end {
-                    Bound::Unbounded => true,
-                    Bound::Excluded(e) => key < e,
-                    Bound::Included(e) => key <= e,
-                };
-                if !before_end {
+                if !before_end(key, end) {
                     return true;
                 }
                 if let Some(slot) = leaf.slots.get(i) {
@@ -594,13 +598,9 @@ impl KeyIndex {
     /// Number of keys of `range` visible at `at`.
     pub(crate) fn count(&self, range: KeyRange<'_>, at: i64) -> i64 {
         let mut n = 0;
-        let mut after = None;
-        loop {
-            after = self.count_slice(range, at, after.as_deref(), usize::MAX, &mut n);
-            if after.is_none() {
-                return n;
-            }
-        }
+        // An unbounded slice: the whole range in one call.
+        self.count_slice(range, at, None, usize::MAX, &mut n);
+        n
     }
 
     /// Adds to `count` the keys of `range` visible at `at` after `after`,
@@ -634,13 +634,9 @@ impl KeyIndex {
             let Some(last_slot) = leaf.slots.len().checked_sub(1) else {
                 continue;
             };
-            let before_end = |key: &[u8]| match end {
-                Bound::Unbounded => true,
-                Bound::Excluded(e) => key < e,
-                Bound::Included(e) => key <= e,
-            };
             let leaf_last = leaf.key(last_slot);
-            if let (0, Some(n), true) = (first, leaf.visible_count(at), before_end(leaf_last)) {
+            if let (0, Some(n), true) = (first, leaf.visible_count(at), before_end(leaf_last, end))
+            {
                 if examined == budget {
                     return last.map(Bytes::copy_from_slice);
                 }
@@ -651,7 +647,7 @@ impl KeyIndex {
             }
             for i in first..leaf.slots.len() {
                 let key = leaf.key(i);
-                if !before_end(key) {
+                if !before_end(key, end) {
                     return None;
                 }
                 if examined == budget {
