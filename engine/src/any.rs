@@ -164,6 +164,10 @@ impl EngineSnapshot for AnySnapshot {
         dispatch_snapshot!(self, s => s.get(key))
     }
 
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        dispatch_snapshot!(self, s => s.get_many(keys))
+    }
+
     fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, visit: F) -> Result<()>
     where
         F: FnMut(&Bytes, &Bytes) -> Scan,

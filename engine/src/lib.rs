@@ -118,6 +118,15 @@ pub trait EngineSnapshot: Send + Sync + 'static {
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>>;
 
+    /// [`EngineSnapshot::get`] of every key of `keys`, in order. A disk
+    /// engine reads the blocks that many lookups miss together (about one
+    /// device round trip for all of them instead of one per block): for a
+    /// caller that knows the keys it reads next, e.g. the revisions of a
+    /// range's page.
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        keys.iter().map(|key| self.get(key)).collect()
+    }
+
     /// Visits keys in ascending order from `start` (inclusive) to `end`.
     fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, visit: F) -> Result<()>
     where

@@ -253,6 +253,18 @@ impl DataFile {
     /// (its bytes are a slice of the page); a cached branch step takes no
     /// reference to the page at all.
     pub(crate) fn probe(&self, page: u64, key: &[u8]) -> Result<(Option<Arc<[u8]>>, page::Probe)> {
+        self.probe_or(page, key, &mut || {})
+    }
+
+    /// [`DataFile::probe`], calling `before_read` first when the page is
+    /// not cached (a batch of lookups then brings in its other pages with
+    /// this one).
+    pub(crate) fn probe_or(
+        &self,
+        page: u64,
+        key: &[u8],
+        before_read: &mut dyn FnMut(),
+    ) -> Result<(Option<Arc<[u8]>>, page::Probe)> {
         let cached = (page >= 2)
             .then(|| {
                 self.cache.with(self.id, offset_of(page), |block| {
@@ -265,6 +277,7 @@ impl DataFile {
         let (block, step) = match cached {
             Some(found) => found,
             None => {
+                before_read();
                 let block = self.read_block(page)?;
                 let step = page::probe(&block, key);
                 (Some(block), step)
@@ -1354,6 +1367,30 @@ impl EngineSnapshot for BtreeSnapshot {
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
         tree::get(&self.file, &self.root, key)
+    }
+
+    /// At the first page not in the cache, the paths of every key from
+    /// there on come in together ([`tree::prefetch_paths`]): a cold range
+    /// of keys waits about one device round trip per level instead of one
+    /// per leaf. Keys whose pages are all cached cost what `get` costs.
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        let mut values = Vec::with_capacity(keys.len());
+        let mut prefetched = false;
+        for (i, &key) in keys.iter().enumerate() {
+            let mut before_read = || {
+                if !prefetched {
+                    prefetched = true;
+                    tree::prefetch_paths(&self.file, &self.root, &keys[i..]);
+                }
+            };
+            let value = tree::lookup_or(&self.file, &self.root, key, &mut before_read)?;
+            values.push(
+                value
+                    .map(|v| tree::value_bytes(&self.file, &v))
+                    .transpose()?,
+            );
+        }
+        Ok(values)
     }
 
     fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, mut visit: F) -> Result<()>

@@ -217,6 +217,17 @@ fn before_end(key: &[u8], end: Bound<&[u8]>) -> bool {
 /// Resident nodes are searched as they are; pages below them are probed in
 /// place, never decoded.
 pub fn lookup(file: &DataFile, root: &Child, key: &[u8]) -> Result<Option<Val>> {
+    lookup_or(file, root, key, &mut || {})
+}
+
+/// [`lookup`], calling `before_read` before each page it has to read from
+/// the file.
+pub fn lookup_or(
+    file: &DataFile,
+    root: &Child,
+    key: &[u8],
+    before_read: &mut dyn FnMut(),
+) -> Result<Option<Val>> {
     let mut child = root.clone();
     let mut page = loop {
         let node = match child {
@@ -234,7 +245,7 @@ pub fn lookup(file: &DataFile, root: &Child, key: &[u8]) -> Result<Option<Val>> 
         };
     };
     loop {
-        let (block, step) = file.probe(page, key)?;
+        let (block, step) = file.probe_or(page, key, before_read)?;
         match step {
             Probe::Child(next) => page = next,
             Probe::Inline(range) => {

@@ -89,7 +89,7 @@ use self::format::{failpoint, EntryIter};
 use self::iter::{LevelIter, MergeIter};
 use self::manifest::ManifestState;
 use self::memtable::Memtable;
-use self::sst::{parse_sst_name, CacheFill, Table, TableBuilder, TableIter, TableMeta};
+use self::sst::{parse_sst_name, BlockSpan, CacheFill, Table, TableBuilder, TableIter, TableMeta};
 use crate::io::{sync_dir, BlockCache};
 use crate::{BatchOp, Engine, EngineSize, EngineSnapshot, Error, Result, Scan, WriteBatch};
 
@@ -171,20 +171,57 @@ struct Levels {
 
 impl Levels {
     fn get(&self, key: &[u8], seq: u64) -> Result<Option<Option<Bytes>>> {
-        for t in &self.levels[0] {
-            if let Some(found) = t.get(key, seq)? {
+        self.get_or(key, seq, &mut || {})
+    }
+
+    /// [`Levels::get`], calling `before_read` before each block it has to
+    /// read from a file.
+    fn get_or(
+        &self,
+        key: &[u8],
+        seq: u64,
+        before_read: &mut dyn FnMut(),
+    ) -> Result<Option<Option<Bytes>>> {
+        for t in self.tables_for(key) {
+            if let Some(found) = t.get_or(key, seq, before_read)? {
                 return Ok(Some(found));
             }
         }
-        for level in &self.levels[1..] {
-            let i = level.partition_point(|t| t.meta.largest.as_ref() < key);
-            if let Some(t) = level.get(i) {
-                if let Some(found) = t.get(key, seq)? {
-                    return Ok(Some(found));
-                }
+        Ok(None)
+    }
+
+    /// The tables a lookup of `key` looks into, in the order it does: every
+    /// level-0 table newest first, then the one table of each deeper level
+    /// whose range may hold it.
+    fn tables_for<'a>(&'a self, key: &'a [u8]) -> impl Iterator<Item = &'a Arc<Table>> + 'a {
+        let deeper = self.levels[1..].iter().filter_map(move |level| {
+            level.get(level.partition_point(|t| t.meta.largest.as_ref() < key))
+        });
+        self.levels[0].iter().chain(deeper)
+    }
+
+    /// Brings the blocks that lookups of `keys` at `seq` read into the
+    /// cache, each table's misses read together. For each key, the block of
+    /// the first table whose range and bloom filter admit it: where the key
+    /// most likely is (a bloom false positive leaves a deeper block to its
+    /// ordinary read). Best effort, as [`Table::prefetch`].
+    fn prefetch(&self, keys: &[&[u8]], seq: u64) {
+        let mut wanted: Vec<(&Arc<Table>, Vec<BlockSpan>)> = Vec::new();
+        for &key in keys {
+            let Some(table) = self.tables_for(key).find(|t| t.may_contain(key)) else {
+                continue;
+            };
+            let Some(block) = table.uncached_block_of(key, seq) else {
+                continue;
+            };
+            match wanted.iter_mut().find(|(t, _)| Arc::ptr_eq(t, table)) {
+                Some((_, blocks)) => blocks.push(block),
+                None => wanted.push((table, vec![block])),
             }
         }
-        Ok(None)
+        for (table, mut blocks) in wanted {
+            table.prefetch(&mut blocks);
+        }
     }
 
     fn level_bytes(&self, level: usize) -> u64 {
@@ -810,19 +847,50 @@ where
     Ok(())
 }
 
+impl LsmSnapshot {
+    /// `key` as the memtables hold it at this snapshot's sequence: its
+    /// value or tombstone, or none where no memtable has it.
+    fn in_memtables(&self, key: &[u8]) -> Option<Option<Bytes>> {
+        let v = &*self.version;
+        std::iter::once(&v.active)
+            .chain(v.imms.iter().rev())
+            .find_map(|m| m.get(key, self.seq))
+    }
+}
+
 impl EngineSnapshot for LsmSnapshot {
     fn applied_index(&self) -> u64 {
         self.applied_index
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Bytes>> {
-        let v = &*self.version;
-        for m in std::iter::once(&v.active).chain(v.imms.iter().rev()) {
-            if let Some(found) = m.get(key, self.seq) {
-                return Ok(found);
-            }
+        match self.in_memtables(key) {
+            Some(found) => Ok(found),
+            None => Ok(self.version.levels.get(key, self.seq)?.flatten()),
         }
-        Ok(v.levels.get(key, self.seq)?.flatten())
+    }
+
+    /// At the first block not in the cache, the blocks of every key from
+    /// there on come in together ([`Levels::prefetch`]); keys whose blocks
+    /// are cached cost what `get` costs.
+    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+        let levels = &self.version.levels;
+        let mut values = Vec::with_capacity(keys.len());
+        let mut prefetched = false;
+        for (i, &key) in keys.iter().enumerate() {
+            if let Some(found) = self.in_memtables(key) {
+                values.push(found);
+                continue;
+            }
+            let mut before_read = || {
+                if !prefetched {
+                    prefetched = true;
+                    levels.prefetch(&keys[i..], self.seq);
+                }
+            };
+            values.push(levels.get_or(key, self.seq, &mut before_read)?.flatten());
+        }
+        Ok(values)
     }
 
     fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, visit: F) -> Result<()>

@@ -154,6 +154,9 @@ pub(crate) struct TableMeta {
     pub largest: Bytes,
 }
 
+/// Where a data block lies in its table's file: offset, sealed length.
+pub(crate) type BlockSpan = (u64, u32);
+
 struct IndexEntry {
     last_key: Bytes,
     last_seq: u64,
@@ -553,20 +556,75 @@ impl Table {
 
     /// The newest version of `key` with a sequence <= `seq` in this table.
     pub fn get(&self, key: &[u8], seq: u64) -> Result<Option<Option<Bytes>>> {
+        self.get_or(key, seq, &mut || {})
+    }
+
+    /// [`Table::get`], calling `before_read` first when the block it needs
+    /// is not cached.
+    pub fn get_or(
+        &self,
+        key: &[u8],
+        seq: u64,
+        before_read: &mut dyn FnMut(),
+    ) -> Result<Option<Option<Bytes>>> {
+        let Some(e) = self.block_of(key, seq) else {
+            return Ok(None);
+        };
+        let data = self.data_block_or(e.offset, e.len, true, before_read)?;
+        let mut cursor = BlockCursor::new(data, self.file.path(), e.offset)?;
+        cursor.seek(key, seq)?;
+        Ok((cursor.valid && cursor.key == key).then(|| cursor.value()))
+    }
+
+    /// The block that may hold `key` at `seq`: none where the table's key
+    /// range or its bloom filter rules the key out.
+    fn block_of(&self, key: &[u8], seq: u64) -> Option<&IndexEntry> {
         if key < self.meta.smallest.as_ref()
             || key > self.meta.largest.as_ref()
             || !bloom_may_contain(&self.filter, key)
         {
-            return Ok(None);
+            return None;
         }
-        let i = self.block_for(key, seq);
-        let Some(e) = self.index.get(i) else {
-            return Ok(None);
-        };
-        let data = self.data_block(e.offset, e.len, true)?;
-        let mut cursor = BlockCursor::new(data, self.file.path(), e.offset)?;
-        cursor.seek(key, seq)?;
-        Ok((cursor.valid && cursor.key == key).then(|| cursor.value()))
+        self.index.get(self.block_for(key, seq))
+    }
+
+    /// Where a [`Table::get`] of `key` at `seq` would read from the file
+    /// (offset, sealed length): none where the table rules the key out or
+    /// the block is cached.
+    pub fn uncached_block_of(&self, key: &[u8], seq: u64) -> Option<BlockSpan> {
+        self.block_of(key, seq)
+            .filter(|e| !self.cache.contains(self.meta.file_no, e.offset))
+            .map(|e| (e.offset, e.len))
+    }
+
+    /// Whether the table may hold `key` (its key range and bloom filter).
+    pub fn may_contain(&self, key: &[u8]) -> bool {
+        key >= self.meta.smallest.as_ref()
+            && key <= self.meta.largest.as_ref()
+            && bloom_may_contain(&self.filter, key)
+    }
+
+    /// Brings the data blocks at `blocks` (offset, sealed length, from
+    /// [`Table::uncached_block_of`]) into the cache with reads all in
+    /// flight at once. Best effort: a block that fails to read or verify is
+    /// left out, for the ordinary read that follows to report.
+    pub fn prefetch(&self, blocks: &mut Vec<BlockSpan>) {
+        blocks.sort_unstable();
+        blocks.dedup();
+        let mut reads: Vec<(u64, AlignedBuf)> = blocks
+            .iter()
+            .map(|&(offset, len)| (offset, AlignedBuf::zeroed(round_up(len as usize))))
+            .collect();
+        if reads.len() < 2 || self.file.read_many_at(&mut reads).is_err() {
+            return;
+        }
+        for (&(offset, len), (_, raw)) in blocks.iter().zip(&reads) {
+            let sealed = &raw[..len as usize];
+            if unseal(sealed).is_some() {
+                self.cache
+                    .insert(self.meta.file_no, offset, Arc::from(sealed));
+            }
+        }
     }
 
     /// Index of the first block whose last entry is at/after `(key, seq)`.
@@ -579,9 +637,21 @@ impl Table {
     /// A verified data block, from the cache or the disk; `fill_cache`
     /// false (compaction's one-pass reads) leaves the cache to hot blocks.
     fn data_block(&self, offset: u64, len: u32, fill_cache: bool) -> Result<Bytes> {
+        self.data_block_or(offset, len, fill_cache, &mut || {})
+    }
+
+    /// [`Table::data_block`], calling `before_read` first on a cache miss.
+    fn data_block_or(
+        &self,
+        offset: u64,
+        len: u32,
+        fill_cache: bool,
+        before_read: &mut dyn FnMut(),
+    ) -> Result<Bytes> {
         let block = match self.cache.get(self.meta.file_no, offset) {
             Some(b) => b,
             None => {
+                before_read();
                 let raw = read_raw(&self.file, offset, len as usize)?;
                 if unseal(&raw[..len as usize]).is_none() {
                     return Err(corrupt(

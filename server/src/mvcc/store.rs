@@ -68,12 +68,17 @@ fn meta_key(name: &[u8]) -> Bytes {
 
 /// The engine key of key revision `(main, sub)`.
 fn rev_key(main: i64, sub: u64) -> Bytes {
+    Bytes::copy_from_slice(&rev_key_array(main, sub))
+}
+
+/// [`rev_key`] without an allocation.
+fn rev_key_array(main: i64, sub: u64) -> [u8; REV_KEY_LEN] {
     let mut k = [0u8; REV_KEY_LEN];
     k[0] = KEY_PREFIX;
     // Stored mains are >= 1, so the cast keeps their order.
     k[1..9].copy_from_slice(&(main as u64).to_be_bytes());
     k[9..].copy_from_slice(&sub.to_be_bytes());
-    Bytes::copy_from_slice(&k)
+    k
 }
 
 fn parse_rev_key(k: &[u8]) -> Result<(i64, u32), MvccError> {
@@ -1423,11 +1428,37 @@ fn counted_response(cur_rev: i64, count: i64) -> RangeResponse {
     }
 }
 
+/// How many values [`RangePlan::finish`] looks up together.
+const LOAD_BATCH: usize = 256;
+
 /// The key revision `rev` as stored in `snap`.
 fn load_rev<S: EngineSnapshot>(snap: &S, rev: Rev) -> Result<KeyValue, MvccError> {
-    let value = snap
-        .get(&rev_key(rev.main, u64::from(rev.sub)))?
-        .ok_or_else(|| corrupt(format!("revision {}/{} missing", rev.main, rev.sub)))?;
+    decode_rev(rev, snap.get(&rev_key_array(rev.main, u64::from(rev.sub)))?)
+}
+
+/// The key revisions `revs` as stored in `snap`, in order, each handed to
+/// `each`. The engine looks them up together ([`EngineSnapshot::get_many`]):
+/// a disk engine reads the blocks the lookups miss in one go.
+fn load_revs<S: EngineSnapshot>(
+    snap: &S,
+    revs: &[Rev],
+    mut each: impl FnMut(KeyValue),
+) -> Result<(), MvccError> {
+    let keys: Vec<[u8; REV_KEY_LEN]> = revs
+        .iter()
+        .map(|r| rev_key_array(r.main, u64::from(r.sub)))
+        .collect();
+    let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    for (&rev, value) in revs.iter().zip(snap.get_many(&keys)?) {
+        each(decode_rev(rev, value)?);
+    }
+    Ok(())
+}
+
+/// The key-value of key revision `rev` from its stored `value`.
+fn decode_rev(rev: Rev, value: Option<Bytes>) -> Result<KeyValue, MvccError> {
+    let value =
+        value.ok_or_else(|| corrupt(format!("revision {}/{} missing", rev.main, rev.sub)))?;
     match codec::decode_kv(&value, rev.main) {
         Ok((false, kv)) => Ok(kv),
         Ok((true, _)) => Err(corrupt(format!(
@@ -1580,15 +1611,21 @@ impl<S> std::fmt::Debug for RangePlan<S> {
 impl<S: EngineSnapshot> RangePlan<S> {
     /// Loads up to `n` more values; true once every value is loaded.
     pub fn load(&mut self, n: usize) -> Result<bool, MvccError> {
-        for rev in self.revs.by_ref().take(n) {
-            self.kvs.push(load_rev(&self.snap, rev)?);
+        let revs = self.revs.as_slice();
+        let revs = &revs[..n.min(revs.len())];
+        let kvs = &mut self.kvs;
+        load_revs(&self.snap, revs, |kv| kvs.push(kv))?;
+        if let Some(last) = revs.len().checked_sub(1) {
+            self.revs.nth(last);
         }
         Ok(self.revs.len() == 0)
     }
 
     /// The answer: loads what is left, then filters, sorts and limits.
     pub fn finish(mut self) -> Result<RangeResponse, MvccError> {
-        self.load(usize::MAX)?;
+        // In batches: each batch's blocks are read together, and a batch
+        // never asks the cache to hold more than it can.
+        while !self.load(LOAD_BATCH)? {}
         Ok(finish_range(&self.req, self.cur_rev, self.count, self.kvs))
     }
 
@@ -1675,13 +1712,13 @@ impl<S: EngineSnapshot> ChunkedRange<S> {
     /// each to `each`; true once the last one was loaded.
     pub fn load(&mut self, n: usize, mut each: impl FnMut(KeyValue)) -> Result<bool, MvccError> {
         let end = self.next.saturating_add(n).min(self.revs.len());
-        for &rev in &self.revs[self.next..end] {
-            let mut kv = load_rev(&self.snap, rev)?;
-            if self.keys_only {
+        let keys_only = self.keys_only;
+        load_revs(&self.snap, &self.revs[self.next..end], |mut kv| {
+            if keys_only {
                 kv.value = Bytes::new();
             }
             each(kv);
-        }
+        })?;
         self.next = end;
         Ok(end == self.revs.len())
     }
