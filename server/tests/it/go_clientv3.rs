@@ -47,10 +47,14 @@ fn transcript_program() -> &'static Path {
     BUILT.get_or_init(|| {
         let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
         let binary = out_dir.join("clientv3_transcript");
+        // Built under a name of this process, then renamed over the shared
+        // one: another test process (scripts/test runs the cluster tests in
+        // their own) may build it at the same time, or run it.
+        let building = out_dir.join(format!("clientv3_transcript.{}", std::process::id()));
         let mut cmd = Command::new("go");
         cmd.current_dir(program_dir())
             .args(["build", "-o"])
-            .arg(&binary)
+            .arg(&building)
             .arg(".")
             .env("GO111MODULE", "off")
             .env("GOPATH", gopath())
@@ -66,6 +70,7 @@ fn transcript_program() -> &'static Path {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        std::fs::rename(&building, &binary).unwrap();
         binary
     })
 }
