@@ -120,9 +120,9 @@ pub trait EngineSnapshot: Send + Sync + 'static {
 
     /// [`EngineSnapshot::get`] of every key of `keys`, in order. A disk
     /// engine reads the blocks that many lookups miss together (about one
-    /// device round trip for all of them instead of one per block): for a
-    /// caller that knows the keys it reads next, e.g. the revisions of a
-    /// range's page.
+    /// device round trip per file they lie in, instead of one per block):
+    /// for a caller that knows the keys it reads next, e.g. the revisions
+    /// of a range's page.
     fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
         keys.iter().map(|key| self.get(key)).collect()
     }

@@ -1373,6 +1373,8 @@ impl EngineSnapshot for BtreeSnapshot {
     /// there on come in together ([`tree::prefetch_paths`]): a cold range
     /// of keys waits about one device round trip per level instead of one
     /// per leaf. Keys whose pages are all cached cost what `get` costs.
+    /// Values stored out of line (over `INLINE_MAX` with their record) are
+    /// still read one by one.
     fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
         let mut values = Vec::with_capacity(keys.len());
         let mut prefetched = false;

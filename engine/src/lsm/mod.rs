@@ -204,7 +204,9 @@ impl Levels {
     /// cache, each table's misses read together. For each key, the block of
     /// the first table whose range and bloom filter admit it: where the key
     /// most likely is (a bloom false positive leaves a deeper block to its
-    /// ordinary read). Best effort, as [`Table::prefetch`].
+    /// ordinary read). Best effort, as [`Table::prefetch`]; one device round
+    /// trip per table (a batch of consecutive revisions mostly lies in one
+    /// or two).
     fn prefetch(&self, keys: &[&[u8]], seq: u64) {
         let mut wanted: Vec<(&Arc<Table>, Vec<BlockSpan>)> = Vec::new();
         for &key in keys {

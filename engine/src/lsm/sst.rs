@@ -621,8 +621,10 @@ impl Table {
         for (&(offset, len), (_, raw)) in blocks.iter().zip(&reads) {
             let sealed = &raw[..len as usize];
             if unseal(sealed).is_some() {
+                // Referenced: read ahead, it must outlive the sweeps until
+                // its reader gets to it.
                 self.cache
-                    .insert(self.meta.file_no, offset, Arc::from(sealed));
+                    .insert_referenced(self.meta.file_no, offset, Arc::from(sealed));
             }
         }
     }

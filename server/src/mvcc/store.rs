@@ -1449,7 +1449,15 @@ fn load_revs<S: EngineSnapshot>(
         .map(|r| rev_key_array(r.main, u64::from(r.sub)))
         .collect();
     let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-    for (&rev, value) in revs.iter().zip(snap.get_many(&keys)?) {
+    let values = snap.get_many(&keys)?;
+    if values.len() != revs.len() {
+        return Err(corrupt(format!(
+            "the engine answered {} of {} revisions looked up",
+            values.len(),
+            revs.len()
+        )));
+    }
+    for (&rev, value) in revs.iter().zip(values) {
         each(decode_rev(rev, value)?);
     }
     Ok(())
