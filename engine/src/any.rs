@@ -164,8 +164,8 @@ impl EngineSnapshot for AnySnapshot {
         dispatch_snapshot!(self, s => s.get(key))
     }
 
-    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
-        dispatch_snapshot!(self, s => s.get_many(keys))
+    fn get_ahead<K: AsRef<[u8]>>(&self, keys: &[K], now: usize) -> Result<Vec<Option<Bytes>>> {
+        dispatch_snapshot!(self, s => s.get_ahead(keys, now))
     }
 
     fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, visit: F) -> Result<()>

@@ -123,8 +123,20 @@ pub trait EngineSnapshot: Send + Sync + 'static {
     /// device round trip per file they lie in, instead of one per block):
     /// for a caller that knows the keys it reads next, e.g. the revisions
     /// of a range's page.
-    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
-        keys.iter().map(|key| self.get(key)).collect()
+    fn get_many<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Bytes>>> {
+        self.get_ahead(keys, keys.len())
+    }
+
+    /// [`EngineSnapshot::get`] of the first `now` keys of `keys`, in order.
+    /// The others are the keys the caller reads next: where one of the
+    /// first `now` misses the cache, a disk engine reads the blocks of
+    /// every key from there on together, as [`EngineSnapshot::get_many`]
+    /// does, so that later calls find them cached.
+    fn get_ahead<K: AsRef<[u8]>>(&self, keys: &[K], now: usize) -> Result<Vec<Option<Bytes>>> {
+        keys.iter()
+            .take(now)
+            .map(|key| self.get(key.as_ref()))
+            .collect()
     }
 
     /// Visits keys in ascending order from `start` (inclusive) to `end`.

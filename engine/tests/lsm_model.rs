@@ -194,8 +194,12 @@ fn check_state(snap: &LsmSnapshot, model: &Model, what: &str) -> Result<(), Test
     // Every key twice, in two orders: the first miss of a cold cache
     // brings in the blocks of the keys after it.
     let keys: Vec<&[u8]> = KEYS.iter().chain(KEYS.iter().rev()).copied().collect();
+    // A third now, the rest read along on a miss (before get_many warms
+    // the cache): the first third's values.
+    let ahead = snap.get_ahead(&keys, keys.len() / 3).unwrap();
     let values = snap.get_many(&keys).unwrap();
     prop_assert_eq!(values.len(), keys.len());
+    prop_assert_eq!(&ahead[..], &values[..keys.len() / 3], "{}: get_ahead", what);
     for (k, v) in keys.iter().zip(values) {
         prop_assert_eq!(
             v,

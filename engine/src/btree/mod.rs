@@ -1375,17 +1375,19 @@ impl EngineSnapshot for BtreeSnapshot {
     /// per leaf. Keys whose pages are all cached cost what `get` costs.
     /// Values stored out of line (over `INLINE_MAX` with their record) are
     /// still read one by one.
-    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
-        let mut values = Vec::with_capacity(keys.len());
+    fn get_ahead<K: AsRef<[u8]>>(&self, keys: &[K], now: usize) -> Result<Vec<Option<Bytes>>> {
+        let now = now.min(keys.len());
+        let mut values = Vec::with_capacity(now);
         let mut prefetched = false;
-        for (i, &key) in keys.iter().enumerate() {
+        for (i, key) in keys[..now].iter().enumerate() {
             let mut before_read = || {
                 if !prefetched {
                     prefetched = true;
-                    tree::prefetch_paths(&self.file, &self.root, &keys[i..]);
+                    let ahead: Vec<&[u8]> = keys[i..].iter().map(AsRef::as_ref).collect();
+                    tree::prefetch_paths(&self.file, &self.root, &ahead);
                 }
             };
-            let value = tree::lookup_or(&self.file, &self.root, key, &mut before_read)?;
+            let value = tree::lookup_or(&self.file, &self.root, key.as_ref(), &mut before_read)?;
             values.push(
                 value
                     .map(|v| tree::value_bytes(&self.file, &v))

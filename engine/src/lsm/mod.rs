@@ -875,11 +875,13 @@ impl EngineSnapshot for LsmSnapshot {
     /// At the first block not in the cache, the blocks of every key from
     /// there on come in together ([`Levels::prefetch`]); keys whose blocks
     /// are cached cost what `get` costs.
-    fn get_many(&self, keys: &[&[u8]]) -> Result<Vec<Option<Bytes>>> {
+    fn get_ahead<K: AsRef<[u8]>>(&self, keys: &[K], now: usize) -> Result<Vec<Option<Bytes>>> {
         let levels = &self.version.levels;
-        let mut values = Vec::with_capacity(keys.len());
+        let now = now.min(keys.len());
+        let mut values = Vec::with_capacity(now);
         let mut prefetched = false;
-        for (i, &key) in keys.iter().enumerate() {
+        for (i, key) in keys[..now].iter().enumerate() {
+            let key = key.as_ref();
             if let Some(found) = self.in_memtables(key) {
                 values.push(found);
                 continue;
@@ -887,7 +889,8 @@ impl EngineSnapshot for LsmSnapshot {
             let mut before_read = || {
                 if !prefetched {
                     prefetched = true;
-                    levels.prefetch(&keys[i..], self.seq);
+                    let ahead: Vec<&[u8]> = keys[i..].iter().map(AsRef::as_ref).collect();
+                    levels.prefetch(&ahead, self.seq);
                 }
             };
             values.push(levels.get_or(key, self.seq, &mut before_read)?.flatten());

@@ -1442,14 +1442,26 @@ fn load_rev<S: EngineSnapshot>(snap: &S, rev: Rev) -> Result<KeyValue, MvccError
 fn load_revs<S: EngineSnapshot>(
     snap: &S,
     revs: &[Rev],
+    each: impl FnMut(KeyValue),
+) -> Result<(), MvccError> {
+    let keys = rev_keys(revs);
+    decode_revs(revs, snap.get_many(&keys)?, each)
+}
+
+/// The engine keys of `revs`.
+fn rev_keys(revs: &[Rev]) -> Vec<[u8; REV_KEY_LEN]> {
+    revs.iter()
+        .map(|r| rev_key_array(r.main, u64::from(r.sub)))
+        .collect()
+}
+
+/// Hands the key-values of `revs`, from their stored `values` in the same
+/// order, to `each`.
+fn decode_revs(
+    revs: &[Rev],
+    values: Vec<Option<Bytes>>,
     mut each: impl FnMut(KeyValue),
 ) -> Result<(), MvccError> {
-    let keys: Vec<[u8; REV_KEY_LEN]> = revs
-        .iter()
-        .map(|r| rev_key_array(r.main, u64::from(r.sub)))
-        .collect();
-    let keys: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
-    let values = snap.get_many(&keys)?;
     if values.len() != revs.len() {
         return Err(corrupt(format!(
             "the engine answered {} of {} revisions looked up",
@@ -1666,6 +1678,8 @@ impl<S: EngineSnapshot> RangePlan<S> {
             snap: self.snap,
             revs,
             next: 0,
+            ahead: Vec::new(),
+            ahead_from: 0,
             keys_only,
             revision: self.cur_rev,
             count: self.count,
@@ -1692,6 +1706,11 @@ pub struct ChunkedRange<S> {
     revs: Vec<Rev>,
     /// The position of the next load in `revs`.
     next: usize,
+    /// The engine keys of `revs[ahead_from..]`, up to [`LOAD_BATCH`] of
+    /// them: what the loads look up, and ahead of them what they read
+    /// along on a cache miss (the sending pass loads a value at a time).
+    ahead: Vec<[u8; REV_KEY_LEN]>,
+    ahead_from: usize,
     keys_only: bool,
     /// The store's revision the range was read at (the header's).
     pub revision: i64,
@@ -1720,8 +1739,19 @@ impl<S: EngineSnapshot> ChunkedRange<S> {
     /// each to `each`; true once the last one was loaded.
     pub fn load(&mut self, n: usize, mut each: impl FnMut(KeyValue)) -> Result<bool, MvccError> {
         let end = self.next.saturating_add(n).min(self.revs.len());
+        let (from, ahead_end) = (self.ahead_from, self.ahead_from + self.ahead.len());
+        if self.next < from || end > ahead_end {
+            let to = self
+                .next
+                .saturating_add(n.max(LOAD_BATCH))
+                .min(self.revs.len());
+            self.ahead = rev_keys(&self.revs[self.next..to]);
+            self.ahead_from = self.next;
+        }
+        let keys = &self.ahead[self.next - self.ahead_from..];
+        let values = self.snap.get_ahead(keys, end - self.next)?;
         let keys_only = self.keys_only;
-        load_revs(&self.snap, &self.revs[self.next..end], |mut kv| {
+        decode_revs(&self.revs[self.next..end], values, |mut kv| {
             if keys_only {
                 kv.value = Bytes::new();
             }
