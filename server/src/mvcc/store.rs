@@ -1428,7 +1428,8 @@ fn counted_response(cur_rev: i64, count: i64) -> RangeResponse {
     }
 }
 
-/// How many values [`RangePlan::finish`] looks up together.
+/// How many values are looked up together: the batches of
+/// [`RangePlan::finish`], and the look-ahead of [`ChunkedRange::load`].
 const LOAD_BATCH: usize = 256;
 
 /// The key revision `rev` as stored in `snap`.
