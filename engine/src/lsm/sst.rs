@@ -579,10 +579,7 @@ impl Table {
     /// The block that may hold `key` at `seq`: none where the table's key
     /// range or its bloom filter rules the key out.
     fn block_of(&self, key: &[u8], seq: u64) -> Option<&IndexEntry> {
-        if key < self.meta.smallest.as_ref()
-            || key > self.meta.largest.as_ref()
-            || !bloom_may_contain(&self.filter, key)
-        {
+        if !self.may_contain(key) {
             return None;
         }
         self.index.get(self.block_for(key, seq))
