@@ -1140,6 +1140,27 @@ func clusterMain(endpoints []string) {
 		fail("add learner: %v", err)
 	}
 	say("add learner: learner %v, members %d", a.Member.IsLearner, len(a.Members))
+	// etcd 3.4 judges a learner's readiness from the leader's Raft
+	// progress and lets a promotion through when the learner is not in it
+	// yet: a promotion that reaches the leader before it has applied the
+	// addition is accepted. Wait until every member lists the learner, so
+	// that both servers answer what they answer about a learner that
+	// never caught up.
+	listed := 0
+	deadline = time.Now().Add(step)
+	for listed < len(endpoints) && time.Now().Before(deadline) {
+		listed = 0
+		for i := range endpoints {
+			l, err := per[i].MemberList(ctx())
+			if err == nil && len(l.Members) == len(endpoints)+1 {
+				listed++
+			}
+		}
+		if listed < len(endpoints) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	say("every member lists the learner: %v", listed == len(endpoints))
 	_, err = all.MemberPromote(ctx(), a.Member.ID)
 	say("promote the learner that never started: %s", errText(err))
 	_, err = all.MemberRemove(ctx(), a.Member.ID)
