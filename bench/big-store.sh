@@ -67,15 +67,17 @@ start() {
   PID=$!
 }
 
-# Waits (bounded) until a serializable get of the last key answers on $1.
+# Waits (bounded) until a serializable get of the last key answers on $1,
+# through the JSON gateway both serve on the client URL: curl fails at once
+# while nothing listens, where etcdctl would wait out its dial timeout.
 wait_read() {
-  local ep=$1 deadline=$((SECONDS + WAIT_SECS)) got
+  local ep=$1 deadline=$((SECONDS + WAIT_SECS)) key
+  key=$(printf '%s' "$LAST" | base64 -w0)
   while [ $SECONDS -lt $deadline ]; do
-    got=$(etcdctl --endpoints "$ep" --command-timeout=2s get --consistency=s "$LAST" --keys-only 2>/dev/null || true)
-    if [ -n "$got" ]; then
+    if curl -s -m 2 "http://$ep/v3/kv/range" -d "{\"key\":\"$key\",\"serializable\":true,\"keys_only\":true}" 2>/dev/null | grep -q '"kvs"'; then
       return 0
     fi
-    sleep 0.05
+    sleep 0.01
   done
   echo "no answer from $ep in ${WAIT_SECS}s" >&2
   return 1
