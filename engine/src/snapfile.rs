@@ -310,7 +310,9 @@ pub fn read_with(path: &Path, mut visit: impl FnMut(Bytes, Bytes) -> Result<()>)
 
     let records_end = len - FOOTER_LEN;
     let mut records = 0u64;
-    let mut previous: Option<Bytes> = None;
+    // A copy, not a clone of the key: a clone would turn every key's
+    // buffer into a shared one (an allocation more per record).
+    let mut previous: Option<Vec<u8>> = None;
     while reader.pos < records_end {
         let at = reader.pos;
         if records_end - at < RECORD_HEADER_LEN {
@@ -347,16 +349,20 @@ pub fn read_with(path: &Path, mut visit: impl FnMut(Bytes, Bytes) -> Result<()>)
         }
         let key = reader.vec(key_len as usize)?;
         let value = reader.vec(value_len as usize)?;
-        if let Some(previous) = &previous {
-            if key.as_slice() <= previous.as_ref() {
+        match &mut previous {
+            Some(previous) if key.as_slice() <= previous.as_slice() => {
                 return Err(corrupt(
                     at,
                     "keys are not in strictly ascending order".into(),
                 ));
             }
+            Some(previous) => {
+                previous.clear();
+                previous.extend_from_slice(&key);
+            }
+            None => previous = Some(key.clone()),
         }
         let key = Bytes::from(key);
-        previous = Some(key.clone());
         records += 1;
         visit(key, Bytes::from(value))?;
     }

@@ -411,3 +411,74 @@ fn garbage_after_the_end_of_an_older_segment_is_corruption() {
         Err(Error::Corrupt { path, .. }) if &path == older
     ));
 }
+
+/// Files of `dir` whose names end with `suffix`.
+fn files_ending(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect();
+    found.sort();
+    found
+}
+
+fn inode(path: &Path) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap())
+}
+
+/// A restart does not zero-fill a segment of its own when the last run
+/// left one ready: the spare (kept by a close, as by a crash) becomes the
+/// first segment the next run writes, and the log reads the same.
+#[test]
+fn a_spare_left_by_the_last_run_becomes_the_next_segment() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("wal");
+    write_batches(&dir, small_segments(), 2, 3);
+    let spares = files_ending(&dir, ".wal.spare");
+    assert_eq!(spares.len(), 1, "one spare kept: {spares:?}");
+    assert_eq!(std::fs::metadata(&spares[0]).unwrap().len(), 8 << 10);
+    // A second name keeps the inode from being reused by a new file if
+    // the spare were deleted.
+    std::fs::hard_link(&spares[0], root.path().join("held")).unwrap();
+    let spare = inode(&spares[0]);
+    let last = write_batches(&dir, small_segments(), 2, 3);
+    let recovered = wal::recover(&dir).unwrap();
+    assert_entries(&recovered, 1, last);
+    assert_eq!(recovered.segments.len(), 2);
+    assert_eq!(
+        inode(&recovered.segments[1].path),
+        spare,
+        "the second run wrote into the first run's spare"
+    );
+}
+
+/// A spare cut short (not the segment size) or still being prepared when
+/// the last run died is deleted, never written into.
+#[test]
+fn an_incomplete_spare_is_deleted_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    write_batches(dir.path(), small_segments(), 2, 3);
+    let spares = files_ending(dir.path(), ".wal.spare");
+    assert_eq!(spares.len(), 1);
+    // Marked so that a file written into would show: (inode numbers do
+    // not tell, a deleted file's is reused at once).
+    let mark = [0xa5u8; 64];
+    std::fs::write(&spares[0], mark.repeat(4096 / 64)).unwrap();
+    let preparing = dir.path().join("00000000000000ff.wal.preparing");
+    std::fs::write(&preparing, mark.repeat((8 << 10) / 64)).unwrap();
+    let last = write_batches(dir.path(), small_segments(), 2, 3);
+    assert!(files_ending(dir.path(), ".wal.preparing").is_empty());
+    // The second run's segment was prepared whole, zero-filled (read
+    // before recovery cuts its zero tail).
+    let segments = wal::list_segments(dir.path()).unwrap();
+    assert_eq!(segments.len(), 2);
+    let second = std::fs::read(&segments[1].path).unwrap();
+    assert_eq!(second.len(), 8 << 10);
+    assert!(
+        !second.windows(mark.len()).any(|w| w == mark),
+        "the second run wrote into a file that was not a complete spare"
+    );
+    let recovered = wal::recover(dir.path()).unwrap();
+    assert_entries(&recovered, 1, last);
+}

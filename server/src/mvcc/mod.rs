@@ -29,8 +29,8 @@ pub use codec::{decode, decode_shared, encode, DecodeError, MAX_TXN_DEPTH};
 pub use error::MvccError;
 pub use index_checkpoint::{CheckpointError, IndexCheckpointPlan};
 pub use store::{
-    ChunkedRange, Chunking, HashPlan, HistoryWalk, IndexSource, MvccStore, OpCounts, RangePlan,
-    RangeStart, RangeWalk, StoreReader,
+    ChunkedRange, Chunking, DecodedIndexCheckpoint, HashPlan, HistoryWalk, IndexSource, MvccStore,
+    OpCounts, RangePlan, RangeStart, RangeWalk, StoreReader,
 };
 pub use types::*;
 pub use validate::{

@@ -203,6 +203,17 @@ fn usable_checkpoint(
     Ok(())
 }
 
+/// A key index checkpoint (`member/keyindex`) decoded, or why it could
+/// not be: decoding needs nothing but its bytes, so it may run on another
+/// thread than the one that opens the store.
+pub struct DecodedIndexCheckpoint(Result<index_checkpoint::Decoded, CheckpointError>);
+
+impl DecodedIndexCheckpoint {
+    pub fn decode(bytes: &[u8]) -> DecodedIndexCheckpoint {
+        DecodedIndexCheckpoint(index_checkpoint::decode(bytes))
+    }
+}
+
 /// Where an opened store's key index came from, for the start-up log.
 #[derive(Debug)]
 pub enum IndexSource {
@@ -829,10 +840,25 @@ impl<E: Engine> MvccStore<E> {
         checkpoint: Option<&[u8]>,
         cluster_id: u64,
     ) -> Result<(Self, IndexSource), MvccError> {
+        Self::open_with_decoded_checkpoint(
+            engine,
+            checkpoint.map(DecodedIndexCheckpoint::decode),
+            cluster_id,
+        )
+    }
+
+    /// [`Self::open_with_index_checkpoint`] with a checkpoint decoded
+    /// beforehand (a start-up decodes it on another thread while the engine
+    /// opens); whether it is used is decided here, against the engine.
+    pub fn open_with_decoded_checkpoint(
+        engine: E,
+        checkpoint: Option<DecodedIndexCheckpoint>,
+        cluster_id: u64,
+    ) -> Result<(Self, IndexSource), MvccError> {
         let snap = engine.snapshot();
         let compact_rev = stored_compact_revision(&snap)?;
-        let loaded = checkpoint.map(|bytes| {
-            let d = index_checkpoint::decode(bytes)?;
+        let loaded = checkpoint.map(|decoded| {
+            let d = decoded.0?;
             usable_checkpoint(&d.plan, cluster_id, snap.applied_index(), compact_rev)?;
             Ok::<_, CheckpointError>(d)
         });
