@@ -181,6 +181,18 @@ impl Recovered {
     }
 }
 
+/// How many of the oldest segments a durable snapshot marker at `index`
+/// lets go: `first_indices` are the segments' first indices, oldest first,
+/// the one being written last (never released). A segment goes when every
+/// entry in it is at or below `index`, i.e. the next one starts at or below
+/// `index + 1`. Pure, so the simulation releases by the same rule.
+pub fn releasable_segments(first_indices: &[u64], index: u64) -> usize {
+    first_indices
+        .windows(2)
+        .take_while(|pair| pair[1] <= index.saturating_add(1))
+        .count()
+}
+
 fn segment_name(seq: u64, first_index: u64) -> String {
     format!("{seq:016x}-{first_index:016x}.wal")
 }
@@ -880,23 +892,16 @@ impl Wal {
     /// loop. A crash before the unlink leaves covered segments, which
     /// recovery reads past.
     pub fn release_through(&mut self, index: u64) -> usize {
-        let mut released = 0;
+        let first_indices: Vec<u64> = self
+            .closed
+            .iter()
+            .chain(std::iter::once(&self.segment))
+            .map(|s| s.first_index)
+            .collect();
+        let released = releasable_segments(&first_indices, index);
         let mut unlinker = self.unlinker.borrow_mut();
-        loop {
-            let next_first = match self.closed.get(1) {
-                Some(next) => next.first_index,
-                None => self.segment.first_index,
-            };
-            let Some(oldest) = self.closed.front() else {
-                break;
-            };
-            // Every entry in `oldest` is below the next segment's first index.
-            if next_first > index + 1 {
-                break;
-            }
-            unlinker.queue.push_back(oldest.path.clone());
-            self.closed.pop_front();
-            released += 1;
+        for oldest in self.closed.drain(..released) {
+            unlinker.queue.push_back(oldest.path);
         }
         let start = !unlinker.running && !unlinker.queue.is_empty();
         if start {
@@ -1149,6 +1154,28 @@ pub(crate) fn fuzz_recover(dir: &Path, data: &[u8]) -> Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_segment_goes_once_every_entry_in_it_is_covered() {
+        // Segments starting at 1, 101, 201; the last is being written.
+        let firsts = [1, 101, 201];
+        assert_eq!(releasable_segments(&firsts, 0), 0);
+        assert_eq!(
+            releasable_segments(&firsts, 99),
+            0,
+            "entry 100 is not covered"
+        );
+        assert_eq!(releasable_segments(&firsts, 100), 1);
+        assert_eq!(releasable_segments(&firsts, 199), 1);
+        assert_eq!(releasable_segments(&firsts, 200), 2);
+        assert_eq!(
+            releasable_segments(&firsts, u64::MAX),
+            2,
+            "never the one being written"
+        );
+        assert_eq!(releasable_segments(&[7], 1000), 0);
+        assert_eq!(releasable_segments(&[], 1000), 0);
+    }
 
     #[test]
     fn segment_names_roundtrip() {

@@ -38,12 +38,19 @@
 //! checks; a member out of the configuration keeps running for node.rs'
 //! grace period, then stops.
 //!
+//! The WAL is kept in segments as `Wal` keeps it: each starts with a frame
+//! repeating the newest state and snapshot marker, a segment rolls every
+//! [`SEGMENT_FRAMES`] group commits and at each start, and after a
+//! checkpoint's marker is synced the segments it covers are released by
+//! the WAL's own rule ([`engine::wal::releasable_segments`]); a restart
+//! recovers from what is left.
+//!
 //! Not simulated yet: joint (multi-step) membership changes, leases, auth,
-//! WAL segment release, the btree and lsm engines.
+//! the btree and lsm engines.
 //!
 //! Must never touch real time, files or threads.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 
 use bytes::{BufMut, Bytes};
@@ -107,6 +114,8 @@ pub enum Bug {
     /// A leader sends its last checkpoint's data as a snapshot of its
     /// applied index.
     StaleSnapshot,
+    /// The WAL releases segments that hold entries past the marker.
+    EarlyRelease,
 }
 
 /// What a run did and found.
@@ -131,6 +140,8 @@ pub struct SimReport {
     pub dropped: u64,
     pub terms_led: u64,
     pub checkpoints: u64,
+    /// WAL segments released behind a checkpoint's marker.
+    pub segments_released: u64,
     pub snapshots_sent: u64,
     pub snapshots_installed: u64,
     /// Membership changes applied (learner added, promoted, voter removed).
@@ -192,6 +203,9 @@ const READ_INDEX_RETRY_MS: u64 = 500;
 const HEAL_LIMIT_MS: u64 = 60_000;
 /// Entries between two engine checkpoints (node.rs: --snapshot-count).
 const CHECKPOINT_EVERY: u64 = 100;
+/// Group commits per WAL segment (node.rs rolls at 64 MiB): small, so that
+/// segments roll and are released every few checkpoints.
+const SEGMENT_FRAMES: usize = 40;
 /// Entries kept behind a checkpoint for lagging followers (node.rs:
 /// catch_up_entries); a follower further behind needs a snapshot.
 const CATCH_UP_ENTRIES: u64 = 20;
@@ -206,13 +220,22 @@ const LEAVE_GRACE_MS: u64 = 500;
 const ENTRY_CLIENT: u8 = 1;
 const ENTRY_PUBLISH: u8 = 2;
 
-/// A member's disk: group commits that reached it, records buffered for
-/// the next one (lost if the member dies first), and the newest engine
-/// checkpoint (replaced atomically, as a renamed file is).
+/// A member's disk: group commits that reached it, in WAL segments;
+/// records buffered for the next one (lost if the member dies first); and
+/// the newest engine checkpoint (replaced atomically, as a renamed file is).
 #[derive(Default)]
 struct Disk {
     frames: Vec<Vec<Record>>,
+    /// The WAL's segments, oldest first: where each begins in `frames`, and
+    /// the index its first entry has or would have (`Wal`'s first_index).
+    segments: VecDeque<(usize, u64)>,
     buffered: Vec<Record>,
+    /// What the running WAL writer appended last, as `Wal` keeps it: every
+    /// segment's first frame repeats the newest state and marker. Set from
+    /// the recovered log at each start.
+    last_state: Option<Bytes>,
+    last_snapshot: Option<(u64, Bytes)>,
+    last_index: u64,
     checkpoint: Option<MemoryEngine>,
     /// A leader snapshot's marker, kept before its engine is installed.
     installed: Option<(u64, Bytes)>,
@@ -225,6 +248,83 @@ impl Disk {
             recovered.add(record.clone())?;
         }
         Ok(recovered)
+    }
+
+    /// Queues a record for the next group commit (`Wal::append_*`).
+    fn append(&mut self, record: Record) {
+        match &record {
+            Record::Entry { index, .. } => self.last_index = *index,
+            Record::State(state) => self.last_state = Some(state.clone()),
+            Record::Snapshot { index, meta } => {
+                self.last_snapshot = Some((*index, meta.clone()));
+                // A snapshot from the leader may be ahead of this log.
+                self.last_index = self.last_index.max(*index);
+            }
+        }
+        self.buffered.push(record);
+    }
+
+    /// As `Wal::open` after recovery: a fresh segment, whose first frame
+    /// (synced) repeats the newest state and snapshot marker.
+    fn open_wal(&mut self, recovered: &Recovered) {
+        self.last_state = recovered.state.clone();
+        self.last_snapshot = recovered.snapshot.clone();
+        self.last_index = recovered.last_index();
+        self.begin_segment();
+    }
+
+    fn begin_segment(&mut self) {
+        let mut header: Vec<Record> = self
+            .last_state
+            .clone()
+            .map(Record::State)
+            .into_iter()
+            .collect();
+        if let Some((index, meta)) = self.last_snapshot.clone() {
+            header.push(Record::Snapshot { index, meta });
+        }
+        self.segments
+            .push_back((self.frames.len(), self.last_index + 1));
+        self.frames.push(header);
+    }
+
+    /// A group commit that reached the disk; the segment rolls once it
+    /// holds [`SEGMENT_FRAMES`] frames, as `Wal::sync` rolls a full one.
+    fn commit(&mut self, frame: Vec<Record>) {
+        self.frames.push(frame);
+        let begins = self.segments.back().map_or(0, |(at, _)| *at);
+        if self.frames.len() - begins >= SEGMENT_FRAMES {
+            self.begin_segment();
+        }
+    }
+
+    /// `Wal::release_through`: the oldest segments whose entries a durable
+    /// marker at `index` covers are gone (by the WAL's own rule).
+    fn release_through(&mut self, index: u64, bug: Option<Bug>) -> usize {
+        let firsts: Vec<u64> = self.segments.iter().map(|(_, first)| *first).collect();
+        let covered = match bug {
+            Some(Bug::EarlyRelease) => index + 30,
+            _ => index,
+        };
+        let released = engine::wal::releasable_segments(&firsts, covered);
+        if released > 0 {
+            let cut = self.segments[released].0;
+            self.frames.drain(..cut);
+            self.segments.drain(..released);
+            for (at, _) in &mut self.segments {
+                *at -= cut;
+            }
+        }
+        released
+    }
+
+    /// The newest `lose` frames never reached the disk (a lying fsync).
+    fn lose_frames(&mut self, lose: usize) {
+        let keep = self.frames.len().saturating_sub(lose);
+        self.frames.truncate(keep);
+        while self.segments.back().is_some_and(|(at, _)| *at >= keep) {
+            self.segments.pop_back();
+        }
     }
 }
 
@@ -727,7 +827,7 @@ impl ReadyHost for SimReady<'_> {
         }
         self.state.mvcc = MvccStore::open(engine)?;
         raw.store().wl().apply_snapshot(snap)?;
-        self.disk.buffered.push(Record::Snapshot {
+        self.disk.append(Record::Snapshot {
             index,
             meta: marker,
         });
@@ -759,7 +859,7 @@ impl ReadyHost for SimReady<'_> {
     }
 
     fn log_entry(&mut self, index: u64, record: &[u8]) {
-        self.disk.buffered.push(Record::Entry {
+        self.disk.append(Record::Entry {
             index,
             data: Bytes::copy_from_slice(record),
         });
@@ -767,8 +867,7 @@ impl ReadyHost for SimReady<'_> {
 
     fn log_state(&mut self, record: &[u8]) {
         self.disk
-            .buffered
-            .push(Record::State(Bytes::copy_from_slice(record)));
+            .append(Record::State(Bytes::copy_from_slice(record)));
     }
 
     async fn sync_log(&mut self) -> Result<(), ServerError> {
@@ -792,7 +891,7 @@ impl ReadyHost for SimReady<'_> {
             return Err(ServerError::Startup(DIED_IN_SYNC.into()));
         }
         if !frame.is_empty() {
-            self.disk.frames.push(frame);
+            self.disk.commit(frame);
         }
         Ok(())
     }
@@ -958,8 +1057,7 @@ impl Sim {
         member.disk.buffered.clear();
         if lying {
             let lose = self.world.rng.between(1, 3) as usize;
-            let keep = member.disk.frames.len().saturating_sub(lose);
-            member.disk.frames.truncate(keep);
+            member.disk.lose_frames(lose);
         }
         member.down_until = self.world.now + self.world.rng.between(20, 1_500);
         member.paused_until = 0;
@@ -1601,23 +1699,13 @@ fn boot(
         && recovered.entries.is_empty()
         && recovered.snapshot.is_none()
         && engine_applied == 0;
-    if crate::raftlog::adopt_installed_snapshot(
+    // Wal::open writes an adopted marker into its first frame.
+    crate::raftlog::adopt_installed_snapshot(
         &mut recovered,
         engine_applied,
         disk.installed.clone(),
-    ) {
-        // As Wal::open: its first frame repeats the state and the marker.
-        let mut frame: Vec<Record> = recovered
-            .state
-            .clone()
-            .map(Record::State)
-            .into_iter()
-            .collect();
-        if let Some((index, meta)) = recovered.snapshot.clone() {
-            frame.push(Record::Snapshot { index, meta });
-        }
-        disk.frames.push(frame);
-    }
+    );
+    disk.open_wal(&recovered);
     // node.rs refuses these at start; none may happen here.
     crate::raftlog::check_engine_against_wal(&recovered, engine_applied).map_err(|e| match e {
         crate::raftlog::EngineWalMismatch::WalReleasedPastEngine { marker } => {
@@ -1769,11 +1857,13 @@ fn checkpoint(life: &mut Life, disk: &mut Disk, world: &mut World) -> Result<(),
     if world.cfg.faults && !world.healing && world.rng.one_in(10) {
         return Err(ServerError::Startup(DIED_IN_CHECKPOINT.into()));
     }
-    disk.buffered.push(Record::Snapshot {
+    disk.append(Record::Snapshot {
         index,
         meta: Bytes::from(crate::raftlog::encode_snapshot_meta(term, &conf)),
     });
-    disk.frames.push(std::mem::take(&mut disk.buffered));
+    let frame = std::mem::take(&mut disk.buffered);
+    disk.commit(frame);
+    world.report.segments_released += disk.release_through(index, world.cfg.bug) as u64;
     let keep_from = index.saturating_sub(CATCH_UP_ENTRIES);
     if keep_from > raft::Storage::first_index(&store)? {
         store.wl().compact(keep_from)?;
@@ -1831,6 +1921,7 @@ mod tests {
             total.terms_led += r.terms_led;
             total.writes_unknown += r.writes_unknown;
             total.checkpoints += r.checkpoints;
+            total.segments_released += r.segments_released;
             total.snapshots_installed += r.snapshots_installed;
             total.membership_changes += r.membership_changes;
         }
@@ -1843,6 +1934,9 @@ mod tests {
             total.checkpoints >= 10 && total.snapshots_installed >= 1,
             "{total:?}"
         );
+        // WAL segments were released behind checkpoints, and members
+        // restarted from what was left.
+        assert!(total.segments_released >= 3, "{total:?}");
         // Learners were added and promoted, and voters removed.
         assert!(total.membership_changes >= 3, "{total:?}");
     }
@@ -1907,6 +2001,18 @@ mod tests {
                 "restored index",
                 "with different data or effects",
                 "HashKV differs",
+            ],
+        );
+    }
+
+    #[test]
+    fn a_wal_released_past_its_marker_is_caught() {
+        caught(
+            Bug::EarlyRelease,
+            &[
+                "cannot start",
+                "lost entries it had acknowledged",
+                "no convergence",
             ],
         );
     }

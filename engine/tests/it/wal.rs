@@ -482,3 +482,39 @@ fn an_incomplete_spare_is_deleted_not_used() {
     let recovered = wal::recover(dir.path()).unwrap();
     assert_entries(&recovered, 1, last);
 }
+
+/// The newest state and marker live on in every segment's first frame: a
+/// state written once, before segments that were since released, is
+/// still recovered.
+#[test]
+fn a_state_written_before_released_segments_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let released = run_async(move || async move {
+        let recovered = wal::recover(&path).unwrap();
+        let mut w = Wal::open(&path, small_segments(), &recovered)
+            .await
+            .unwrap();
+        w.append_state(b"the one state");
+        for index in 1..=600u64 {
+            w.append_entry(index, &entry(index));
+            if index % 10 == 0 {
+                w.sync().await.unwrap();
+            }
+        }
+        w.append_snapshot(500, b"snap-meta-500");
+        w.sync().await.unwrap();
+        let released = w.release_through(500);
+        assert_eq!(w.settle_unlinks().await, 0);
+        w.close().await.unwrap();
+        released
+    });
+    assert!(released > 1, "released {released} segments");
+    let recovered = wal::recover(dir.path()).unwrap();
+    assert_eq!(recovered.state.as_deref(), Some(&b"the one state"[..]));
+    assert_eq!(
+        recovered.snapshot,
+        Some((500, Bytes::from_static(b"snap-meta-500")))
+    );
+    assert_entries(&recovered, 501, 600);
+}

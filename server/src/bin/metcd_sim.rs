@@ -6,7 +6,7 @@ use server::sim::{Bug, Sim, SimConfig};
 
 const USAGE: &str =
     "usage: metcd-sim [--seed S] [--seeds K] [--steps N] [--members M] [--clients C] [--keys K] \
-                     [--no-faults] [--bug serve-at-once|lying-fsync|divergent-apply|local-linearizable|stale-snapshot] [--verbose]";
+                     [--no-faults] [--bug serve-at-once|lying-fsync|divergent-apply|local-linearizable|stale-snapshot|early-release] [--verbose]";
 
 fn main() {
     let mut cfg = SimConfig::default();
@@ -39,6 +39,7 @@ fn main() {
                     Some("divergent-apply") => Some(Bug::DivergentApply),
                     Some("local-linearizable") => Some(Bug::LocalLinearizable),
                     Some("stale-snapshot") => Some(Bug::StaleSnapshot),
+                    Some("early-release") => Some(Bug::EarlyRelease),
                     _ => {
                         eprintln!("metcd-sim: unknown --bug\n{USAGE}");
                         std::process::exit(2)
@@ -60,7 +61,7 @@ fn main() {
         "seed", "steps", "sim_s", "acked", "unknown", "failed", "reads", "lin_rd", "kills", "syncd", "pauses",
         "parts", "terms", "ckpts", "snaps", "confs", "index", "hash", "anomaly"
     );
-    let (mut total_steps, mut bad, mut discarded) = (0u64, 0u64, 0u64);
+    let (mut total_steps, mut bad, mut discarded, mut released) = (0u64, 0u64, 0u64, 0u64);
     let started = std::time::Instant::now();
     for seed in cfg.seed..cfg.seed + seeds {
         let r = Sim::new(SimConfig {
@@ -70,6 +71,7 @@ fn main() {
         .run();
         total_steps += r.steps;
         discarded += r.discarded_entries;
+        released += r.segments_released;
         println!(
             "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8} {:>9x} {:>7}",
             seed,
@@ -104,7 +106,7 @@ fn main() {
     let secs = started.elapsed().as_secs_f64();
     println!(
         "{seeds} run(s), {total_steps} steps in {secs:.1} s ({:.0} steps/s), {bad} with anomalies; \
-         {discarded} entries of discarded branches cut at restarts",
+         {discarded} entries of discarded branches cut at restarts, {released} WAL segments released",
         total_steps as f64 / secs.max(1e-9)
     );
     if bad > 0 {
