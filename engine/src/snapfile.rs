@@ -312,7 +312,7 @@ pub fn read_with(path: &Path, mut visit: impl FnMut(Bytes, Bytes) -> Result<()>)
     let mut records = 0u64;
     // A copy, not a clone of the key: a clone would turn every key's
     // buffer into a shared one (an allocation more per record).
-    let mut previous: Option<Vec<u8>> = None;
+    let mut previous: Vec<u8> = Vec::new();
     while reader.pos < records_end {
         let at = reader.pos;
         if records_end - at < RECORD_HEADER_LEN {
@@ -349,19 +349,14 @@ pub fn read_with(path: &Path, mut visit: impl FnMut(Bytes, Bytes) -> Result<()>)
         }
         let key = reader.vec(key_len as usize)?;
         let value = reader.vec(value_len as usize)?;
-        match &mut previous {
-            Some(previous) if key.as_slice() <= previous.as_slice() => {
-                return Err(corrupt(
-                    at,
-                    "keys are not in strictly ascending order".into(),
-                ));
-            }
-            Some(previous) => {
-                previous.clear();
-                previous.extend_from_slice(&key);
-            }
-            None => previous = Some(key.clone()),
+        if records > 0 && key <= previous {
+            return Err(corrupt(
+                at,
+                "keys are not in strictly ascending order".into(),
+            ));
         }
+        previous.clear();
+        previous.extend_from_slice(&key);
         let key = Bytes::from(key);
         records += 1;
         visit(key, Bytes::from(value))?;

@@ -37,9 +37,14 @@ fn wait_for_checkpoint_at(s: &Server, revision: i64) {
 }
 
 async fn put_range(c: &mut Client, from: usize, to: usize, value: &str) -> i64 {
+    put_keys(c, "key/", from, to, value).await
+}
+
+/// Puts `{prefix}{i:05}` for `i` in `from..to`; the last revision.
+async fn put_keys(c: &mut Client, prefix: &str, from: usize, to: usize, value: &str) -> i64 {
     let mut rev = 0;
     for i in from..to {
-        let r = within("put", c.put(format!("key/{i:05}"), value, None))
+        let r = within("put", c.put(format!("{prefix}{i:05}"), value, None))
             .await
             .unwrap();
         rev = r.header().unwrap().revision();
@@ -73,14 +78,7 @@ fn checkpoint_past_the_compaction(
         }
         last_rev = rt.block_on(async {
             let mut c = connect(s).await;
-            let mut rev = last_rev;
-            for i in padded..padded + 100 {
-                let r = within("put", c.put(format!("pad/{i:05}"), "x", None))
-                    .await
-                    .unwrap();
-                rev = r.header().unwrap().revision();
-            }
-            rev
+            put_keys(&mut c, "pad/", padded, padded + 100, "x").await
         });
         padded += 100;
     }
