@@ -973,6 +973,11 @@ pub fn run(mut cfg: Config) -> Result<()> {
         max_grpc_message_bytes: cfg.max_request_bytes + GRPC_OVERHEAD_BYTES,
         election_timeout: Duration::from_millis(cfg.election_timeout),
         read_view,
+        binding: BindingShards::new(if owner_accepts_clients {
+            shards
+        } else {
+            shards - 1
+        }),
     };
     let mut owner_side = Vec::new();
     let mut remote_side = Vec::new();
@@ -1004,6 +1009,8 @@ pub fn run(mut cfg: Config) -> Result<()> {
         .spin_before_park(Duration::from_micros(cfg.spin_before_park_us))
         .spawn(move || async move {
             crate::sched::install(owner_cfg.range_cpu_shares);
+            let bound = owner_accepts_clients.then(|| bind_all(&owner_listeners, OWNER_SHARD));
+            owner_listeners.binding.wait_until_all_bound().await;
             let node = match Node::start(&owner_cfg).await {
                 Ok(node) => node,
                 Err(e) => {
@@ -1027,8 +1034,8 @@ pub fn run(mut cfg: Config) -> Result<()> {
             spawn_progress_notifier(hub.clone(), progress_every);
             let backend = Backend::Local(node);
             spawn_watch_resync(hub.clone(), backend.clone());
-            if owner_accepts_clients {
-                serve_all(&owner_listeners, OWNER_SHARD, backend, hub).await;
+            if let Some(bound) = bound {
+                serve_all(bound, &owner_listeners, OWNER_SHARD, backend, hub).await;
             } else {
                 // The owner's core runs only the group; the other shards
                 // accept every connection.
@@ -1047,6 +1054,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
             .spin_before_park(Duration::from_micros(cfg.spin_before_park_us))
             .spawn(move || async move {
                 crate::sched::install(range_cpu_shares);
+                let bound = bind_all(&listeners, shard);
                 let remote = Remote::start(
                     requests,
                     replies,
@@ -1068,7 +1076,7 @@ pub fn run(mut cfg: Config) -> Result<()> {
                 spawn_progress_notifier(hub.clone(), progress_every);
                 let backend = Backend::Remote(remote);
                 spawn_watch_resync(hub.clone(), backend.clone());
-                serve_all(&listeners, shard, backend, hub).await;
+                serve_all(bound, &listeners, shard, backend, hub).await;
             })
             .map_err(|e| ServerError::Startup(format!("starting shard {shard}: {e}")))?;
         handles.push(handle);
@@ -1130,6 +1138,37 @@ struct Listeners {
     gateway_request_limit: u32,
     /// The owner's published read view ([`crate::read_view`]).
     read_view: std::sync::Arc<ReadView>,
+    /// The shards still binding their client listeners.
+    binding: BindingShards,
+}
+
+/// Counts the shards that have not bound their listeners yet. The owner
+/// starts its member only once every shard has: the member's start-up
+/// publish prints the lines that tools wait for ("ready to serve client
+/// requests", and etcd's e2e harness waits for "published"). A client
+/// that saw those lines must never find the port closed: it connects, and
+/// the connection waits in the backlog until the shard serves (etcd too
+/// listens before its server starts).
+#[derive(Clone)]
+struct BindingShards(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl BindingShards {
+    fn new(shards: usize) -> BindingShards {
+        BindingShards(std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(
+            shards,
+        )))
+    }
+
+    fn one_bound(&self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Shards start in parallel threads: a few milliseconds at most.
+    async fn wait_until_all_bound(&self) {
+        while self.0.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+    }
 }
 
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -1269,8 +1308,17 @@ fn spawn_progress_notifier(hub: Rc<WatchHub>, every: Option<Duration>) {
 /// How often a shard asks the owner whether it may serve, at start.
 const SERVING_POLL: Duration = Duration::from_millis(20);
 
-async fn serve_all(listeners: &Listeners, shard: usize, backend: Backend, hub: Rc<WatchHub>) {
-    let mut tasks = Vec::new();
+/// What one shard listens on, bound but not served yet.
+struct BoundListeners {
+    http: Vec<crate::net::Listener>,
+    grpc: Vec<crate::net::Listener>,
+    /// Each with whether it is https://.
+    metrics: Vec<(crate::net::Listener, bool)>,
+}
+
+/// Binds this shard's listeners (exits the process if one cannot be
+/// bound, as at start) and counts the shard as bound.
+fn bind_all(listeners: &Listeners, shard: usize) -> BoundListeners {
     use crate::net::{Endpoint, Listener, PortSharing};
     let bind = |endpoint: &Endpoint, sharing| match Listener::bind(endpoint, sharing) {
         Ok(listener) => listener,
@@ -1291,13 +1339,29 @@ async fn serve_all(listeners: &Listeners, shard: usize, backend: Backend, hub: R
         .filter(|_| lone)
         .map(|(endpoint, https)| (bind(endpoint, PortSharing::Exclusive), *https))
         .collect();
+    listeners.binding.one_bound();
+    BoundListeners {
+        http: http_listeners,
+        grpc: grpc_listeners,
+        metrics: metrics_listeners,
+    }
+}
+
+async fn serve_all(
+    bound: BoundListeners,
+    listeners: &Listeners,
+    shard: usize,
+    backend: Backend,
+    hub: Rc<WatchHub>,
+) {
+    let mut tasks = Vec::new();
     // As etcd: listening at once (connections wait in the backlog), serving
     // once this member has applied its start-up publish (node.rs,
     // publish_attributes). Polled: once per start, on every shard.
     while !matches!(backend.call(Command::Serving).await, Reply::Serving(true)) {
         glommio::timer::sleep(SERVING_POLL).await;
     }
-    for (listener, https) in metrics_listeners {
+    for (listener, https) in bound.metrics {
         let tls = if https {
             listeners.client_tls.clone()
         } else {
@@ -1309,7 +1373,7 @@ async fn serve_all(listeners: &Listeners, shard: usize, backend: Backend, hub: R
             tls,
         )));
     }
-    for listener in http_listeners {
+    for listener in bound.http {
         tasks.push(glommio::spawn_local(http::serve(
             listener,
             backend.clone(),
@@ -1324,7 +1388,7 @@ async fn serve_all(listeners: &Listeners, shard: usize, backend: Backend, hub: R
         crate::api::grpc::metrics::ShardCounters::of_shard(shard),
         listeners.gateway_request_limit,
     );
-    for listener in grpc_listeners {
+    for listener in bound.grpc {
         tasks.push(glommio::spawn_local(grpc_serve(
             listener,
             router.clone(),

@@ -499,6 +499,42 @@ fn start_up_lines_are_etcds() {
     }
 }
 
+/// Once a member says it is ready, every client port takes connections:
+/// tools (etcd's e2e harness, scripts) connect the moment they read the
+/// line. Here the owner shard accepts no clients, so the line comes from
+/// one thread and the listeners from another (CI once saw curl refused
+/// right after "published"). Several restarts, each checked the instant
+/// the line appears.
+#[test]
+fn a_member_that_says_it_is_ready_takes_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start_unchecked(
+        &dir.path().join("m"),
+        &["--shards", "2", "--owner-accepts-clients", "false"],
+    );
+    for start in 0..5 {
+        if start > 0 {
+            // The log file is appended to: wait for one more ready line.
+            server.respawn_unchecked();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while server
+            .log_text()
+            .matches("ready to serve client requests")
+            .count()
+            <= start
+        {
+            assert!(Instant::now() < deadline, "{}", server.log_text());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for port in [server.client_port, server.port] {
+            if let Err(e) = TcpStream::connect(("127.0.0.1", port)) {
+                panic!("start {start}: port {port} refused after the ready line: {e}");
+            }
+        }
+    }
+}
+
 /// `--max-concurrent-streams` (etcd's flag) is what a client connection is
 /// told in the server's HTTP/2 SETTINGS (SETTINGS_MAX_CONCURRENT_STREAMS).
 #[test]
