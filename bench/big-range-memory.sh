@@ -5,13 +5,16 @@
 # read and its peak during it (VmHWM, reset just before), and the read's
 # time. One metcd member (its defaults), then one etcd member the same way
 # when `etcd` is installed. Needs root or the same user (clear_refs).
+# CLIENT=curl reads through the JSON gateway instead (`POST /v3/kv/range`
+# of every key with curl).
 #
 #   bench/big-range-memory.sh                   # KEYS=1500 VALUE=65536 (~96 MiB)
+#   CLIENT=curl bench/big-range-memory.sh
 #   KEYS=100000 VALUE=1024 bench/big-range-memory.sh
 #   METCD_BIN=/path/to/older/metcd bench/big-range-memory.sh   # compare builds
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KEYS=${KEYS:-1500}; VALUE=${VALUE:-65536}
+KEYS=${KEYS:-1500}; VALUE=${VALUE:-65536}; CLIENT=${CLIENT:-etcdctl}
 cargo build --release -q -p server -p bench
 B=$PWD/target/release/metcd-bench
 WORK=$(mktemp -d)
@@ -32,11 +35,18 @@ run_case() { # name, then the server command line
   local before; before=$(kib $pid VmRSS)
   echo 5 >"/proc/$pid/clear_refs"
   local start; start=$(date +%s.%N)
-  local bytes; bytes=$(ETCDCTL_API=3 etcdctl --endpoints $EP --command-timeout=600s get --prefix "" | wc -c)
+  local bytes
+  if [ "$CLIENT" = curl ]; then
+    # key "\0" to range_end "\0": every key.
+    bytes=$(curl -sS --fail --max-time 600 -X POST "http://$EP/v3/kv/range" \
+      -d '{"key":"AA==","range_end":"AA=="}' | wc -c)
+  else
+    bytes=$(ETCDCTL_API=3 etcdctl --endpoints $EP --command-timeout=600s get --prefix "" | wc -c)
+  fi
   local secs; secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
   local peak; peak=$(kib $pid VmHWM)
-  printf '%s: %d keys of %d bytes (%d MiB printed by etcdctl) in %.2f s; RSS before %d MiB, peak during the read %d MiB (+%d MiB)\n' \
-    "$name" "$KEYS" "$VALUE" $((bytes >> 20)) "$secs" $((before >> 10)) $((peak >> 10)) $(((peak - before) >> 10))
+  printf '%s: %d keys of %d bytes (%d MiB printed by %s) in %.2f s; RSS before %d MiB, peak during the read %d MiB (+%d MiB)\n' \
+    "$name" "$KEYS" "$VALUE" $((bytes >> 20)) "$CLIENT" "$secs" $((before >> 10)) $((peak >> 10)) $(((peak - before) >> 10))
   kill $pid; wait $pid 2>/dev/null || true
 }
 

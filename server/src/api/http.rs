@@ -159,9 +159,9 @@ pub async fn client_url_request(
             let resp = match gateway.serve(route, body, authorization).await {
                 Some(resp) => resp,
                 // Not a route the gateway serves: its mux's 404.
-                None => go_error(StatusCode::NOT_FOUND, "Not Found\n"),
+                None => go_error(StatusCode::NOT_FOUND, "Not Found\n").map(Either::Left),
             };
-            return with_cors(resp.map(Either::Left));
+            return with_cors(resp);
         }
     }
     with_cors(etcd_http1(backend, req.method(), &path).await).map(Either::Left)

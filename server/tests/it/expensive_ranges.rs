@@ -252,11 +252,12 @@ fn big_value(i: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A member answering a range of ~96 MiB to etcdctl never holds the
-/// answer whole: its peak resident memory during the read grows by less
+/// A member answering a range of ~96 MiB to etcdctl, or its ~128 MiB of
+/// JSON to curl through the gateway (HTTP/1.1 and HTTP/2), never holds the
+/// answer whole: its peak resident memory during each read grows by less
 /// than half the answer (answering it whole, values plus their encoding,
-/// took about twice the answer: +228 MiB). etcdctl gets every key and
-/// value, in order.
+/// took about twice the answer: +228 MiB to etcdctl). Each client gets
+/// every key and value, in order.
 #[test]
 fn a_large_range_is_sent_without_holding_it_whole() {
     let dir = tempfile::tempdir().unwrap();
@@ -280,9 +281,33 @@ fn a_large_range_is_sent_without_holding_it_whole() {
         let line = status.lines().find_map(|l| l.strip_prefix(field)).unwrap();
         line.trim().trim_end_matches("kB").trim().parse().unwrap()
     };
-    let before = kib("VmRSS:");
-    // Resets the peak (VmHWM) to the current resident size.
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    // How much the member's resident memory peaked above where it was
+    // while `read` ran.
+    let peak_growth = |read: &mut dyn FnMut()| {
+        let before = kib("VmRSS:");
+        // Resets the peak (VmHWM) to the current resident size.
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+        read();
+        (kib("VmHWM:").saturating_sub(before), before)
+    };
+    let answer_kib = (BIG_KEYS * BIG_VALUE / 1024) as u64;
+    let (grown, before) = peak_growth(&mut || etcdctl_reads_every_big_key(&s));
+    assert!(
+        grown < answer_kib / 2,
+        "resident memory grew by {grown} KiB while sending a {answer_kib} KiB answer \
+         (from {before} KiB)"
+    );
+    for http in ["--http1.1", "--http2-prior-knowledge"] {
+        let (grown, before) = peak_growth(&mut || curl_reads_every_big_key(&s, http));
+        assert!(
+            grown < answer_kib / 2,
+            "{http}: resident memory grew by {grown} KiB while sending a {answer_kib} KiB \
+             answer as JSON (from {before} KiB)"
+        );
+    }
+}
+
+fn etcdctl_reads_every_big_key(s: &Server) {
     let out = crate::etcd_peer::etcdctl_with(
         &s.client_endpoint(),
         &["--command-timeout=120s"],
@@ -294,7 +319,6 @@ fn a_large_range_is_sent_without_holding_it_whole() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let peak = kib("VmHWM:");
     // etcdctl prints each key and its value on lines of their own.
     let mut lines = out.stdout.split(|b| *b == b'\n');
     for i in 0..BIG_KEYS {
@@ -305,11 +329,41 @@ fn a_large_range_is_sent_without_holding_it_whole() {
         );
         assert!(lines.next().unwrap() == big_value(i), "value of key {i}");
     }
-    let answer_kib = (BIG_KEYS * BIG_VALUE / 1024) as u64;
-    let grown = peak.saturating_sub(before);
-    assert!(
-        grown < answer_kib / 2,
-        "resident memory grew by {grown} KiB while sending a {answer_kib} KiB answer \
-         (from {before} KiB)"
+}
+
+/// `/v3/kv/range` of the prefix `/big/` through the JSON gateway.
+fn curl_reads_every_big_key(s: &Server, http: &str) {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let body = format!(
+        r#"{{"key":"{}","range_end":"{}"}}"#,
+        b64(b"/big/"),
+        b64(b"/big0")
     );
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--fail", "--max-time", "120", http, "-X", "POST"])
+        .arg(format!("http://{}/v3/kv/range", s.client_endpoint()))
+        .args(["-d", &body])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{http}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kvs = answer["kvs"].as_array().unwrap();
+    assert_eq!(kvs.len(), BIG_KEYS, "{http}");
+    assert_eq!(answer["count"], BIG_KEYS.to_string(), "{http}");
+    for (i, kv) in kvs.iter().enumerate() {
+        assert_eq!(
+            kv["key"],
+            b64(format!("/big/{i:06}").as_bytes()),
+            "{http}: key {i}"
+        );
+        assert!(
+            kv["value"] == b64(&big_value(i)),
+            "{http}: value of key {i}"
+        );
+    }
 }

@@ -19,8 +19,16 @@
 //! [`MayChunk`]; `KvService::range` then answers a placeholder message and
 //! puts the real body ([`ChunkedBody`]) in the response's extensions; the
 //! router sends that body instead of tonic's encoding of the placeholder.
-//! The JSON gateway never marks its requests: its answers are JSON, built
-//! whole.
+//!
+//! The JSON gateway's `/v3/kv/range` answers the same way ([`answer_json`])
+//! but in one pass, as JSON needs no length up front: the first
+//! [`WHOLE_BELOW`] bytes are loaded, and an answer that ends there is
+//! written whole (with its length, as Go writes a short answer); a larger
+//! one goes out in chunks of HTTP/1.1's chunked encoding or HTTP/2 frames,
+//! as Go's server sends a large answer. The bytes are those of the whole
+//! answer's JSON (tested below). A failure after the first chunk fails the
+//! body, which hyper turns into a cut connection (HTTP/1.1) or a reset
+//! stream (HTTP/2): a client never takes a cut answer for a whole one.
 //!
 //! Must never: send a message whose length differs from its prefix (the
 //! second pass counts, and ends the call with an error instead), or load
@@ -210,6 +218,169 @@ async fn send(
     }
 }
 
+/// What the JSON gateway answers for a Range ([`answer_json`]).
+pub enum JsonAnswer {
+    /// Small enough to be written whole.
+    Whole(pb::RangeResponse),
+    /// The JSON, in chunks; an error ends it early (the body fails).
+    Chunks(mpsc::Receiver<Result<Bytes, Status>>),
+}
+
+/// Answers `range` for the JSON gateway: whole when it fits in
+/// [`WHOLE_BELOW`], otherwise its JSON in chunks, produced in this shard's
+/// reads queue as the client reads them.
+pub async fn answer_json(
+    mut range: ChunkedRange<Snapshot>,
+    ids: HeaderInfo,
+) -> Result<JsonAnswer, Status> {
+    let mut first = Vec::new();
+    let mut first_bytes = 0usize;
+    loop {
+        // A value at a time: values may be up to --max-request-bytes each.
+        let mut in_slice = 0;
+        let done = loop {
+            let one = range
+                .load(1, |kv| {
+                    let kv = convert::key_value(kv);
+                    first_bytes += kv.encoded_len();
+                    first.push(kv);
+                })
+                .map_err(|e| super::service::status_of(&ServerError::Mvcc(e)))?;
+            in_slice += 1;
+            if one || first_bytes >= WHOLE_BELOW || in_slice >= RANGE_LOAD_CHUNK {
+                break one;
+            }
+        };
+        let response = || pb::RangeResponse {
+            header: ids.header(range.revision),
+            kvs: Vec::new(),
+            more: range.more,
+            count: range.count,
+        };
+        if done {
+            return Ok(JsonAnswer::Whole(pb::RangeResponse {
+                kvs: first,
+                ..response()
+            }));
+        }
+        if first_bytes >= WHOLE_BELOW {
+            let (out, chunks) = mpsc::channel(2);
+            let rest = response();
+            crate::sched::spawn_read(send_json(range, rest, first, out));
+            return Ok(JsonAnswer::Chunks(chunks));
+        }
+        crate::sched::end_of_slice().await;
+    }
+}
+
+/// Sends the JSON of `rest` (its header, `more` and `count`) with `first`
+/// and then the rest of `range`'s key-values, in chunks of about
+/// [`CHUNK_BYTES`]; stops when the client is gone.
+async fn send_json(
+    mut range: ChunkedRange<Snapshot>,
+    rest: pb::RangeResponse,
+    first: Vec<mvccpb::KeyValue>,
+    mut out: mpsc::Sender<Result<Bytes, Status>>,
+) {
+    let failed = |e: serde_json::Error| Status::internal(format!("etcdserver: range as JSON: {e}"));
+    // pbjson writes the fields in their order and leaves defaults out:
+    // `{"header":..,"kvs":[..],"more":..,"count":..}`; the tail is what
+    // the answer without its header and key-values writes.
+    let tail = pb::RangeResponse {
+        header: None,
+        kvs: Vec::new(),
+        more: rest.more,
+        count: rest.count,
+    };
+    let mut buf = Vec::with_capacity(WHOLE_BELOW + CHUNK_BYTES);
+    buf.extend_from_slice(b"{\"header\":");
+    if let Err(e) = serde_json::to_writer(&mut buf, &rest.header) {
+        let _ = put_json(&mut out, Err(failed(e))).await;
+        return;
+    }
+    buf.extend_from_slice(b",\"kvs\":[");
+    let mut written = 0usize;
+    let mut write_kv = |buf: &mut Vec<u8>, kv: &mvccpb::KeyValue| {
+        if written > 0 {
+            buf.push(b',');
+        }
+        written += 1;
+        serde_json::to_writer(buf, kv)
+    };
+    for kv in &first {
+        if let Err(e) = write_kv(&mut buf, kv) {
+            let _ = put_json(&mut out, Err(failed(e))).await;
+            return;
+        }
+    }
+    drop(first);
+    loop {
+        if buf.len() >= CHUNK_BYTES {
+            let chunk = Bytes::from(std::mem::replace(
+                &mut buf,
+                Vec::with_capacity(2 * CHUNK_BYTES),
+            ));
+            if !put_json(&mut out, Ok(chunk)).await {
+                return;
+            }
+        }
+        // A slice, as in `send`: values may be large.
+        let mut in_slice = 0;
+        let mut encoded = Ok(());
+        let loaded = loop {
+            let one = range.load(1, |kv| {
+                if encoded.is_ok() {
+                    encoded = write_kv(&mut buf, &convert::key_value(kv));
+                }
+            });
+            in_slice += 1;
+            match one {
+                Ok(false)
+                    if encoded.is_ok()
+                        && buf.len() < CHUNK_BYTES
+                        && in_slice < RANGE_LOAD_CHUNK => {}
+                other => break other,
+            }
+        };
+        let loaded = match (loaded, encoded) {
+            (Ok(done), Ok(())) => Ok(done),
+            (Err(e), _) => Err(super::service::status_of(&ServerError::Mvcc(e))),
+            (Ok(_), Err(e)) => Err(failed(e)),
+        };
+        match loaded {
+            Ok(true) => break,
+            Ok(false) => crate::sched::end_of_slice().await,
+            Err(status) => {
+                let _ = put_json(&mut out, Err(status)).await;
+                return;
+            }
+        }
+    }
+    buf.push(b']');
+    match serde_json::to_vec(&tail) {
+        // `{}`, or `{"more":..}` whose fields follow the key-values.
+        Ok(tail) if tail.len() > 2 => {
+            buf.push(b',');
+            buf.extend_from_slice(&tail[1..]);
+        }
+        Ok(_) => buf.push(b'}'),
+        Err(e) => {
+            let _ = put_json(&mut out, Err(failed(e))).await;
+            return;
+        }
+    }
+    put_json(&mut out, Ok(Bytes::from(buf))).await;
+}
+
+/// Sends one chunk (or the error that ends the answer) once the channel
+/// has room; false if the client is gone.
+async fn put_json(
+    out: &mut mpsc::Sender<Result<Bytes, Status>>,
+    chunk: Result<Bytes, Status>,
+) -> bool {
+    poll_fn(|cx| out.poll_ready(cx)).await.is_ok() && out.start_send(chunk).is_ok()
+}
+
 /// gRPC's trailers for `status`.
 fn trailers(status: &Status) -> Frame<Bytes> {
     let mut map = hyper::HeaderMap::new();
@@ -363,6 +534,73 @@ mod tests {
             let mut body = &data[5..];
             let decoded = pb::RangeResponse::decode(&mut body).unwrap();
             assert!(!body.has_remaining());
+            assert_eq!(decoded.header.unwrap().revision, store.current_revision());
+        }
+    }
+
+    /// What the JSON gateway writes for `req` through [`answer_json`], and
+    /// whether it went in chunks.
+    fn wire_json(store: &MvccStore<AnyEngine>, req: &mvcc::RangeRequest) -> (Vec<u8>, bool) {
+        let mvcc::Chunking::Chunked(chunked) = plan(store, req).into_chunked() else {
+            panic!("not chunked: {req:?}");
+        };
+        glommio::LocalExecutorBuilder::default()
+            .make()
+            .unwrap()
+            .run(async move {
+                match answer_json(chunked, IDS).await.unwrap() {
+                    JsonAnswer::Whole(response) => (serde_json::to_vec(&response).unwrap(), false),
+                    JsonAnswer::Chunks(mut chunks) => {
+                        let mut data = Vec::new();
+                        let mut largest = 0;
+                        while let Some(chunk) = futures_lite::StreamExt::next(&mut chunks).await {
+                            let chunk = chunk.unwrap();
+                            largest = largest.max(chunk.len());
+                            data.extend_from_slice(&chunk);
+                        }
+                        // Chunks stay near CHUNK_BYTES (the first carries
+                        // what the whole-or-not decision loaded).
+                        assert!(largest <= 2 * WHOLE_BELOW + 2 * CHUNK_BYTES, "{largest}");
+                        (data, true)
+                    }
+                }
+            })
+    }
+
+    /// Whatever the answer's size, order, limit and values, the gateway's
+    /// JSON is the whole answer's, byte for byte; only answers over
+    /// WHOLE_BELOW go in chunks.
+    #[test]
+    fn a_chunked_json_answer_is_byte_for_byte_the_whole_answer() {
+        use mvcc::SortOrder::{Ascend, Descend, None as Unsorted};
+        let big = store(&vec![1000; 3000]);
+        let mut sizes = vec![WHOLE_BELOW + 10];
+        sizes.extend([5; 100]);
+        let huge_first = store(&sizes);
+        let small = store(&[10, 20, 30]);
+        let cases = [
+            (&big, range(0, Unsorted, false), true),
+            (&big, range(0, Ascend, false), true),
+            (&big, range(0, Descend, false), true),
+            (&big, range(2500, Unsorted, false), true),
+            (&big, range(2500, Descend, false), true),
+            (&big, range(500, Unsorted, false), false),
+            (&big, range(0, Unsorted, true), false),
+            (&huge_first, range(0, Unsorted, false), true),
+            // The big value comes last: loaded in one pass, it ends the
+            // answer, which then goes whole.
+            (&huge_first, range(0, Descend, false), false),
+            (&small, range(0, Unsorted, false), false),
+            (&small, range(2, Descend, false), false),
+        ];
+        for (i, (store, req, in_chunks)) in cases.into_iter().enumerate() {
+            let (data, chunked) = wire_json(store, &req);
+            assert_eq!(chunked, in_chunks, "case {i}: chunked");
+            let whole = plan(store, &req).finish().unwrap();
+            let want = serde_json::to_vec(&convert::range_response(whole, &IDS)).unwrap();
+            assert_eq!(data.len(), want.len(), "case {i}: length");
+            assert!(data == want, "case {i}: bytes differ");
+            let decoded: pb::RangeResponse = serde_json::from_slice(&data).unwrap();
             assert_eq!(decoded.header.unwrap().revision, store.current_revision());
         }
     }

@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
@@ -34,7 +34,7 @@ use tonic::{Code, Status};
 
 use super::pb::etcdserverpb::{
     auth_server::Auth, cluster_server::Cluster, kv_server::Kv, lease_server::Lease,
-    maintenance_server::Maintenance, watch_server::Watch,
+    maintenance_server::Maintenance, watch_server::Watch, RangeRequest,
 };
 use super::pb::v3electionpb::election_server::Election;
 use super::pb::v3lockpb::lock_server::Lock;
@@ -268,12 +268,13 @@ impl Gateway {
         route: &str,
         body: Incoming,
         authorization: Option<HeaderValue>,
-    ) -> Option<HttpResponse> {
-        // Held until the answer is made (a unary answer is sent whole).
-        let _slot = take_stream_slot(self.max_concurrent_streams).await;
+    ) -> Option<Response<Either<Full<Bytes>, StreamOutput>>> {
+        // Held until the answer is made (a unary answer is sent whole), or
+        // with a range's body as long as it is sent.
+        let slot = take_stream_slot(self.max_concurrent_streams).await;
         let body = match self.read_body(body).await {
             Ok(b) => b,
-            Err(status) => return Some(error_response(&status)),
+            Err(status) => return Some(error_response(&status).map(Either::Left)),
         };
         let body = GatewayRequest {
             route,
@@ -281,13 +282,13 @@ impl Gateway {
             authorization,
         };
         if route == "kv/range" {
-            return Some(range_off_the_write_path(self.kv.clone(), body).await);
+            return Some(range_off_the_write_path(self.kv.clone(), body, slot).await);
         }
         let (kv, lease, cluster) = (&self.kv, &self.lease, &self.cluster);
         let (maintenance, auth) = (&self.maintenance, &self.auth);
         let (lock, election) = (&self.lock, &self.election);
         let b = &body;
-        Some(match route {
+        let answer = match route {
             "kv/put" => unary(b, |r| Kv::put(kv, r)).await,
             "kv/deleterange" => unary(b, |r| Kv::delete_range(kv, r)).await,
             "kv/txn" => unary(b, |r| Kv::txn(kv, r)).await,
@@ -333,7 +334,8 @@ impl Gateway {
             "election/leader" => unary(b, |r| Election::leader(election, r)).await,
             "election/resign" => unary(b, |r| Election::resign(election, r)).await,
             _ => return None,
-        })
+        };
+        Some(answer.map(Either::Left))
     }
 }
 
@@ -359,20 +361,53 @@ fn with_token<T>(
 }
 
 /// A gateway Range in the shard's reads queue ([`crate::sched`]), JSON
-/// encoding included, as gRPC ranges are.
-async fn range_off_the_write_path(kv: KvService, request: GatewayRequest<'_>) -> HttpResponse {
+/// encoding included, as gRPC ranges are. A large answer in key order
+/// goes out in chunks as the client reads it
+/// ([`super::chunked_range::answer_json`]), holding `slot` until it is
+/// sent.
+async fn range_off_the_write_path(
+    kv: KvService,
+    request: GatewayRequest<'_>,
+    slot: Option<StreamSlot>,
+) -> Response<Either<Full<Bytes>, StreamOutput>> {
+    use super::chunked_range::JsonAnswer;
     let request = GatewayRequest {
         route: "kv/range",
         body: request.body,
         authorization: request.authorization,
     };
-    crate::sched::off_the_write_path(async move { unary(&request, |r| Kv::range(&kv, r)).await })
-        .await
-        .unwrap_or_else(|| {
-            error_response(&Status::internal(
-                "etcdserver: range work could not be scheduled",
-            ))
-        })
+    let answer = crate::sched::off_the_write_path(async move {
+        let range_request = decode_request::<RangeRequest>(request.route, &request.body)?;
+        let range_request = with_token(
+            tonic::Request::new(range_request),
+            request.authorization.as_ref(),
+        );
+        kv.range_json(range_request).await
+    })
+    .await
+    .unwrap_or_else(|| {
+        Err(Status::internal(
+            "etcdserver: range work could not be scheduled",
+        ))
+    });
+    match answer {
+        Ok(JsonAnswer::Whole(response)) => unary_answer(Ok(response)).map(Either::Left),
+        Ok(JsonAnswer::Chunks(chunks)) => {
+            let mut resp = Response::new(StreamOutput {
+                lines: Some(Box::pin(chunks)),
+                error: None,
+                slot,
+            });
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            resp.headers_mut().insert(
+                "grpc-metadata-content-type",
+                HeaderValue::from_static("application/grpc"),
+            );
+            resp.map(Either::Right)
+        }
+        Err(status) => error_response(&status).map(Either::Left),
+    }
 }
 
 /// Decodes the JSON request (an empty body is the default request, as the
@@ -389,8 +424,18 @@ where
         Ok(r) => r,
         Err(status) => return error_response(&status),
     };
-    match rpc(with_token(tonic::Request::new(request), authorization)).await {
-        Ok(resp) => match serde_json::to_vec(resp.get_ref()) {
+    unary_answer(
+        rpc(with_token(tonic::Request::new(request), authorization))
+            .await
+            .map(tonic::Response::into_inner),
+    )
+}
+
+/// A unary RPC's answer as the gateway writes it: the response's JSON, or
+/// the error object.
+fn unary_answer<Resp: Serialize>(answer: Result<Resp, Status>) -> HttpResponse {
+    match answer {
+        Ok(resp) => match serde_json::to_vec(&resp) {
             Ok(json) => {
                 let mut resp = json_response(StatusCode::OK, json);
                 // The gateway passes the gRPC response's headers on.
@@ -496,9 +541,11 @@ fn stream_output<Resp: Serialize + Send + 'static>(
         Ok(stream) => stream,
         Err(status) => return error_alone(http_status(status.code()), error_line(&status)),
     };
-    let lines = futures_lite::StreamExt::map(stream.into_inner(), |item| match item {
-        Ok(resp) => result_line(&resp),
-        Err(status) => error_line(&status),
+    let lines = futures_lite::StreamExt::map(stream.into_inner(), |item| {
+        Ok(match item {
+            Ok(resp) => result_line(&resp),
+            Err(status) => error_line(&status),
+        })
     });
     let mut resp = Response::new(StreamOutput {
         lines: Some(Box::pin(lines)),
@@ -540,7 +587,9 @@ impl Body for StreamInput {
 /// (or one error object); dropping it (the client hung up) drops the
 /// service's response stream, so a watch's watchers go.
 pub struct StreamOutput {
-    lines: Option<Pin<Box<dyn futures_lite::Stream<Item = Bytes> + Send>>>,
+    /// Its lines (or chunks); an error ends the body with it, which cuts
+    /// the connection or resets the stream.
+    lines: Option<Pin<Box<dyn futures_lite::Stream<Item = Result<Bytes, Status>> + Send>>>,
     /// A refusal before streaming began, as its whole body.
     error: Option<Bytes>,
     /// This stream's share of `--max-concurrent-streams`.
@@ -583,12 +632,12 @@ fn error_line(status: &Status) -> Bytes {
 
 impl Body for StreamOutput {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = Status;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let this = self.get_mut();
         if let Some(error) = this.error.take() {
             return Poll::Ready(Some(Ok(Frame::data(error))));
@@ -598,7 +647,11 @@ impl Body for StreamOutput {
         };
         match lines.as_mut().poll_next(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(line)) => Poll::Ready(Some(Ok(Frame::data(line)))),
+            Poll::Ready(Some(Ok(line))) => Poll::Ready(Some(Ok(Frame::data(line)))),
+            Poll::Ready(Some(Err(status))) => {
+                this.lines = None;
+                Poll::Ready(Some(Err(status)))
+            }
             Poll::Ready(None) => {
                 this.lines = None;
                 Poll::Ready(None)

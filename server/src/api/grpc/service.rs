@@ -221,6 +221,34 @@ pub struct KvService(Shared);
 /// Keys per RangeStream chunk.
 const RANGE_STREAM_CHUNK: i64 = 1000;
 
+impl KvService {
+    /// A Range for etcd's JSON gateway: the whole answer, or, when it is
+    /// large and in key order, its JSON in chunks
+    /// ([`super::chunked_range::answer_json`]).
+    pub async fn range_json(
+        &self,
+        request: Request<pb::RangeRequest>,
+    ) -> Result<super::chunked_range::JsonAnswer, Status> {
+        use super::chunked_range::JsonAnswer;
+        let token = token_of(&request);
+        let req = convert::range_request(request.into_inner())?;
+        mvcc::validate_range(&req).map_err(mvcc_status)?;
+        match self.0.range_read(req, token).await {
+            (Ok(crate::shard::RangeRead::Whole(r)), term) => Ok(JsonAnswer::Whole(
+                convert::range_response(r, &self.0.header(term)),
+            )),
+            (Ok(crate::shard::RangeRead::Chunked(range)), term) => {
+                SendWrapper::new(super::chunked_range::answer_json(
+                    range,
+                    self.0.header(term),
+                ))
+                .await
+            }
+            (Err(e), _) => Err(status_of(&e)),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl pb::kv_server::Kv for KvService {
     type RangeStreamStream = BoxStream<pb::RangeResponse>;
