@@ -583,13 +583,16 @@ impl Body for StreamInput {
     }
 }
 
+/// What a gateway stream sends, line by line (or chunk by chunk).
+type Lines = Pin<Box<dyn futures_lite::Stream<Item = Result<Bytes, Status>> + Send>>;
+
 /// The answer of a gateway stream: a `{"result":..}` line per response
 /// (or one error object); dropping it (the client hung up) drops the
 /// service's response stream, so a watch's watchers go.
 pub struct StreamOutput {
     /// Its lines (or chunks); an error ends the body with it, which cuts
     /// the connection or resets the stream.
-    lines: Option<Pin<Box<dyn futures_lite::Stream<Item = Result<Bytes, Status>> + Send>>>,
+    lines: Option<Lines>,
     /// A refusal before streaming began, as its whole body.
     error: Option<Bytes>,
     /// This stream's share of `--max-concurrent-streams`.
