@@ -32,6 +32,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::error::to_wire;
+use super::grpc::chunked_range::RangeMeta;
 use super::grpc::gateway::{self, Gateway};
 use super::hyper_io::HyperStream;
 use crate::auth::Requirement;
@@ -384,10 +385,17 @@ const JSON_CONTENT_TYPE: &str = "application/json";
 /// Prometheus' text exposition format, as etcd serves it.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-async fn handle(backend: &Backend, limits: HttpLimits, req: Request<Incoming>) -> HttpResponse {
+/// An answer of the seed API: whole, or a big range's JSON in chunks.
+type SeedResponse = Response<Either<Full<Bytes>, gateway::StreamOutput>>;
+
+fn whole(resp: HttpResponse) -> SeedResponse {
+    resp.map(Either::Left)
+}
+
+async fn handle(backend: &Backend, limits: HttpLimits, req: Request<Incoming>) -> SeedResponse {
     match route(backend, limits, req).await {
         Ok(resp) => resp,
-        Err(e) => error_response(&e),
+        Err(e) => whole(error_response(&e)),
     }
 }
 
@@ -395,36 +403,36 @@ async fn route(
     backend: &Backend,
     limits: HttpLimits,
     req: Request<Incoming>,
-) -> Result<HttpResponse, ServerError> {
+) -> Result<SeedResponse, ServerError> {
     let path = req.uri().path().to_owned();
     let query = Query::parse(req.uri().query().unwrap_or(""))?;
     match path.as_str() {
-        "/health" => return health(backend).await,
+        "/health" => return health(backend).await.map(whole),
         "/version" => {
-            return Ok(typed_response(
+            return Ok(whole(typed_response(
                 StatusCode::OK,
                 JSON_CONTENT_TYPE,
                 Bytes::from(version_body()),
-            ))
+            )))
         }
         "/metrics" => {
             let Reply::Metrics(mut page, metcd) = backend.call(Command::Metrics).await else {
                 return Err(ServerError::Stopped);
             };
             page.push_str(&metcd);
-            return Ok(typed_response(
+            return Ok(whole(typed_response(
                 StatusCode::OK,
                 METRICS_CONTENT_TYPE,
                 Bytes::from(page),
-            ));
+            )));
         }
         "/-/compact" if req.method() == Method::POST => {
             authorize(backend, &limits, &req, || Requirement::Admin).await?;
-            return compact(backend, &query).await;
+            return compact(backend, &query).await.map(whole);
         }
         "/-/members/replace" if req.method() == Method::POST => {
             authorize(backend, &limits, &req, || Requirement::Admin).await?;
-            return replace_member(backend, &query).await;
+            return replace_member(backend, &query).await.map(whole);
         }
         p if p.starts_with("/-/") => {
             return Err(ServerError::BadRequest(format!(
@@ -441,9 +449,9 @@ async fn route(
         Method::GET | Method::HEAD => get(backend, key, &query, token).await,
         Method::PUT | Method::POST => {
             let value = read_body(req, limits.max_request_bytes).await?;
-            put(backend, key, value, token).await
+            put(backend, key, value, token).await.map(whole)
         }
-        Method::DELETE => delete(backend, key, &query, token).await,
+        Method::DELETE => delete(backend, key, &query, token).await.map(whole),
         _ => {
             let mut resp = json_response(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -454,7 +462,7 @@ async fn route(
                 ALLOW,
                 HeaderValue::from_static("GET, HEAD, PUT, POST, DELETE"),
             );
-            Ok(resp)
+            Ok(whole(resp))
         }
     }
 }
@@ -648,7 +656,7 @@ async fn get(
     key: Bytes,
     query: &Query,
     token: Option<String>,
-) -> Result<HttpResponse, ServerError> {
+) -> Result<SeedResponse, ServerError> {
     let end = range_end(&key, query)?;
     let is_range =
         end.is_some() || query.has("limit") || query.flag("count_only") || query.flag("keys_only");
@@ -699,19 +707,33 @@ async fn range_answer(
     req: mvcc::RangeRequest,
     token: Option<String>,
     is_range: bool,
-) -> Result<HttpResponse, ServerError> {
+) -> Result<SeedResponse, ServerError> {
+    use super::grpc::chunked_range::{self as chunked, JsonAnswer};
+    if is_range {
+        let range = match backend.range_read(req, token).await.0? {
+            crate::shard::RangeRead::Whole(resp) => {
+                let meta = RangeMeta {
+                    revision: resp.header.revision,
+                    more: resp.more,
+                    count: resp.count,
+                };
+                return Ok(whole(range_json(&resp.kvs, meta)));
+            }
+            crate::shard::RangeRead::Chunked(range) => range,
+        };
+        let answer = chunked::answer_json(range, seed_range_shape()).await?;
+        return Ok(match answer {
+            JsonAnswer::Whole((kvs, meta)) => whole(range_json(kvs.as_slice(), meta)),
+            JsonAnswer::Chunks(chunks) => {
+                let mut resp = Response::new(gateway::StreamOutput::chunks(chunks, None));
+                resp.headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static(JSON_CONTENT_TYPE));
+                resp.map(Either::Right)
+            }
+        });
+    }
     let resp = backend.range(req, token).await.0?;
     let rev = resp.header.revision;
-    if is_range {
-        let kvs: Vec<Value> = resp.kvs.iter().map(kv_json).collect();
-        let body = json!({
-            "header": {"revision": rev.to_string()},
-            "kvs": kvs,
-            "more": resp.more,
-            "count": resp.count.to_string(),
-        });
-        return Ok(json_response(StatusCode::OK, &body, Some(rev)));
-    }
     match resp.kvs.first() {
         Some(kv) => {
             let mut out = Response::new(Full::new(kv.value.clone()));
@@ -731,7 +753,45 @@ async fn range_answer(
             Some(rev),
         )),
     }
+    .map(whole)
 }
+
+/// A range's answer: `{"count":..,"header":{"revision":..},"kvs":[..],"more":..}`.
+fn range_body(kvs: Value, meta: RangeMeta) -> Value {
+    json!({
+        "header": {"revision": meta.revision.to_string()},
+        "kvs": kvs,
+        "more": meta.more,
+        "count": meta.count.to_string(),
+    })
+}
+
+fn range_json(kvs: &[KeyValue], meta: RangeMeta) -> HttpResponse {
+    let kvs = Value::Array(kvs.iter().map(kv_json).collect());
+    json_response(StatusCode::OK, &range_body(kvs, meta), Some(meta.revision))
+}
+
+/// [`range_json`]'s bytes, written around the key-values by
+/// [`super::grpc::chunked_range::answer_json`] for a big range.
+fn seed_range_shape() -> super::grpc::chunked_range::JsonShape {
+    super::grpc::chunked_range::JsonShape {
+        around: Box::new(|meta| {
+            let empty = serde_json::to_vec(&range_body(Value::Array(Vec::new()), meta))?;
+            let at = empty
+                .windows(KVS_EMPTY.len())
+                .position(|w| w == KVS_EMPTY)
+                .map_or(empty.len(), |at| at + KVS_EMPTY.len() - 1);
+            let (head, tail) = empty.split_at(at);
+            let mut tail = tail.to_vec();
+            tail.push(b'\n');
+            Ok((head.to_vec(), tail))
+        }),
+        write_kv: |buf, kv| serde_json::to_writer(buf, &kv_json(kv)),
+    }
+}
+
+/// Where the key-values go in [`range_body`]'s JSON.
+const KVS_EMPTY: &[u8] = b"\"kvs\":[]";
 
 async fn delete(
     backend: &Backend,
@@ -914,6 +974,51 @@ impl Query {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A big range's JSON, written around its key-values in chunks, is the
+    /// bytes the whole answer has: with and without `more`, text and binary
+    /// values, leases, and no key-values at all.
+    #[test]
+    fn a_chunked_range_is_the_whole_ranges_json() {
+        let kv = |key: &str, value: &[u8], lease| KeyValue {
+            key: Bytes::from(key.to_string()),
+            create_revision: 2,
+            mod_revision: 5,
+            version: 3,
+            value: Bytes::from(value.to_vec()),
+            lease,
+        };
+        let kvs = [
+            kv("/a", b"text", 0),
+            kv("/b", b"\xff\x00", 7),
+            kv("/c", b"", 0),
+        ];
+        for (n, more) in [(0, false), (1, true), (3, false), (3, true)] {
+            let meta = RangeMeta {
+                revision: 9,
+                more,
+                count: 40,
+            };
+            let shape = seed_range_shape();
+            let (mut json, tail) = (shape.around)(meta).unwrap();
+            for (i, kv) in kvs[..n].iter().enumerate() {
+                if i > 0 {
+                    json.push(b',');
+                }
+                (shape.write_kv)(&mut json, kv).unwrap();
+            }
+            json.extend_from_slice(&tail);
+            let whole = range_json(&kvs[..n], meta);
+            let whole = futures_lite::future::block_on(whole.into_body().collect())
+                .unwrap()
+                .to_bytes();
+            assert_eq!(
+                String::from_utf8_lossy(&json),
+                String::from_utf8_lossy(&whole),
+                "{n} key-values, more {more}"
+            );
+        }
+    }
 
     #[test]
     fn strict_percent_decoding() {

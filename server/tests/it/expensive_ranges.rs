@@ -252,9 +252,9 @@ fn big_value(i: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A member answering a range of ~96 MiB to etcdctl, or its ~128 MiB of
-/// JSON to curl through the gateway (HTTP/1.1 and HTTP/2), never holds the
-/// answer whole: its peak resident memory during each read grows by less
+/// A member answering a range of ~96 MiB to etcdctl, or its JSON to curl
+/// through the gateway (HTTP/1.1 and HTTP/2) or the seed HTTP API, never
+/// holds the answer whole: its peak resident memory during each read grows by less
 /// than half the answer (answering it whole, values plus their encoding,
 /// took about twice the answer: +228 MiB to etcdctl). Each client gets
 /// every key and value, in order.
@@ -297,12 +297,44 @@ fn a_large_range_is_sent_without_holding_it_whole() {
         "resident memory grew by {grown} KiB while sending a {answer_kib} KiB answer \
          (from {before} KiB)"
     );
+    let (grown, before) = peak_growth(&mut || seed_api_reads_every_big_key(&s));
+    assert!(
+        grown < answer_kib / 2,
+        "seed API: resident memory grew by {grown} KiB while sending a {answer_kib} KiB \
+         answer as JSON (from {before} KiB)"
+    );
     for http in ["--http1.1", "--http2-prior-knowledge"] {
         let (grown, before) = peak_growth(&mut || curl_reads_every_big_key(&s, http));
         assert!(
             grown < answer_kib / 2,
             "{http}: resident memory grew by {grown} KiB while sending a {answer_kib} KiB \
              answer as JSON (from {before} KiB)"
+        );
+    }
+}
+
+/// `GET /big/?prefix` on the seed HTTP API.
+fn seed_api_reads_every_big_key(s: &Server) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--fail", "--max-time", "120"])
+        .arg(format!("http://{}/big/?prefix", s.addr()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kvs = answer["kvs"].as_array().unwrap();
+    assert_eq!(kvs.len(), BIG_KEYS);
+    assert_eq!(answer["count"], BIG_KEYS.to_string());
+    assert_eq!(answer["more"], false);
+    for (i, kv) in kvs.iter().enumerate() {
+        assert_eq!(kv["key"], format!("/big/{i:06}"), "key {i}");
+        assert!(
+            kv["value"].as_str().unwrap().as_bytes() == big_value(i),
+            "value of key {i}"
         );
     }
 }

@@ -47,7 +47,7 @@ use super::convert::{self, HeaderInfo};
 use super::pb::etcdserverpb as pb;
 use super::pb::mvccpb;
 use crate::error::ServerError;
-use crate::mvcc::ChunkedRange;
+use crate::mvcc::{self, ChunkedRange};
 use crate::shard::{Snapshot, RANGE_LOAD_CHUNK};
 
 /// Answers up to this size (encoded key-values) go whole, read once;
@@ -218,98 +218,163 @@ async fn send(
     }
 }
 
-/// What the JSON gateway answers for a Range ([`answer_json`]).
-pub enum JsonAnswer {
+/// What a range's answer says beside its key-values.
+#[derive(Debug, Clone, Copy)]
+pub struct RangeMeta {
+    /// The store's revision the range was read at (the header's).
+    pub revision: i64,
+    pub more: bool,
+    pub count: i64,
+}
+
+/// A JSON answer to a range ([`answer_json`]): `W` is what the caller
+/// writes whole its own way (first the key-values and [`RangeMeta`]).
+pub enum JsonAnswer<W> {
     /// Small enough to be written whole.
-    Whole(pb::RangeResponse),
+    Whole(W),
     /// The JSON, in chunks; an error ends it early (the body fails).
     Chunks(mpsc::Receiver<Result<Bytes, Status>>),
 }
 
-/// Answers `range` for the JSON gateway: whole when it fits in
-/// [`WHOLE_BELOW`], otherwise its JSON in chunks, produced in this shard's
-/// reads queue as the client reads them.
+impl<W> JsonAnswer<W> {
+    /// The same answer, what is written whole turned into `f`'s.
+    pub fn map_whole<V>(self, f: impl FnOnce(W) -> V) -> JsonAnswer<V> {
+        match self {
+            JsonAnswer::Whole(whole) => JsonAnswer::Whole(f(whole)),
+            JsonAnswer::Chunks(chunks) => JsonAnswer::Chunks(chunks),
+        }
+    }
+}
+
+/// The JSON before an answer's first key-value and after its last.
+pub type HeadAndTail = (Vec<u8>, Vec<u8>);
+
+/// How a JSON answer goes around its key-values: given the answer's
+/// [`RangeMeta`], the bytes before the first key-value (up to and with
+/// the array's `[`) and after the last (from its `]`); and how one
+/// key-value is written.
+pub struct JsonShape {
+    pub around: Box<dyn FnOnce(RangeMeta) -> serde_json::Result<HeadAndTail> + Send>,
+    pub write_kv: fn(&mut Vec<u8>, &mvcc::KeyValue) -> serde_json::Result<()>,
+}
+
+/// Answers `range` as JSON: the key-values whole when they end within
+/// [`WHOLE_BELOW`] bytes, otherwise the JSON that `shape` describes, in
+/// chunks, produced in this shard's reads queue as the client reads them.
+/// The JSON gateway and the seed HTTP API both answer this way.
 pub async fn answer_json(
     mut range: ChunkedRange<Snapshot>,
-    ids: HeaderInfo,
-) -> Result<JsonAnswer, Status> {
+    shape: JsonShape,
+) -> Result<JsonAnswer<(Vec<mvcc::KeyValue>, RangeMeta)>, ServerError> {
     let mut first = Vec::new();
     let mut first_bytes = 0usize;
+    let meta = RangeMeta {
+        revision: range.revision,
+        more: range.more,
+        count: range.count,
+    };
     loop {
         // A value at a time: values may be up to --max-request-bytes each.
         let mut in_slice = 0;
         let done = loop {
             let one = range
                 .load(1, |kv| {
-                    let kv = convert::key_value(kv);
-                    first_bytes += kv.encoded_len();
+                    first_bytes += kv.key.len() + kv.value.len();
                     first.push(kv);
                 })
-                .map_err(|e| super::service::status_of(&ServerError::Mvcc(e)))?;
+                .map_err(ServerError::Mvcc)?;
             in_slice += 1;
             if one || first_bytes >= WHOLE_BELOW || in_slice >= RANGE_LOAD_CHUNK {
                 break one;
             }
         };
-        let response = || pb::RangeResponse {
-            header: ids.header(range.revision),
-            kvs: Vec::new(),
-            more: range.more,
-            count: range.count,
-        };
         if done {
-            return Ok(JsonAnswer::Whole(pb::RangeResponse {
-                kvs: first,
-                ..response()
-            }));
+            return Ok(JsonAnswer::Whole((first, meta)));
         }
         if first_bytes >= WHOLE_BELOW {
             let (out, chunks) = mpsc::channel(2);
-            let rest = response();
-            crate::sched::spawn_read(send_json(range, rest, first, out));
+            crate::sched::spawn_read(send_json(range, meta, shape, first, out));
             return Ok(JsonAnswer::Chunks(chunks));
         }
         crate::sched::end_of_slice().await;
     }
 }
 
-/// Sends the JSON of `rest` (its header, `more` and `count`) with `first`
-/// and then the rest of `range`'s key-values, in chunks of about
-/// [`CHUNK_BYTES`]; stops when the client is gone.
+/// The gateway's JSON of a `RangeResponse` (pbjson writes the fields in
+/// their order and leaves defaults out:
+/// `{"header":..,"kvs":[..],"more":..,"count":..}`).
+pub fn gateway_shape(ids: HeaderInfo) -> JsonShape {
+    JsonShape {
+        around: Box::new(move |meta: RangeMeta| {
+            let mut head = b"{\"header\":".to_vec();
+            serde_json::to_writer(&mut head, &ids.header(meta.revision))?;
+            head.extend_from_slice(b",\"kvs\":[");
+            // What the answer without its header and key-values writes:
+            // `{}`, or `{"more":..}` whose fields follow the key-values.
+            let rest = serde_json::to_vec(&pb::RangeResponse {
+                header: None,
+                kvs: Vec::new(),
+                more: meta.more,
+                count: meta.count,
+            })?;
+            let mut tail = b"]".to_vec();
+            if rest.len() > 2 {
+                tail.push(b',');
+                tail.extend_from_slice(&rest[1..]);
+            } else {
+                tail.push(b'}');
+            }
+            Ok((head, tail))
+        }),
+        write_kv: |buf, kv| serde_json::to_writer(buf, &convert::key_value(kv.clone())),
+    }
+}
+
+/// The gateway's whole answer, for a [`JsonAnswer::Whole`] of
+/// [`answer_json`].
+pub fn gateway_whole(
+    ids: HeaderInfo,
+    (kvs, meta): (Vec<mvcc::KeyValue>, RangeMeta),
+) -> pb::RangeResponse {
+    pb::RangeResponse {
+        header: ids.header(meta.revision),
+        kvs: kvs.into_iter().map(convert::key_value).collect(),
+        more: meta.more,
+        count: meta.count,
+    }
+}
+
+/// Sends `head`, `first` and then the rest of `range`'s key-values, then
+/// `tail` (both from `shape`), in chunks of about [`CHUNK_BYTES`]; stops
+/// when the client is gone.
 async fn send_json(
     mut range: ChunkedRange<Snapshot>,
-    rest: pb::RangeResponse,
-    first: Vec<mvccpb::KeyValue>,
+    meta: RangeMeta,
+    shape: JsonShape,
+    first: Vec<mvcc::KeyValue>,
     mut out: mpsc::Sender<Result<Bytes, Status>>,
 ) {
     let failed = |e: serde_json::Error| Status::internal(format!("etcdserver: range as JSON: {e}"));
-    // pbjson writes the fields in their order and leaves defaults out:
-    // `{"header":..,"kvs":[..],"more":..,"count":..}`; the tail is what
-    // the answer without its header and key-values writes.
-    let tail = pb::RangeResponse {
-        header: None,
-        kvs: Vec::new(),
-        more: rest.more,
-        count: rest.count,
+    let (head, tail) = match (shape.around)(meta) {
+        Ok(around) => around,
+        Err(e) => {
+            put_json(&mut out, Err(failed(e))).await;
+            return;
+        }
     };
     let mut buf = Vec::with_capacity(WHOLE_BELOW + CHUNK_BYTES);
-    buf.extend_from_slice(b"{\"header\":");
-    if let Err(e) = serde_json::to_writer(&mut buf, &rest.header) {
-        let _ = put_json(&mut out, Err(failed(e))).await;
-        return;
-    }
-    buf.extend_from_slice(b",\"kvs\":[");
+    buf.extend_from_slice(&head);
     let mut written = 0usize;
-    let mut write_kv = |buf: &mut Vec<u8>, kv: &mvccpb::KeyValue| {
+    let mut write_kv = |buf: &mut Vec<u8>, kv: &mvcc::KeyValue| {
         if written > 0 {
             buf.push(b',');
         }
         written += 1;
-        serde_json::to_writer(buf, kv)
+        (shape.write_kv)(buf, kv)
     };
     for kv in &first {
         if let Err(e) = write_kv(&mut buf, kv) {
-            let _ = put_json(&mut out, Err(failed(e))).await;
+            put_json(&mut out, Err(failed(e))).await;
             return;
         }
     }
@@ -330,7 +395,7 @@ async fn send_json(
         let loaded = loop {
             let one = range.load(1, |kv| {
                 if encoded.is_ok() {
-                    encoded = write_kv(&mut buf, &convert::key_value(kv));
+                    encoded = write_kv(&mut buf, &kv);
                 }
             });
             in_slice += 1;
@@ -351,24 +416,12 @@ async fn send_json(
             Ok(true) => break,
             Ok(false) => crate::sched::end_of_slice().await,
             Err(status) => {
-                let _ = put_json(&mut out, Err(status)).await;
+                put_json(&mut out, Err(status)).await;
                 return;
             }
         }
     }
-    buf.push(b']');
-    match serde_json::to_vec(&tail) {
-        // `{}`, or `{"more":..}` whose fields follow the key-values.
-        Ok(tail) if tail.len() > 2 => {
-            buf.push(b',');
-            buf.extend_from_slice(&tail[1..]);
-        }
-        Ok(_) => buf.push(b'}'),
-        Err(e) => {
-            let _ = put_json(&mut out, Err(failed(e))).await;
-            return;
-        }
-    }
+    buf.extend_from_slice(&tail);
     put_json(&mut out, Ok(Bytes::from(buf))).await;
 }
 
@@ -548,8 +601,11 @@ mod tests {
             .make()
             .unwrap()
             .run(async move {
-                match answer_json(chunked, IDS).await.unwrap() {
-                    JsonAnswer::Whole(response) => (serde_json::to_vec(&response).unwrap(), false),
+                match answer_json(chunked, gateway_shape(IDS)).await.unwrap() {
+                    JsonAnswer::Whole(whole) => {
+                        let response = gateway_whole(IDS, whole);
+                        (serde_json::to_vec(&response).unwrap(), false)
+                    }
                     JsonAnswer::Chunks(mut chunks) => {
                         let mut data = Vec::new();
                         let mut largest = 0;

@@ -393,11 +393,7 @@ async fn range_off_the_write_path(
     match answer {
         Ok(JsonAnswer::Whole(response)) => unary_answer(Ok(response)).map(Either::Left),
         Ok(JsonAnswer::Chunks(chunks)) => {
-            let mut resp = Response::new(StreamOutput {
-                lines: Some(Box::pin(chunks)),
-                error: None,
-                slot,
-            });
+            let mut resp = Response::new(StreamOutput::chunks(chunks, slot));
             resp.headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             resp.headers_mut().insert(
@@ -597,6 +593,21 @@ pub struct StreamOutput {
     error: Option<Bytes>,
     /// This stream's share of `--max-concurrent-streams`.
     slot: Option<StreamSlot>,
+}
+
+impl StreamOutput {
+    /// A body of `chunks`, holding `slot` until it is sent; an error ends
+    /// it (the connection is cut or the stream reset).
+    pub fn chunks(
+        chunks: futures_channel::mpsc::Receiver<Result<Bytes, Status>>,
+        slot: Option<StreamSlot>,
+    ) -> StreamOutput {
+        StreamOutput {
+            lines: Some(Box::pin(chunks)),
+            error: None,
+            slot,
+        }
+    }
 }
 
 fn result_line<T: Serialize>(resp: &T) -> Bytes {

@@ -228,8 +228,8 @@ impl KvService {
     pub async fn range_json(
         &self,
         request: Request<pb::RangeRequest>,
-    ) -> Result<super::chunked_range::JsonAnswer, Status> {
-        use super::chunked_range::JsonAnswer;
+    ) -> Result<super::chunked_range::JsonAnswer<pb::RangeResponse>, Status> {
+        use super::chunked_range::{self as chunked, JsonAnswer};
         let token = token_of(&request);
         let req = convert::range_request(request.into_inner())?;
         mvcc::validate_range(&req).map_err(mvcc_status)?;
@@ -238,11 +238,12 @@ impl KvService {
                 convert::range_response(r, &self.0.header(term)),
             )),
             (Ok(crate::shard::RangeRead::Chunked(range)), term) => {
-                SendWrapper::new(super::chunked_range::answer_json(
-                    range,
-                    self.0.header(term),
-                ))
-                .await
+                let ids = self.0.header(term);
+                let answer =
+                    SendWrapper::new(chunked::answer_json(range, chunked::gateway_shape(ids)))
+                        .await
+                        .map_err(|e| status_of(&e))?;
+                Ok(answer.map_whole(|whole| chunked::gateway_whole(ids, whole)))
             }
             (Err(e), _) => Err(status_of(&e)),
         }
