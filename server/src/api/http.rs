@@ -721,6 +721,7 @@ async fn range_answer(
             }
             crate::shard::RangeRead::Chunked(range) => range,
         };
+        let rev = range.revision;
         let answer = chunked::answer_json(range, seed_range_shape()).await?;
         return Ok(match answer {
             JsonAnswer::Whole((kvs, meta)) => whole(range_json(kvs.as_slice(), meta)),
@@ -728,6 +729,8 @@ async fn range_answer(
                 let mut resp = Response::new(gateway::StreamOutput::chunks(chunks, None));
                 resp.headers_mut()
                     .insert(CONTENT_TYPE, HeaderValue::from_static(JSON_CONTENT_TYPE));
+                resp.headers_mut()
+                    .insert(REVISION_HEADER, HeaderValue::from(rev));
                 resp.map(Either::Right)
             }
         });
@@ -777,11 +780,12 @@ fn seed_range_shape() -> super::grpc::chunked_range::JsonShape {
     super::grpc::chunked_range::JsonShape {
         around: Box::new(|meta| {
             let empty = serde_json::to_vec(&range_body(Value::Array(Vec::new()), meta))?;
-            let at = empty
-                .windows(KVS_EMPTY.len())
-                .position(|w| w == KVS_EMPTY)
-                .map_or(empty.len(), |at| at + KVS_EMPTY.len() - 1);
-            let (head, tail) = empty.split_at(at);
+            let Some(at) = empty.windows(KVS_EMPTY.len()).position(|w| w == KVS_EMPTY) else {
+                return Err(serde::ser::Error::custom(
+                    "no key-values in the answer's JSON",
+                ));
+            };
+            let (head, tail) = empty.split_at(at + KVS_EMPTY.len() - 1);
             let mut tail = tail.to_vec();
             tail.push(b'\n');
             Ok((head.to_vec(), tail))

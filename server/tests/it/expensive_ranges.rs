@@ -313,10 +313,13 @@ fn a_large_range_is_sent_without_holding_it_whole() {
     }
 }
 
-/// `GET /big/?prefix` on the seed HTTP API.
+/// `GET /big/?prefix` on the seed HTTP API, its revision header as the
+/// answer's.
 fn seed_api_reads_every_big_key(s: &Server) {
+    let headers = tempfile::NamedTempFile::new().unwrap();
     let out = std::process::Command::new("curl")
-        .args(["-sS", "--fail", "--max-time", "120"])
+        .args(["-sS", "--fail", "--max-time", "120", "-D"])
+        .arg(headers.path())
         .arg(format!("http://{}/big/?prefix", s.addr()))
         .output()
         .unwrap();
@@ -326,6 +329,14 @@ fn seed_api_reads_every_big_key(s: &Server) {
         String::from_utf8_lossy(&out.stderr)
     );
     let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let headers = std::fs::read_to_string(headers.path()).unwrap();
+    let revision = answer["header"]["revision"].as_str().unwrap();
+    assert!(
+        headers
+            .lines()
+            .any(|l| l.trim_end() == format!("x-metcd-revision: {revision}")),
+        "{headers}"
+    );
     let kvs = answer["kvs"].as_array().unwrap();
     assert_eq!(kvs.len(), BIG_KEYS);
     assert_eq!(answer["count"], BIG_KEYS.to_string());

@@ -1,11 +1,12 @@
-//! A gRPC `KV/Range` answer encoded while the client reads it.
+//! A Range answer encoded while the client reads it: gRPC's, the JSON
+//! gateway's and the seed HTTP API's.
 //!
 //! A range whose answer is in key order ([`crate::mvcc::ChunkedRange`]:
 //! no sort by another field, no revision filter) is never held whole: the
 //! member holds the answer's key revisions (16 bytes a key), its first
 //! [`WHOLE_BELOW`] bytes, and then a window of [`CHUNK_BYTES`] chunks in a
-//! channel of two, which the connection empties as HTTP/2 flow control
-//! lets the client take them. (etcd 3.4 holds every value of the answer
+//! channel of two (and the one its producer holds), which the connection
+//! empties as flow control lets the client take them. (etcd 3.4 holds every value of the answer
 //! and its whole encoding on top.)
 //!
 //! A gRPC message starts with its length, so such an answer is read twice
@@ -21,14 +22,16 @@
 //! router sends that body instead of tonic's encoding of the placeholder.
 //!
 //! The JSON gateway's `/v3/kv/range` answers the same way ([`answer_json`])
-//! but in one pass, as JSON needs no length up front: the first
-//! [`WHOLE_BELOW`] bytes are loaded, and an answer that ends there is
-//! written whole (with its length, as Go writes a short answer); a larger
-//! one goes out in chunks of HTTP/1.1's chunked encoding or HTTP/2 frames,
-//! as Go's server sends a large answer. The bytes are those of the whole
-//! answer's JSON (tested below). A failure after the first chunk fails the
-//! body, which hyper turns into a cut connection (HTTP/1.1) or a reset
-//! stream (HTTP/2): a client never takes a cut answer for a whole one.
+//! but in one pass, as JSON needs no length up front: about
+//! [`WHOLE_BELOW`] bytes of JSON are loaded, and an answer that ends there
+//! is written whole by its caller; a larger one goes out in chunks
+//! (HTTP/1.1's chunked encoding or HTTP/2 frames, as Go's server sends a
+//! large answer), the first loaded ones first. The bytes are those of the
+//! whole answer's JSON (tested below). A failure after the first chunk
+//! fails the body, which hyper turns into a cut chunked body (HTTP/1.1) or
+//! a reset stream (HTTP/2), so such a client never takes a cut answer for
+//! a whole one (an HTTP/1.0 client sees the connection close, and JSON
+//! that does not parse).
 //!
 //! Must never: send a message whose length differs from its prefix (the
 //! second pass counts, and ends the call with an error instead), or load
@@ -50,8 +53,8 @@ use crate::error::ServerError;
 use crate::mvcc::{self, ChunkedRange};
 use crate::shard::{Snapshot, RANGE_LOAD_CHUNK};
 
-/// Answers up to this size (encoded key-values) go whole, read once;
-/// larger ones send this much first, then chunks.
+/// Answers up to about this size (encoded key-values) go whole, read
+/// once; larger ones send this much first, then chunks.
 pub const WHOLE_BELOW: usize = 1 << 20;
 
 /// The size of the chunks a large answer is sent in.
@@ -100,11 +103,15 @@ pub async fn answer(
     loop {
         let done = range
             .load(RANGE_LOAD_CHUNK, |kv| {
-                let kv = convert::key_value(kv);
+                let mut kv = convert::key_value(kv);
                 let len = prost::encoding::message::encoded_len(KVS_FIELD, &kv);
                 kvs_bytes += len;
                 fits = fits && first_bytes + len <= WHOLE_BELOW;
                 if fits {
+                    if kv.value.is_empty() {
+                        // As `unpinned`: a kept key never keeps its record.
+                        kv.key = Bytes::copy_from_slice(&kv.key);
+                    }
                     first.push(kv);
                     first_bytes += len;
                 }
@@ -279,8 +286,8 @@ pub async fn answer_json(
         let done = loop {
             let one = range
                 .load(1, |kv| {
-                    first_bytes += kv.key.len() + kv.value.len();
-                    first.push(kv);
+                    first_bytes += json_bytes(&kv);
+                    first.push(unpinned(kv));
                 })
                 .map_err(ServerError::Mvcc)?;
             in_slice += 1;
@@ -298,6 +305,21 @@ pub async fn answer_json(
         }
         crate::sched::end_of_slice().await;
     }
+}
+
+/// About the size of `kv`'s JSON: base64 or escaped text, and the fields.
+fn json_bytes(kv: &mvcc::KeyValue) -> usize {
+    (kv.key.len() + kv.value.len()) * 4 / 3 + 100
+}
+
+/// `kv` holding only its own bytes: a key-value without a value (keys-only
+/// answers) copies its key, which may be a slice of the whole record the
+/// engine read (a big value's), so that a kept key never keeps its record.
+fn unpinned(mut kv: mvcc::KeyValue) -> mvcc::KeyValue {
+    if kv.value.is_empty() {
+        kv.key = Bytes::copy_from_slice(&kv.key);
+    }
+    kv
 }
 
 /// The gateway's JSON of a `RangeResponse` (pbjson writes the fields in
@@ -362,7 +384,7 @@ async fn send_json(
             return;
         }
     };
-    let mut buf = Vec::with_capacity(WHOLE_BELOW + CHUNK_BYTES);
+    let mut buf = Vec::with_capacity(2 * CHUNK_BYTES);
     buf.extend_from_slice(&head);
     let mut written = 0usize;
     let mut write_kv = |buf: &mut Vec<u8>, kv: &mvcc::KeyValue| {
@@ -372,22 +394,20 @@ async fn send_json(
         written += 1;
         (shape.write_kv)(buf, kv)
     };
-    for kv in &first {
-        if let Err(e) = write_kv(&mut buf, kv) {
+    // The first pass's key-values, a chunk at a time, each freed once
+    // written.
+    for kv in first {
+        if let Err(e) = write_kv(&mut buf, &kv) {
             put_json(&mut out, Err(failed(e))).await;
             return;
         }
+        if buf.len() >= CHUNK_BYTES && !put_chunk(&mut out, &mut buf).await {
+            return;
+        }
     }
-    drop(first);
     loop {
-        if buf.len() >= CHUNK_BYTES {
-            let chunk = Bytes::from(std::mem::replace(
-                &mut buf,
-                Vec::with_capacity(2 * CHUNK_BYTES),
-            ));
-            if !put_json(&mut out, Ok(chunk)).await {
-                return;
-            }
+        if buf.len() >= CHUNK_BYTES && !put_chunk(&mut out, &mut buf).await {
+            return;
         }
         // A slice, as in `send`: values may be large.
         let mut in_slice = 0;
@@ -423,6 +443,13 @@ async fn send_json(
     }
     buf.extend_from_slice(&tail);
     put_json(&mut out, Ok(Bytes::from(buf))).await;
+}
+
+/// Sends what `buf` holds as a chunk and starts a new one; false if the
+/// client is gone.
+async fn put_chunk(out: &mut mpsc::Sender<Result<Bytes, Status>>, buf: &mut Vec<u8>) -> bool {
+    let chunk = std::mem::replace(buf, Vec::with_capacity(2 * CHUNK_BYTES));
+    put_json(out, Ok(Bytes::from(chunk))).await
 }
 
 /// Sends one chunk (or the error that ends the answer) once the channel
@@ -614,8 +641,8 @@ mod tests {
                             largest = largest.max(chunk.len());
                             data.extend_from_slice(&chunk);
                         }
-                        // Chunks stay near CHUNK_BYTES (the first carries
-                        // what the whole-or-not decision loaded).
+                        // Chunks stay near CHUNK_BYTES, the first pass's
+                        // key-values too (a value may pass it alone).
                         assert!(largest <= 2 * WHOLE_BELOW + 2 * CHUNK_BYTES, "{largest}");
                         (data, true)
                     }

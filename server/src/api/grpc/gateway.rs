@@ -382,7 +382,9 @@ async fn range_off_the_write_path(
             tonic::Request::new(range_request),
             request.authorization.as_ref(),
         );
-        kv.range_json(range_request).await
+        let answer = kv.range_json(range_request).await?;
+        // A whole answer's JSON is encoded here too, in the reads queue.
+        Ok(answer.map_whole(|response| unary_answer(Ok(response))))
     })
     .await
     .unwrap_or_else(|| {
@@ -391,7 +393,7 @@ async fn range_off_the_write_path(
         ))
     });
     match answer {
-        Ok(JsonAnswer::Whole(response)) => unary_answer(Ok(response)).map(Either::Left),
+        Ok(JsonAnswer::Whole(response)) => response.map(Either::Left),
         Ok(JsonAnswer::Chunks(chunks)) => {
             let mut resp = Response::new(StreamOutput::chunks(chunks, slot));
             resp.headers_mut()

@@ -122,7 +122,8 @@ impl Router {
         if !is_grpc(req.headers()) {
             let http = Rc::clone(&self.http);
             let resp = Box::pin(crate::api::http::client_url_request(&http.0, &http.1, req)).await;
-            // Both bodies are infallible; Either boxes their errors.
+            // Either boxes its bodies' errors: a chunked range's (or a
+            // stream's) failure ends the answer as a gRPC internal error.
             let boxed = |body: http_body_util::Either<_, _>| {
                 body.map_err(|e| tonic::Status::internal(e.to_string()))
                     .boxed_unsync()
