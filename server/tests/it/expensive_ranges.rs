@@ -317,18 +317,9 @@ fn a_large_range_is_sent_without_holding_it_whole() {
 /// answer's.
 fn seed_api_reads_every_big_key(s: &Server) {
     let headers = tempfile::NamedTempFile::new().unwrap();
-    let out = std::process::Command::new("curl")
-        .args(["-sS", "--fail", "--max-time", "120", "-D"])
-        .arg(headers.path())
-        .arg(format!("http://{}/big/?prefix", s.addr()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let headers_path = headers.path().to_string_lossy().to_string();
+    let url = format!("http://{}/big/?prefix", s.addr());
+    let answer = curl_json(&["-D", &headers_path, &url]);
     let headers = std::fs::read_to_string(headers.path()).unwrap();
     let revision = answer["header"]["revision"].as_str().unwrap();
     assert!(
@@ -374,6 +365,21 @@ fn etcdctl_reads_every_big_key(s: &Server) {
     }
 }
 
+/// What curl gets with `args`, as JSON (it must succeed).
+fn curl_json(args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--fail", "--max-time", "120"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "curl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// `/v3/kv/range` of the prefix `/big/` through the JSON gateway.
 fn curl_reads_every_big_key(s: &Server, http: &str) {
     use base64::Engine as _;
@@ -383,18 +389,8 @@ fn curl_reads_every_big_key(s: &Server, http: &str) {
         b64(b"/big/"),
         b64(b"/big0")
     );
-    let out = std::process::Command::new("curl")
-        .args(["-sS", "--fail", "--max-time", "120", http, "-X", "POST"])
-        .arg(format!("http://{}/v3/kv/range", s.client_endpoint()))
-        .args(["-d", &body])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{http}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let url = format!("http://{}/v3/kv/range", s.client_endpoint());
+    let answer = curl_json(&[http, "-X", "POST", &url, "-d", &body]);
     let kvs = answer["kvs"].as_array().unwrap();
     assert_eq!(kvs.len(), BIG_KEYS, "{http}");
     assert_eq!(answer["count"], BIG_KEYS.to_string(), "{http}");

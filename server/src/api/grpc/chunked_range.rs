@@ -577,33 +577,53 @@ mod tests {
         }
     }
 
+    /// The stores the byte-for-byte tests read: `big` (3000 values of 1000
+    /// bytes, ~3 MB, over WHOLE_BELOW), `huge_first` (one value bigger than
+    /// WHOLE_BELOW first, then small ones) and `small`.
+    struct Stores {
+        big: MvccStore<AnyEngine>,
+        huge_first: MvccStore<AnyEngine>,
+        small: MvccStore<AnyEngine>,
+    }
+
+    fn stores() -> Stores {
+        let mut sizes = vec![WHOLE_BELOW + 10];
+        sizes.extend([5; 100]);
+        Stores {
+            big: store(&vec![1000; 3000]),
+            huge_first: store(&sizes),
+            small: store(&[10, 20, 30]),
+        }
+    }
+
+    /// The cases: a store, a range of it, and whether gRPC's and the JSON
+    /// answers go in chunks.
+    fn cases(s: &Stores) -> Vec<(&MvccStore<AnyEngine>, mvcc::RangeRequest, bool, bool)> {
+        use mvcc::SortOrder::{Ascend, Descend, None as Unsorted};
+        vec![
+            (&s.big, range(0, Unsorted, false), true, true),
+            (&s.big, range(0, Ascend, false), true, true),
+            (&s.big, range(0, Descend, false), true, true),
+            (&s.big, range(2500, Unsorted, false), true, true),
+            (&s.big, range(2500, Descend, false), true, true),
+            (&s.big, range(500, Unsorted, false), false, false),
+            (&s.big, range(0, Unsorted, true), false, false),
+            (&s.huge_first, range(0, Unsorted, false), true, true),
+            // Nothing fits whole for gRPC; JSON loads in one pass, where the
+            // big value, last here, ends the answer, which then goes whole.
+            (&s.huge_first, range(0, Descend, false), true, false),
+            (&s.small, range(0, Unsorted, false), false, false),
+            (&s.small, range(2, Descend, false), false, false),
+        ]
+    }
+
     /// Whatever the answer's size, order, limit and values, the bytes sent
     /// are prost's encoding of the whole answer, in one gRPC message,
     /// followed by an OK status; only answers over WHOLE_BELOW go in chunks.
     #[test]
     fn a_chunked_answer_is_byte_for_byte_the_whole_answer() {
-        use mvcc::SortOrder::{Ascend, Descend, None as Unsorted};
-        // 3000 values of 1000 bytes: ~3 MB, over WHOLE_BELOW.
-        let big = store(&vec![1000; 3000]);
-        // One value bigger than WHOLE_BELOW first: nothing fits whole.
-        let mut sizes = vec![WHOLE_BELOW + 10];
-        sizes.extend([5; 100]);
-        let huge_first = store(&sizes);
-        let small = store(&[10, 20, 30]);
-        let cases = [
-            (&big, range(0, Unsorted, false), true),
-            (&big, range(0, Ascend, false), true),
-            (&big, range(0, Descend, false), true),
-            (&big, range(2500, Unsorted, false), true),
-            (&big, range(2500, Descend, false), true),
-            (&big, range(500, Unsorted, false), false),
-            (&big, range(0, Unsorted, true), false),
-            (&huge_first, range(0, Unsorted, false), true),
-            (&huge_first, range(0, Descend, false), true),
-            (&small, range(0, Unsorted, false), false),
-            (&small, range(2, Descend, false), false),
-        ];
-        for (i, (store, req, in_chunks)) in cases.into_iter().enumerate() {
+        let stores = stores();
+        for (i, (store, req, in_chunks, _)) in cases(&stores).into_iter().enumerate() {
             let (data, status, chunked) = wire(store, &req);
             assert_eq!(status, "0", "case {i}");
             assert_eq!(chunked, in_chunks, "case {i}: chunked");
@@ -655,28 +675,8 @@ mod tests {
     /// WHOLE_BELOW go in chunks.
     #[test]
     fn a_chunked_json_answer_is_byte_for_byte_the_whole_answer() {
-        use mvcc::SortOrder::{Ascend, Descend, None as Unsorted};
-        let big = store(&vec![1000; 3000]);
-        let mut sizes = vec![WHOLE_BELOW + 10];
-        sizes.extend([5; 100]);
-        let huge_first = store(&sizes);
-        let small = store(&[10, 20, 30]);
-        let cases = [
-            (&big, range(0, Unsorted, false), true),
-            (&big, range(0, Ascend, false), true),
-            (&big, range(0, Descend, false), true),
-            (&big, range(2500, Unsorted, false), true),
-            (&big, range(2500, Descend, false), true),
-            (&big, range(500, Unsorted, false), false),
-            (&big, range(0, Unsorted, true), false),
-            (&huge_first, range(0, Unsorted, false), true),
-            // The big value comes last: loaded in one pass, it ends the
-            // answer, which then goes whole.
-            (&huge_first, range(0, Descend, false), false),
-            (&small, range(0, Unsorted, false), false),
-            (&small, range(2, Descend, false), false),
-        ];
-        for (i, (store, req, in_chunks)) in cases.into_iter().enumerate() {
+        let stores = stores();
+        for (i, (store, req, _, in_chunks)) in cases(&stores).into_iter().enumerate() {
             let (data, chunked) = wire_json(store, &req);
             assert_eq!(chunked, in_chunks, "case {i}: chunked");
             let whole = plan(store, &req).finish().unwrap();
