@@ -6,7 +6,7 @@ use server::sim::{Bug, Sim, SimConfig};
 
 const USAGE: &str =
     "usage: metcd-sim [--seed S] [--seeds K] [--steps N] [--members M] [--clients C] [--keys K] \
-                     [--no-faults] [--bug serve-at-once|lying-fsync|divergent-apply|local-linearizable|stale-snapshot|early-release] [--verbose]";
+                     [--no-faults] [--bug serve-at-once|lying-fsync|divergent-apply|local-linearizable|stale-snapshot|early-release|joint-never-left] [--verbose]";
 
 fn main() {
     let mut cfg = SimConfig::default();
@@ -40,6 +40,7 @@ fn main() {
                     Some("local-linearizable") => Some(Bug::LocalLinearizable),
                     Some("stale-snapshot") => Some(Bug::StaleSnapshot),
                     Some("early-release") => Some(Bug::EarlyRelease),
+                    Some("joint-never-left") => Some(Bug::JointNeverLeft),
                     _ => {
                         eprintln!("metcd-sim: unknown --bug\n{USAGE}");
                         std::process::exit(2)
@@ -57,9 +58,9 @@ fn main() {
         }
     }
     println!(
-        "{:>6} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8} {:>9} {:>7}",
+        "{:>6} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>5} {:>8} {:>9} {:>7}",
         "seed", "steps", "sim_s", "acked", "unknown", "failed", "reads", "lin_rd", "kills", "syncd", "pauses",
-        "parts", "terms", "ckpts", "snaps", "confs", "index", "hash", "anomaly"
+        "parts", "terms", "ckpts", "snaps", "confs", "joint", "index", "hash", "anomaly"
     );
     let (mut total_steps, mut bad, mut discarded, mut released) = (0u64, 0u64, 0u64, 0u64);
     let started = std::time::Instant::now();
@@ -73,7 +74,7 @@ fn main() {
         discarded += r.discarded_entries;
         released += r.segments_released;
         println!(
-            "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>8} {:>9x} {:>7}",
+            "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>5} {:>8} {:>9x} {:>7}",
             seed,
             r.steps,
             r.millis as f64 / 1000.0,
@@ -90,6 +91,7 @@ fn main() {
             r.checkpoints,
             r.snapshots_installed,
             r.membership_changes,
+            r.joint_changes,
             r.last_index,
             r.hash,
             r.anomalies.len()
