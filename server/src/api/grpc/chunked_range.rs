@@ -523,37 +523,51 @@ mod tests {
         }
     }
 
-    /// What goes on the wire for `req` through [`answer`] (the gRPC data
-    /// and the trailers' status), and whether it went in chunks.
-    fn wire(store: &MvccStore<AnyEngine>, req: &mvcc::RangeRequest) -> (Vec<u8>, String, bool) {
+    fn chunked_plan(
+        store: &MvccStore<AnyEngine>,
+        req: &mvcc::RangeRequest,
+    ) -> ChunkedRange<Snapshot> {
         let mvcc::Chunking::Chunked(chunked) = plan(store, req).into_chunked() else {
             panic!("not chunked: {req:?}");
         };
+        chunked
+    }
+
+    /// Runs `work` on an executor of its own (the answers spawn their
+    /// senders in the reads queue).
+    fn on_executor<T>(work: impl std::future::Future<Output = T>) -> T {
         glommio::LocalExecutorBuilder::default()
             .make()
             .unwrap()
-            .run(async move {
-                let response = answer(chunked, IDS).await.unwrap();
-                let Some(body) = response.extensions().get::<ChunkedBody>() else {
-                    let message = response.into_inner().encode_to_vec();
-                    let mut data = vec![0];
-                    data.extend_from_slice(&(message.len() as u32).to_be_bytes());
-                    data.extend_from_slice(&message);
-                    return (data, "0".to_string(), false);
-                };
-                let mut body = body.take().unwrap();
-                let (mut data, mut status) = (Vec::new(), String::new());
-                while let Some(frame) = body.frame().await {
-                    let frame = frame.unwrap();
-                    if let Some(chunk) = frame.data_ref() {
-                        assert!(status.is_empty(), "data after the trailers");
-                        data.extend_from_slice(chunk);
-                    } else if let Some(trailers) = frame.trailers_ref() {
-                        status = trailers["grpc-status"].to_str().unwrap().to_string();
-                    }
+            .run(work)
+    }
+
+    /// What goes on the wire for `req` through [`answer`] (the gRPC data
+    /// and the trailers' status), and whether it went in chunks.
+    fn wire(store: &MvccStore<AnyEngine>, req: &mvcc::RangeRequest) -> (Vec<u8>, String, bool) {
+        let chunked = chunked_plan(store, req);
+        on_executor(async move {
+            let response = answer(chunked, IDS).await.unwrap();
+            let Some(body) = response.extensions().get::<ChunkedBody>() else {
+                let message = response.into_inner().encode_to_vec();
+                let mut data = vec![0];
+                data.extend_from_slice(&(message.len() as u32).to_be_bytes());
+                data.extend_from_slice(&message);
+                return (data, "0".to_string(), false);
+            };
+            let mut body = body.take().unwrap();
+            let (mut data, mut status) = (Vec::new(), String::new());
+            while let Some(frame) = body.frame().await {
+                let frame = frame.unwrap();
+                if let Some(chunk) = frame.data_ref() {
+                    assert!(status.is_empty(), "data after the trailers");
+                    data.extend_from_slice(chunk);
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    status = trailers["grpc-status"].to_str().unwrap().to_string();
                 }
-                (data, status, true)
-            })
+            }
+            (data, status, true)
+        })
     }
 
     /// The whole answer as the unchunked path builds it, framed for gRPC.
@@ -641,33 +655,28 @@ mod tests {
     /// What the JSON gateway writes for `req` through [`answer_json`], and
     /// whether it went in chunks.
     fn wire_json(store: &MvccStore<AnyEngine>, req: &mvcc::RangeRequest) -> (Vec<u8>, bool) {
-        let mvcc::Chunking::Chunked(chunked) = plan(store, req).into_chunked() else {
-            panic!("not chunked: {req:?}");
-        };
-        glommio::LocalExecutorBuilder::default()
-            .make()
-            .unwrap()
-            .run(async move {
-                match answer_json(chunked, gateway_shape(IDS)).await.unwrap() {
-                    JsonAnswer::Whole(whole) => {
-                        let response = gateway_whole(IDS, whole);
-                        (serde_json::to_vec(&response).unwrap(), false)
-                    }
-                    JsonAnswer::Chunks(mut chunks) => {
-                        let mut data = Vec::new();
-                        let mut largest = 0;
-                        while let Some(chunk) = futures_lite::StreamExt::next(&mut chunks).await {
-                            let chunk = chunk.unwrap();
-                            largest = largest.max(chunk.len());
-                            data.extend_from_slice(&chunk);
-                        }
-                        // Chunks stay near CHUNK_BYTES, the first pass's
-                        // key-values too (a value may pass it alone).
-                        assert!(largest <= 2 * WHOLE_BELOW + 2 * CHUNK_BYTES, "{largest}");
-                        (data, true)
-                    }
+        let chunked = chunked_plan(store, req);
+        on_executor(async move {
+            match answer_json(chunked, gateway_shape(IDS)).await.unwrap() {
+                JsonAnswer::Whole(whole) => {
+                    let response = gateway_whole(IDS, whole);
+                    (serde_json::to_vec(&response).unwrap(), false)
                 }
-            })
+                JsonAnswer::Chunks(mut chunks) => {
+                    let mut data = Vec::new();
+                    let mut largest = 0;
+                    while let Some(chunk) = futures_lite::StreamExt::next(&mut chunks).await {
+                        let chunk = chunk.unwrap();
+                        largest = largest.max(chunk.len());
+                        data.extend_from_slice(&chunk);
+                    }
+                    // Chunks stay near CHUNK_BYTES, the first pass's
+                    // key-values too (a value may pass it alone).
+                    assert!(largest <= 2 * WHOLE_BELOW + 2 * CHUNK_BYTES, "{largest}");
+                    (data, true)
+                }
+            }
+        })
     }
 
     /// Whatever the answer's size, order, limit and values, the gateway's
