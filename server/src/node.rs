@@ -3271,12 +3271,7 @@ impl Node {
         // A member leaving through a joint configuration still counts for
         // the outgoing quorum until the joint state is left: keep talking to
         // it (and keep running, if it is us) until then.
-        let in_conf = |m: u64| {
-            cs.voters.contains(&m)
-                || cs.learners.contains(&m)
-                || cs.voters_outgoing.contains(&m)
-                || cs.learners_next.contains(&m)
-        };
+        let in_conf = |m: u64| conf_holds(&cs, m);
         for peer in self.transport.peers() {
             if !in_conf(peer) {
                 self.transport.remove_peer(peer);
@@ -4028,7 +4023,19 @@ fn connect_peer(transport: &Rc<Transport>, member: &MemberRecord) {
     }
 }
 
-fn single_change(kind: ConfChangeType, member: u64) -> ConfChangeSingle {
+/// Whether `member` is in `cs`, on either side of a joint configuration.
+pub(crate) fn conf_holds(cs: &ConfState, member: u64) -> bool {
+    [
+        &cs.voters,
+        &cs.learners,
+        &cs.voters_outgoing,
+        &cs.learners_next,
+    ]
+    .iter()
+    .any(|ids| ids.contains(&member))
+}
+
+pub(crate) fn single_change(kind: ConfChangeType, member: u64) -> ConfChangeSingle {
     let mut single = ConfChangeSingle::default();
     single.set_change_type(kind);
     single.node_id = member;

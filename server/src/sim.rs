@@ -57,9 +57,10 @@ use std::panic::AssertUnwindSafe;
 use bytes::{BufMut, Bytes};
 use engine::wal::{Record, Recovered};
 use engine::{Engine, EngineSnapshot, MemoryEngine};
+
+use crate::node::{conf_holds, single_change};
 use raft::eraftpb::{
-    ConfChangeSingle, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, Message,
-    MessageType, Snapshot,
+    ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot,
 };
 use raft::storage::MemStorage;
 use raft::{RawNode, StateRole};
@@ -651,7 +652,7 @@ impl SimReady<'_> {
             }
         };
         raw.store().wl().set_conf_state(cs.clone());
-        if !holds(&cs, self.id) && self.state.leaving_at.is_none() {
+        if !conf_holds(&cs, self.id) && self.state.leaving_at.is_none() {
             self.state.leaving_at = Some(self.world.now + LEAVE_GRACE_MS);
         }
         self.state.mvcc.put_meta(
@@ -925,25 +926,6 @@ pub struct Sim {
 }
 
 /// node.rs' configuration, with one exception.
-/// Whether `id` is in `conf`, on either side of a joint configuration.
-fn holds(conf: &ConfState, id: u64) -> bool {
-    [
-        &conf.voters,
-        &conf.learners,
-        &conf.voters_outgoing,
-        &conf.learners_next,
-    ]
-    .iter()
-    .any(|ids| ids.contains(&id))
-}
-
-fn single_change(kind: ConfChangeType, id: u64) -> ConfChangeSingle {
-    let mut single = ConfChangeSingle::default();
-    single.set_change_type(kind);
-    single.node_id = id;
-    single
-}
-
 fn raft_config(id: u64, applied: u64) -> raft::Config {
     raft::Config {
         // A range of one: raft-rs draws the timeout from its own thread
@@ -1189,7 +1171,7 @@ impl Sim {
         let conf = &self.world.conf;
         for m in &mut self.members {
             let was_member = m.id <= first_voters || m.join.is_some();
-            if holds(conf, m.id) {
+            if conf_holds(conf, m.id) {
                 if !was_member {
                     m.join = Some(conf.clone());
                     m.down_until = now + self.world.rng.between(10, 300);
@@ -1241,11 +1223,11 @@ impl Sim {
                 .map_or(0, |l| l.state.applied)
         };
         let leader_applied = applied(&self.members[l].id);
-        let change = if let Some(learner) = conf.learners.first() {
+        let changes = if let Some(learner) = conf.learners.first() {
             if applied(learner) * 10 < leader_applied * 9 || applied(learner) == 0 {
                 return;
             }
-            (ConfChangeType::AddNode, *learner)
+            vec![single_change(ConfChangeType::AddNode, *learner)]
         } else if conf.voters.len() == self.world.cfg.members as usize
             && self.next_spare <= self.world.slots as u64
             && conf.voters.iter().all(up)
@@ -1253,27 +1235,10 @@ impl Sim {
         {
             // As node.rs' member_replace: `old ∪ new`, left automatically.
             let victim = conf.voters[self.world.rng.below(conf.voters.len() as u64) as usize];
-            let mut cc = ConfChangeV2::default();
-            cc.set_transition(raft::eraftpb::ConfChangeTransition::Auto);
-            cc.set_changes(
-                vec![
-                    single_change(ConfChangeType::AddNode, self.next_spare),
-                    single_change(ConfChangeType::RemoveNode, victim),
-                ]
-                .into(),
-            );
-            let Some(life) = self.members[l].life.as_mut() else {
-                return;
-            };
-            if life.raw.propose_conf_change(Vec::new(), cc).is_ok() {
-                self.change_until = now + OP_TIMEOUT_MS;
-                fold(
-                    &mut self.world.report.digest,
-                    &[now, 8, self.next_spare, victim],
-                );
-                self.next_spare += 1;
-            }
-            return;
+            vec![
+                single_change(ConfChangeType::AddNode, self.next_spare),
+                single_change(ConfChangeType::RemoveNode, victim),
+            ]
         } else if conf.voters.len() > self.world.cfg.members as usize {
             let victim = conf.voters[self.world.rng.below(conf.voters.len() as u64) as usize];
             let started = conf
@@ -1284,26 +1249,34 @@ impl Sim {
             if started < conf.voters.len().saturating_sub(1) / 2 + 1 {
                 return;
             }
-            (ConfChangeType::RemoveNode, victim)
+            vec![single_change(ConfChangeType::RemoveNode, victim)]
         } else if self.next_spare <= self.world.slots as u64 && conf.voters.iter().all(up) {
-            (ConfChangeType::AddLearnerNode, self.next_spare)
+            vec![single_change(
+                ConfChangeType::AddLearnerNode,
+                self.next_spare,
+            )]
         } else {
             return;
         };
+        let digest: Vec<u64> = changes
+            .iter()
+            .flat_map(|c| [c.get_change_type() as u64, c.node_id])
+            .collect();
+        let adds_spare = changes.iter().any(|c| c.node_id == self.next_spare);
+        // The default transition (Auto): several changes enter a joint
+        // configuration that raft-rs' leader leaves on its own.
         let mut cc = ConfChangeV2::default();
-        cc.set_changes(vec![single_change(change.0, change.1)].into());
+        cc.set_changes(changes.into());
         let Some(life) = self.members[l].life.as_mut() else {
             return;
         };
         if life.raw.propose_conf_change(Vec::new(), cc).is_ok() {
             self.change_until = now + OP_TIMEOUT_MS;
-            if change.0 == ConfChangeType::AddLearnerNode {
+            if adds_spare {
                 self.next_spare += 1;
             }
-            fold(
-                &mut self.world.report.digest,
-                &[now, 7, change.0 as u64, change.1],
-            );
+            fold(&mut self.world.report.digest, &[now, 7]);
+            fold(&mut self.world.report.digest, &digest);
         }
     }
 
@@ -1512,7 +1485,7 @@ impl Sim {
             .members
             .iter()
             .enumerate()
-            .filter(|(_, m)| holds(conf, m.id))
+            .filter(|(_, m)| conf_holds(conf, m.id))
             .map(|(i, _)| i)
             .collect();
         let member = endpoints[self.world.rng.below(endpoints.len() as u64) as usize];
@@ -1663,7 +1636,7 @@ impl Sim {
     /// The members of the newest committed configuration.
     fn in_conf(&self) -> impl Iterator<Item = &Member> {
         let conf = &self.world.conf;
-        self.members.iter().filter(move |m| holds(conf, m.id))
+        self.members.iter().filter(move |m| conf_holds(conf, m.id))
     }
 
     fn converged(&self) -> bool {

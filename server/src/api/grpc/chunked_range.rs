@@ -108,10 +108,7 @@ pub async fn answer(
                 kvs_bytes += len;
                 fits = fits && first_bytes + len <= WHOLE_BELOW;
                 if fits {
-                    if kv.value.is_empty() {
-                        // As `unpinned`: a kept key never keeps its record.
-                        kv.key = Bytes::copy_from_slice(&kv.key);
-                    }
+                    own_bare_key(&mut kv.key, &kv.value);
                     first.push(kv);
                     first_bytes += len;
                 }
@@ -181,19 +178,10 @@ async fn send(
                 return;
             }
         }
-        // A slice: up to RANGE_LOAD_CHUNK values, but no more than a
-        // chunk's bytes (values may be up to --max-request-bytes each).
-        let mut in_slice = 0;
-        let loaded = loop {
-            let one = range.load(1, |kv| {
-                prost::encoding::message::encode(KVS_FIELD, &convert::key_value(kv), &mut buf);
-            });
-            in_slice += 1;
-            match one {
-                Ok(false) if buf.len() < CHUNK_BYTES && in_slice < RANGE_LOAD_CHUNK => {}
-                other => break other,
-            }
-        };
+        let loaded = load_slice(&mut range, CHUNK_BYTES, |kv| {
+            prost::encoding::message::encode(KVS_FIELD, &convert::key_value(kv), &mut buf);
+            Some(buf.len())
+        });
         match loaded {
             Ok(true) => break,
             Ok(false) => crate::sched::end_of_slice().await,
@@ -281,20 +269,13 @@ pub async fn answer_json(
         count: range.count,
     };
     loop {
-        // A value at a time: values may be up to --max-request-bytes each.
-        let mut in_slice = 0;
-        let done = loop {
-            let one = range
-                .load(1, |kv| {
-                    first_bytes += json_bytes(&kv);
-                    first.push(unpinned(kv));
-                })
-                .map_err(ServerError::Mvcc)?;
-            in_slice += 1;
-            if one || first_bytes >= WHOLE_BELOW || in_slice >= RANGE_LOAD_CHUNK {
-                break one;
-            }
-        };
+        let done = load_slice(&mut range, WHOLE_BELOW, |mut kv| {
+            first_bytes += json_bytes(&kv);
+            own_bare_key(&mut kv.key, &kv.value);
+            first.push(kv);
+            Some(first_bytes)
+        })
+        .map_err(ServerError::Mvcc)?;
         if done {
             return Ok(JsonAnswer::Whole((first, meta)));
         }
@@ -312,14 +293,35 @@ fn json_bytes(kv: &mvcc::KeyValue) -> usize {
     (kv.key.len() + kv.value.len()) * 4 / 3 + 100
 }
 
-/// `kv` holding only its own bytes: a key-value without a value (keys-only
-/// answers) copies its key, which may be a slice of the whole record the
-/// engine read (a big value's), so that a kept key never keeps its record.
-fn unpinned(mut kv: mvcc::KeyValue) -> mvcc::KeyValue {
-    if kv.value.is_empty() {
-        kv.key = Bytes::copy_from_slice(&kv.key);
+/// For a key-value kept by a first pass: without a value (keys-only
+/// answers) its key becomes a copy, as it may be a slice of the whole
+/// record the engine read (a big value's), so that a kept key never keeps
+/// its record.
+fn own_bare_key(key: &mut Bytes, value: &[u8]) {
+    if value.is_empty() {
+        *key = Bytes::copy_from_slice(key);
     }
-    kv
+}
+
+/// Loads a slice of `range`'s key-values a value at a time (values may be
+/// up to --max-request-bytes each) into `take`, which answers how many
+/// bytes are now buffered, or `None` to stop: until `bytes` are buffered
+/// or [`RANGE_LOAD_CHUNK`] values are loaded. True once the last one was.
+fn load_slice(
+    range: &mut ChunkedRange<Snapshot>,
+    bytes: usize,
+    mut take: impl FnMut(mvcc::KeyValue) -> Option<usize>,
+) -> Result<bool, mvcc::MvccError> {
+    for _ in 0..RANGE_LOAD_CHUNK {
+        let mut buffered = None;
+        if range.load(1, |kv| buffered = take(kv))? {
+            return Ok(true);
+        }
+        if buffered.is_none_or(|n| n >= bytes) {
+            return Ok(false);
+        }
+    }
+    Ok(false)
 }
 
 /// The gateway's JSON of a `RangeResponse` (pbjson writes the fields in
@@ -409,24 +411,16 @@ async fn send_json(
         if buf.len() >= CHUNK_BYTES && !put_chunk(&mut out, &mut buf).await {
             return;
         }
-        // A slice, as in `send`: values may be large.
-        let mut in_slice = 0;
         let mut encoded = Ok(());
-        let loaded = loop {
-            let one = range.load(1, |kv| {
-                if encoded.is_ok() {
-                    encoded = write_kv(&mut buf, &kv);
+        let loaded = load_slice(&mut range, CHUNK_BYTES, |kv| {
+            match write_kv(&mut buf, &kv) {
+                Ok(()) => Some(buf.len()),
+                Err(e) => {
+                    encoded = Err(e);
+                    None
                 }
-            });
-            in_slice += 1;
-            match one {
-                Ok(false)
-                    if encoded.is_ok()
-                        && buf.len() < CHUNK_BYTES
-                        && in_slice < RANGE_LOAD_CHUNK => {}
-                other => break other,
             }
-        };
+        });
         let loaded = match (loaded, encoded) {
             (Ok(done), Ok(())) => Ok(done),
             (Err(e), _) => Err(super::service::status_of(&ServerError::Mvcc(e))),

@@ -395,14 +395,7 @@ async fn range_off_the_write_path(
     match answer {
         Ok(JsonAnswer::Whole(response)) => response.map(Either::Left),
         Ok(JsonAnswer::Chunks(chunks)) => {
-            let mut resp = Response::new(StreamOutput::chunks(chunks, slot));
-            resp.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            resp.headers_mut().insert(
-                "grpc-metadata-content-type",
-                HeaderValue::from_static("application/grpc"),
-            );
-            resp.map(Either::Right)
+            json_stream(StreamOutput::chunks(chunks, slot)).map(Either::Right)
         }
         Err(status) => error_response(&status).map(Either::Left),
     }
@@ -545,11 +538,17 @@ fn stream_output<Resp: Serialize + Send + 'static>(
             Err(status) => error_line(&status),
         })
     });
-    let mut resp = Response::new(StreamOutput {
+    json_stream(StreamOutput {
         lines: Some(Box::pin(lines)),
         error: None,
         slot: None,
-    });
+    })
+}
+
+/// A streamed gateway answer with the headers the gateway sends: JSON,
+/// and the gRPC response's content type passed on.
+fn json_stream(output: StreamOutput) -> Response<StreamOutput> {
+    let mut resp = Response::new(output);
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp.headers_mut().insert(
