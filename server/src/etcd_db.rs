@@ -35,13 +35,14 @@ use crate::mvcc::codec;
 
 // Our record names, from the modules that own them.
 use crate::alarm::META_PREFIX as ALARM_RECORD;
+use crate::apply::LEASE_META as LEASE_RECORD;
 use crate::auth::{
     META_ENABLED as AUTH_ENABLED, META_REVISION as AUTH_REVISION, META_ROLE as AUTH_ROLE,
     META_USER as AUTH_USER,
 };
 use crate::members::META_PREFIX as MEMBER_RECORD;
 use crate::mvcc::store::META_COMPACT_REV as COMPACT_REVISION_RECORD;
-use crate::node::{LEASE_META as LEASE_RECORD, REMOVED_META as REMOVED_RECORD};
+use crate::node::REMOVED_META as REMOVED_RECORD;
 
 fn failed(what: impl std::fmt::Display) -> ServerError {
     ServerError::Startup(what.to_string())
@@ -494,7 +495,7 @@ pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
                     let remaining = (remaining != 0).then_some(remaining as i64);
                     record(
                         &name,
-                        crate::node::lease_record(ttl as i64, remaining).to_vec(),
+                        crate::apply::lease_record(ttl as i64, remaining).to_vec(),
                     );
                 }
                 b"auth" => match k {

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use protobuf::Message as _;
 use raft::eraftpb::{ConfChange, ConfChangeV2, EntryType, Message};
 
-use crate::{members, mvcc, node, raftlog};
+use crate::{members, mvcc, raftlog};
 
 /// A WAL entry record as the Raft log reads it back, and the conf change
 /// it carries when it says it is one; plus the same bytes as a hard-state
@@ -30,7 +30,7 @@ pub fn raft_log_records(data: &[u8]) {
             }
             EntryType::EntryNormal => {}
         }
-        let _ = node::decode_proposal(entry.context);
+        let _ = crate::apply::decode_proposal(entry.context);
     }
     let _ = raftlog::decode_hard_state(data);
     let _ = raftlog::decode_snapshot_meta(1, data);
@@ -39,7 +39,7 @@ pub fn raft_log_records(data: &[u8]) {
 /// A committed entry's data: the proposal header and its body (a KV
 /// request, a lease or a member record).
 pub fn proposal(data: &[u8]) {
-    let _ = node::decode_proposal(Bytes::copy_from_slice(data));
+    let _ = crate::apply::decode_proposal(Bytes::copy_from_slice(data));
 }
 
 /// A KV request payload (mvcc's log encoding), and the same bytes as a
@@ -252,7 +252,7 @@ mod tests {
         let mut proposal = vec![0u8; 16];
         proposal.push(1); // TAG_KV
         proposal.extend_from_slice(&kv);
-        assert!(node::decode_proposal(Bytes::from(proposal)).is_some());
+        assert!(crate::apply::decode_proposal(Bytes::from(proposal)).is_some());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub mod alarm;
 pub mod alloc;
 pub mod api;
+pub mod apply;
 pub mod auth;
 pub mod backup;
 pub mod bolt;

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut};
+use bytes::BufMut;
 use engine::any::{AnyEngine, EngineDir};
 use engine::wal::{self, Wal, WalOptions};
 use engine::Engine;
@@ -40,6 +40,13 @@ use raft::eraftpb::{
 use raft::storage::MemStorage;
 use raft::{RawNode, Storage};
 
+pub use crate::apply::Applied;
+use crate::apply::{
+    decode_proposal, lease_needs, leases_used, proposal, ApplyContext, Decoded, ProposedBy,
+    StateMachine, LEASE_META, TAG_ALARM, TAG_AUTH, TAG_CONF_RECORD, TAG_KV, TAG_KV_AUTHED,
+    TAG_LEASE_CHECKPOINT, TAG_LEASE_GRANT, TAG_LEASE_REVOKE, TAG_LEASE_REVOKE_AUTHED,
+    TAG_MEMBER_ATTRS, TAG_MEMBER_PEERS,
+};
 use crate::compactor::Compactor;
 use crate::config::Config;
 use crate::error::{Result, ServerError};
@@ -52,44 +59,6 @@ use crate::read_index::{ReadRounds, RoundAnswer};
 
 type WriteReply = oneshot::Sender<Result<Applied>>;
 
-/// What an applied proposal produced, for its proposer.
-#[derive(Debug)]
-pub enum Applied {
-    Kv(mvcc::Response),
-    LeaseGranted {
-        id: i64,
-        ttl: i64,
-        revision: i64,
-    },
-    LeaseRevoked {
-        revision: i64,
-    },
-    Published,
-    /// A membership change: the members after it.
-    Members(Vec<MemberRecord>),
-    Auth(crate::auth::AuthApplied),
-    /// The alarms an Alarm call changed or asked for.
-    Alarms(Vec<crate::alarm::AlarmMember>),
-}
-
-/// What goes into the log: `[u64 origin member][u64 proposal id][u8 tag][body]`.
-/// Only the member that proposed an entry answers its client.
-const HEADER_BYTES: usize = 17;
-const TAG_KV: u8 = 1;
-const TAG_LEASE_GRANT: u8 = 2;
-const TAG_LEASE_REVOKE: u8 = 3;
-const TAG_MEMBER_ATTRS: u8 = 4;
-const TAG_CONF_RECORD: u8 = 5;
-const TAG_MEMBER_PEERS: u8 = 6;
-const TAG_AUTH: u8 = 7;
-/// A client's KV write: `[ProposedBy][request]` (TAG_KV: metcd's own).
-const TAG_KV_AUTHED: u8 = 8;
-/// A client's lease revoke: `[ProposedBy][id]` (TAG_LEASE_REVOKE: expiry).
-const TAG_LEASE_REVOKE_AUTHED: u8 = 9;
-/// An Alarm call (`alarm::encode`).
-const TAG_ALARM: u8 = 10;
-/// Lease checkpoints: `[(id i64, remaining TTL i64) LE]*`.
-const TAG_LEASE_CHECKPOINT: u8 = 11;
 /// etcd's `maxLeaseCheckpointBatchSize`.
 const LEASE_CHECKPOINT_BATCH: usize = 1000;
 
@@ -102,177 +71,6 @@ pub enum Caller<'a> {
     Client(Option<&'a str>),
 }
 
-/// The user a client's write was checked for at proposal (empty: none, or
-/// auth was off), and the auth revision of that check: every member checks
-/// again at apply, where a newer auth revision refuses it while auth is on
-/// (etcd's `ErrAuthOldRevision`), so a permission revoked or auth enabled
-/// in between cannot be outrun.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ProposedBy {
-    user: String,
-    auth_revision: u64,
-}
-
-impl ProposedBy {
-    fn encode(&self, out: &mut Vec<u8>) {
-        out.put_u64_le(self.auth_revision);
-        out.put_u32_le(self.user.len() as u32);
-        out.extend_from_slice(self.user.as_bytes());
-    }
-
-    fn decode(data: &mut bytes::Bytes) -> Option<ProposedBy> {
-        if data.len() < 12 {
-            return None;
-        }
-        let auth_revision = data.get_u64_le();
-        let len = data.get_u32_le() as usize;
-        if data.len() < len {
-            return None;
-        }
-        let user = String::from_utf8(data.split_to(len).to_vec()).ok()?;
-        Some(ProposedBy {
-            user,
-            auth_revision,
-        })
-    }
-}
-
-pub(crate) enum Decoded {
-    Kv(mvcc::Request, Option<ProposedBy>),
-    LeaseGrant {
-        id: i64,
-        ttl: i64,
-    },
-    LeaseRevoke {
-        id: i64,
-        by: Option<ProposedBy>,
-    },
-    MemberAttrs(MemberRecord),
-    /// The member a conf change adds, promotes or removes (entry context).
-    ConfRecord(MemberRecord),
-    /// New peer URLs of a member (MemberUpdate).
-    MemberPeers(MemberRecord),
-    Auth(crate::auth::AuthRequest),
-    Alarm(crate::alarm::AlarmRequest),
-    LeaseCheckpoint(Vec<(i64, i64)>),
-}
-
-pub(crate) fn decode_proposal(mut data: bytes::Bytes) -> Option<(u64, u64, Decoded)> {
-    if data.len() < HEADER_BYTES {
-        return None;
-    }
-    let origin = data.get_u64_le();
-    let id = data.get_u64_le();
-    let tag = data.get_u8();
-    let body = match tag {
-        TAG_KV => Decoded::Kv(mvcc::codec::decode_shared(&data).ok()?, None),
-        TAG_KV_AUTHED => {
-            let by = ProposedBy::decode(&mut data)?;
-            Decoded::Kv(mvcc::codec::decode_shared(&data).ok()?, Some(by))
-        }
-        TAG_LEASE_GRANT if data.len() == 16 => Decoded::LeaseGrant {
-            id: data.get_i64_le(),
-            ttl: data.get_i64_le(),
-        },
-        TAG_LEASE_REVOKE if data.len() == 8 => Decoded::LeaseRevoke {
-            id: data.get_i64_le(),
-            by: None,
-        },
-        TAG_LEASE_REVOKE_AUTHED => {
-            let by = ProposedBy::decode(&mut data)?;
-            if data.len() != 8 {
-                return None;
-            }
-            Decoded::LeaseRevoke {
-                id: data.get_i64_le(),
-                by: Some(by),
-            }
-        }
-        TAG_MEMBER_ATTRS => Decoded::MemberAttrs(members::decode(&data)?),
-        TAG_CONF_RECORD => Decoded::ConfRecord(members::decode(&data)?),
-        TAG_MEMBER_PEERS => Decoded::MemberPeers(members::decode(&data)?),
-        TAG_AUTH => Decoded::Auth(crate::auth::decode(&data)?),
-        TAG_ALARM => Decoded::Alarm(crate::alarm::decode(&data)?),
-        TAG_LEASE_CHECKPOINT if data.len().is_multiple_of(16) => Decoded::LeaseCheckpoint(
-            data.chunks_exact(16)
-                .map(|mut c| (c.get_i64_le(), c.get_i64_le()))
-                .collect(),
-        ),
-        _ => return None,
-    };
-    Some((origin, id, body))
-}
-
-/// A lease's record: its TTL, then its checkpointed remaining TTL if any
-/// (both i64 BE; read back by `restore_leases`).
-pub(crate) fn lease_record(ttl: i64, checkpointed: Option<i64>) -> bytes::Bytes {
-    let mut v = ttl.to_be_bytes().to_vec();
-    if let Some(left) = checkpointed {
-        v.extend_from_slice(&left.to_be_bytes());
-    }
-    bytes::Bytes::from(v)
-}
-
-fn lease_record_name(id: i64) -> Vec<u8> {
-    let mut k = LEASE_META.to_vec();
-    k.extend_from_slice(&id.to_be_bytes());
-    k
-}
-
-/// Every lease a request would attach keys to (puts of both txn branches).
-fn leases_used(req: &mvcc::Request, out: &mut Vec<i64>) {
-    fn op(o: &mvcc::RequestOp, out: &mut Vec<i64>) {
-        match o {
-            mvcc::RequestOp::Put(p) if p.lease != 0 && !p.ignore_lease => out.push(p.lease),
-            mvcc::RequestOp::Txn(t) => t.success.iter().chain(&t.failure).for_each(|o| op(o, out)),
-            _ => {}
-        }
-    }
-    match req {
-        mvcc::Request::Put(p) if p.lease != 0 && !p.ignore_lease => out.push(p.lease),
-        mvcc::Request::Txn(t) => t.success.iter().chain(&t.failure).for_each(|o| op(o, out)),
-        _ => {}
-    }
-}
-
-/// The apply-time check of a client's write: the same on every member (the
-/// user named in the entry, never a token; the applied auth state and
-/// leases). While auth is on, a change of the auth state since the
-/// proposer's check refuses it (etcd's `ErrAuthOldRevision`); so does what
-/// the proposer's check would refuse now. With auth off nothing is built:
-/// every client write passes here.
-fn check_at_apply(
-    auth: &crate::auth::AuthStore,
-    lessor: &crate::lease::Lessor,
-    by: &ProposedBy,
-    collect: impl FnOnce(&mut Vec<crate::auth::Need>),
-    leases: &[i64],
-) -> std::result::Result<(), crate::auth::AuthError> {
-    if !auth.enabled() {
-        return Ok(());
-    }
-    let mut needs = Vec::new();
-    collect(&mut needs);
-    lease_needs(lessor, leases, &mut needs);
-    if needs.is_empty() {
-        return Ok(());
-    }
-    if by.auth_revision < auth.revision() {
-        return Err(crate::auth::AuthError::AuthOldRevision);
-    }
-    auth.check(Some(&by.user), &crate::auth::Requirement::Keys(needs))
-}
-
-/// Write permission on every key attached to `leases` (unknown leases
-/// have none).
-fn lease_needs(lessor: &crate::lease::Lessor, leases: &[i64], out: &mut Vec<crate::auth::Need>) {
-    for lease in leases {
-        if let Some(state) = lessor.get(*lease) {
-            out.extend(state.keys.iter().map(crate::auth::Need::write));
-        }
-    }
-}
-
 /// Most proposal bytes in one group commit: far below the WAL's frame
 /// limit even with the largest allowed request on top.
 const MAX_BATCH_BYTES: usize = 64 << 20;
@@ -283,8 +81,6 @@ const SNAPSHOT_RETRY: Duration = Duration::from_secs(10);
 const CATCH_UP_LIMIT: Duration = Duration::from_secs(300);
 /// Where the applied membership (ConfState) is kept in MVCC metadata.
 pub(crate) const CONF_META: &[u8] = b"raft/conf";
-/// Leases' metadata records: `lease/<id i64 BE>` = [`lease_record`].
-pub(crate) const LEASE_META: &[u8] = b"lease/";
 /// Prefix of the metadata records of removed members.
 pub(crate) const REMOVED_META: &[u8] = b"removed/";
 /// etcd's answers when a membership change would risk the quorum
@@ -1725,11 +1521,7 @@ impl Node {
         }
         let id = self.next_id.get().wrapping_add(1);
         self.next_id.set(id);
-        let mut data = Vec::with_capacity(HEADER_BYTES + body.len());
-        data.put_u64_le(self.id);
-        data.put_u64_le(id);
-        data.put_u8(tag);
-        data.extend_from_slice(body);
+        let data = proposal(self.id, id, tag, body);
         let (tx, rx) = oneshot::channel();
         self.queue.borrow_mut().push(Proposal {
             id,
@@ -2471,6 +2263,10 @@ impl Node {
         // Whether a write that adds data applied (etcd's quota applier
         // checks those after applying them).
         let mut grew = false;
+        let context = ApplyContext {
+            now: Instant::now(),
+            replayed_commit_index: self.replayed_commit_index,
+        };
         let mut terms = self.applied_terms.borrow_mut();
         for entry in entries {
             let _slow = SlowApply::timing(&self.metrics);
@@ -2501,118 +2297,7 @@ impl Node {
                 mvcc.apply_noop(entry.index)?;
                 continue;
             };
-            let mut lessor = self.lessor.borrow_mut();
             let result = match decoded {
-                Decoded::Kv(req, by) => {
-                    let mut used = Vec::new();
-                    leases_used(&req, &mut used);
-                    let alarmed = self.alarms.borrow().refuses_kv(&req);
-                    let refused = by.as_ref().and_then(|by| {
-                        let collect = |needs: &mut Vec<_>| crate::auth::kv_needs(&req, needs);
-                        check_at_apply(&self.auth.borrow(), &lessor, by, collect, &used).err()
-                    });
-                    if let Some(refusal) = alarmed {
-                        mvcc.apply_noop(entry.index)?;
-                        Err(refusal.into())
-                    } else if let Some(e) = refused {
-                        mvcc.apply_noop(entry.index)?;
-                        Err(ServerError::Auth(e))
-                    } else if used.iter().any(|l| !lessor.exists(*l)) {
-                        mvcc.apply_noop(entry.index)?;
-                        Err(ServerError::Lease(crate::lease::LeaseError::NotFound))
-                    } else {
-                        let compacting =
-                            matches!(req, mvcc::Request::Compaction(_)).then(Instant::now);
-                        let applied = mvcc.apply(entry.index, &req);
-                        if let (Some(started), Some(stats)) =
-                            (compacting, mvcc.take_compaction_stats())
-                        {
-                            self.metrics.note_compaction(started.elapsed(), stats);
-                        }
-                        match applied {
-                            Ok(outcome) => {
-                                grew |= crate::alarm::cost(&req) > 0;
-                                lessor.on_events(&outcome.events);
-                                if watched {
-                                    events.extend(outcome.events);
-                                }
-                                Ok(Applied::Kv(outcome.response))
-                            }
-                            Err(e) if e.is_fatal() => return Err(e.into()),
-                            Err(e) => Err(ServerError::Mvcc(e)),
-                        }
-                    }
-                }
-                Decoded::LeaseGrant { id: lease, ttl } => {
-                    let granted = match self.alarms.borrow().refuses_lease_grant() {
-                        Some(refusal) => Err(refusal.into()),
-                        None => lessor
-                            .grant(lease, ttl, Instant::now())
-                            .map_err(ServerError::Lease),
-                    };
-                    match granted {
-                        Ok(ttl) => {
-                            crate::metrics::count(&self.metrics.leases_granted);
-                            self.metrics.lease_ttls.observe(ttl.max(0) as f64);
-                            mvcc.put_meta(
-                                entry.index,
-                                &lease_record_name(lease),
-                                lease_record(ttl, None),
-                            )?;
-                            Ok(Applied::LeaseGranted {
-                                id: lease,
-                                ttl,
-                                revision: mvcc.current_revision(),
-                            })
-                        }
-                        Err(e) => {
-                            mvcc.apply_noop(entry.index)?;
-                            Err(e)
-                        }
-                    }
-                }
-                Decoded::LeaseCheckpoint(checkpoints) => {
-                    let mut records = Vec::with_capacity(checkpoints.len());
-                    for (id, remaining) in checkpoints {
-                        if let Some(state) = lessor.checkpoint(id, remaining) {
-                            let record = lease_record(state.ttl, state.checkpointed);
-                            records.push((lease_record_name(id), Some(record)));
-                        }
-                    }
-                    mvcc.write_meta(entry.index, records)?;
-                    Ok(Applied::Published)
-                }
-                Decoded::Alarm(req) => {
-                    let (alarms, change) = self.alarms.borrow_mut().apply(&req);
-                    match &change {
-                        Some(crate::alarm::MetaChange::Put(name)) => {
-                            mvcc.put_meta(entry.index, name, bytes::Bytes::new())?
-                        }
-                        Some(crate::alarm::MetaChange::Delete(name)) => {
-                            mvcc.delete_meta(entry.index, name)?
-                        }
-                        None => mvcc.apply_noop(entry.index)?,
-                    }
-                    if change.is_some() {
-                        let raised = req.action == crate::alarm::AlarmAction::Activate;
-                        log(format_args!(
-                            "alarm {}: {}",
-                            if raised { "raised" } else { "disarmed" },
-                            alarms
-                                .iter()
-                                .map(|a| a.text())
-                                .collect::<String>()
-                                .trim_end()
-                        ));
-                    }
-                    Ok(Applied::Alarms(alarms))
-                }
-                Decoded::ConfRecord(_) => {
-                    mvcc.apply_noop(entry.index)?;
-                    Err(ServerError::BadRequest(
-                        "a membership record outside a conf change".into(),
-                    ))
-                }
                 Decoded::MemberPeers(update) => {
                     let updated = self
                         .registry
@@ -2646,76 +2331,60 @@ impl Node {
                     }
                     Ok(Applied::Published)
                 }
-                Decoded::Auth(crate::auth::AuthRequest::Authenticate { .. })
-                    if entry.index <= self.replayed_commit_index =>
-                {
-                    mvcc.apply_noop(entry.index)?;
-                    Err(ServerError::Stopped)
-                }
-                Decoded::Auth(req) => {
+                decoded => {
+                    let compacting =
+                        matches!(decoded, Decoded::Kv(mvcc::Request::Compaction(_), _))
+                            .then(Instant::now);
+                    let mut lessor = self.lessor.borrow_mut();
                     let mut auth = self.auth.borrow_mut();
-                    match auth.apply(&req, entry.index, Instant::now()) {
-                        Ok((applied, changes)) => {
-                            mvcc.write_meta(entry.index, changes)?;
-                            self.auth_flag
-                                .borrow()
-                                .store(auth.enabled(), std::sync::atomic::Ordering::Release);
-                            Ok(Applied::Auth(applied))
-                        }
-                        Err(e) => {
-                            mvcc.apply_noop(entry.index)?;
-                            Err(ServerError::Auth(e))
-                        }
+                    let mut alarms = self.alarms.borrow_mut();
+                    let mut machine = StateMachine {
+                        mvcc: &mut mvcc,
+                        lessor: &mut lessor,
+                        auth: &mut auth,
+                        alarms: &mut alarms,
+                    };
+                    let outcome = machine.apply(
+                        entry.index,
+                        decoded,
+                        &context,
+                        watched.then_some(&mut events),
+                    )?;
+                    if let (Some(started), Some(stats)) = (compacting, mvcc.take_compaction_stats())
+                    {
+                        self.metrics.note_compaction(started.elapsed(), stats);
                     }
-                }
-                Decoded::LeaseRevoke { id: lease, by } => match self
-                    .refusal_of_lease_revoke()
-                    .and_then(|()| {
-                        by.as_ref()
-                            .map_or(Ok(()), |by| {
-                                check_at_apply(&self.auth.borrow(), &lessor, by, |_| {}, &[lease])
-                            })
-                            .map_err(ServerError::Auth)
-                    })
-                    .and_then(|()| lessor.revoke(lease).map_err(ServerError::Lease))
-                {
-                    Ok(keys) => {
-                        crate::metrics::count(&self.metrics.leases_revoked);
-                        if !keys.is_empty() {
-                            // One revision deletes every attached key, as etcd's revoke.
-                            let txn = mvcc::TxnRequest {
-                                compare: Vec::new(),
-                                success: keys
-                                    .into_iter()
-                                    .map(|key| {
-                                        mvcc::RequestOp::DeleteRange(mvcc::DeleteRangeRequest {
-                                            key,
-                                            range_end: bytes::Bytes::new(),
-                                            prev_kv: false,
-                                        })
-                                    })
-                                    .collect(),
-                                failure: Vec::new(),
-                            };
-                            match mvcc.apply(entry.index, &mvcc::Request::Txn(txn)) {
-                                Ok(outcome) if watched => events.extend(outcome.events),
-                                Ok(_) => {}
-                                Err(e) if e.is_fatal() => return Err(e.into()),
-                                Err(e) => log(format_args!("revoking lease {lease}: {e}")),
+                    grew |= outcome.grew;
+                    match &outcome.result {
+                        Ok(Applied::LeaseGranted { ttl, .. }) => {
+                            crate::metrics::count(&self.metrics.leases_granted);
+                            self.metrics.lease_ttls.observe((*ttl).max(0) as f64);
+                        }
+                        Ok(Applied::LeaseRevoked { .. }) => {
+                            crate::metrics::count(&self.metrics.leases_revoked)
+                        }
+                        Ok(Applied::Auth(_)) => self
+                            .auth_flag
+                            .borrow()
+                            .store(auth.enabled(), std::sync::atomic::Ordering::Release),
+                        Ok(Applied::Alarms(now_active)) => {
+                            if let Some(raised) = outcome.alarm_changed {
+                                log(format_args!(
+                                    "alarm {}: {}",
+                                    if raised { "raised" } else { "disarmed" },
+                                    now_active
+                                        .iter()
+                                        .map(|a| a.text())
+                                        .collect::<String>()
+                                        .trim_end()
+                                ));
                             }
                         }
-                        mvcc.delete_meta(entry.index, &lease_record_name(lease))?;
-                        Ok(Applied::LeaseRevoked {
-                            revision: mvcc.current_revision(),
-                        })
+                        _ => {}
                     }
-                    Err(e) => {
-                        mvcc.apply_noop(entry.index)?;
-                        Err(e)
-                    }
-                },
+                    outcome.result
+                }
             };
-            drop(lessor);
             if origin == self.id {
                 if let Some(reply) = pending.remove(&id) {
                     let _ = reply.send(result);
@@ -2788,11 +2457,6 @@ impl Node {
             log(format_args!("raising the NOSPACE alarm: {e}"));
         }
         self.nospace_proposed_at.set(None);
-    }
-
-    fn refusal_of_lease_revoke(&self) -> Result<()> {
-        let refusal = self.alarms.borrow().refuses_lease_revoke();
-        refusal.map_or(Ok(()), |r| Err(r.into()))
     }
 
     /// An Alarm call, through the log as etcd 3.4 sends every one (`Get`
@@ -4076,183 +3740,4 @@ pub fn check_new_member_urls(peer_urls: &[String]) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::panic)]
-    use super::*;
-    use crate::auth::{AuthError, AuthRequest, AuthStore, KeyPermission, Need, PermType};
-    use bytes::Bytes;
-
-    /// root, and alice whose role may write `a*` only; auth on.
-    fn auth_store() -> AuthStore {
-        let mut s = AuthStore::default();
-        let now = Instant::now();
-        for req in [
-            AuthRequest::UserAdd {
-                name: "root".into(),
-                hashed_password: Bytes::from_static(b"h"),
-                no_password: false,
-            },
-            AuthRequest::UserGrantRole {
-                user: "root".into(),
-                role: crate::auth::ROOT.into(),
-            },
-            AuthRequest::UserAdd {
-                name: "alice".into(),
-                hashed_password: Bytes::from_static(b"h"),
-                no_password: false,
-            },
-            AuthRequest::RoleAdd { name: "w".into() },
-            AuthRequest::RoleGrantPermission {
-                name: "w".into(),
-                perm: KeyPermission {
-                    perm_type: PermType::Write,
-                    key: Bytes::from_static(b"a"),
-                    range_end: Bytes::from_static(b"b"),
-                },
-            },
-            AuthRequest::UserGrantRole {
-                user: "alice".into(),
-                role: "w".into(),
-            },
-            AuthRequest::Enable,
-        ] {
-            s.apply(&req, 1, now).unwrap();
-        }
-        s
-    }
-
-    fn put(key: &'static str, lease: i64) -> mvcc::Request {
-        mvcc::Request::Put(mvcc::PutRequest {
-            key: Bytes::from_static(key.as_bytes()),
-            value: Bytes::from_static(b"v"),
-            lease,
-            ..Default::default()
-        })
-    }
-
-    fn at_apply(
-        auth: &AuthStore,
-        lessor: &crate::lease::Lessor,
-        by: &ProposedBy,
-        req: &mvcc::Request,
-    ) -> std::result::Result<(), AuthError> {
-        let mut used = Vec::new();
-        leases_used(req, &mut used);
-        let collect = |needs: &mut Vec<Need>| crate::auth::kv_needs(req, needs);
-        check_at_apply(auth, lessor, by, collect, &used)
-    }
-
-    #[test]
-    fn a_write_is_checked_again_at_apply_against_the_applied_auth_state() {
-        let mut auth = auth_store();
-        let mut lessor = crate::lease::Lessor::new(1);
-        let now = Instant::now();
-        lessor.grant(7, 60, now).unwrap();
-        lessor.attach(Bytes::from_static(b"zebra"), 7);
-        let alice = ProposedBy {
-            user: "alice".into(),
-            auth_revision: auth.revision(),
-        };
-        assert_eq!(at_apply(&auth, &lessor, &alice, &put("apple", 0)), Ok(()));
-        assert_eq!(
-            at_apply(&auth, &lessor, &alice, &put("zoo", 0)),
-            Err(AuthError::PermissionDenied)
-        );
-        // Attaching to a lease that holds a key alice may not write is
-        // refused (etcd's checkLeasePuts); so is revoking it.
-        assert_eq!(
-            at_apply(&auth, &lessor, &alice, &put("apple", 7)),
-            Err(AuthError::PermissionDenied)
-        );
-        assert_eq!(
-            check_at_apply(&auth, &lessor, &alice, |_| {}, &[7]),
-            Err(AuthError::PermissionDenied)
-        );
-        // An unknown lease has no keys: the lease check is not the one
-        // that refuses (the apply then answers "lease not found").
-        assert_eq!(check_at_apply(&auth, &lessor, &alice, |_| {}, &[8]), Ok(()));
-        // Any auth change between the proposer's check and the apply
-        // refuses the write, whatever it changed.
-        auth.apply(&AuthRequest::RoleAdd { name: "x".into() }, 2, now)
-            .unwrap();
-        assert_eq!(
-            at_apply(&auth, &lessor, &alice, &put("apple", 0)),
-            Err(AuthError::AuthOldRevision)
-        );
-        let fresh = ProposedBy {
-            user: "alice".into(),
-            auth_revision: auth.revision(),
-        };
-        assert_eq!(at_apply(&auth, &lessor, &fresh, &put("apple", 0)), Ok(()));
-        // With auth turned off by then, nothing is refused.
-        auth.apply(&AuthRequest::Disable, 3, now).unwrap();
-        assert_eq!(at_apply(&auth, &lessor, &alice, &put("zoo", 7)), Ok(()));
-        // A write proposed while auth was off (no user) and applied after
-        // it was turned on is refused: enabling moved the revision.
-        let anonymous = ProposedBy {
-            user: String::new(),
-            auth_revision: auth.revision(),
-        };
-        auth.apply(&AuthRequest::Enable, 4, now).unwrap();
-        assert_eq!(
-            at_apply(&auth, &lessor, &anonymous, &put("apple", 0)),
-            Err(AuthError::AuthOldRevision)
-        );
-        // ... and one that names nobody at the current revision, too.
-        let nobody = ProposedBy {
-            user: String::new(),
-            auth_revision: auth.revision(),
-        };
-        assert_eq!(
-            at_apply(&auth, &lessor, &nobody, &put("apple", 0)),
-            Err(AuthError::UserEmpty)
-        );
-    }
-
-    #[test]
-    fn authed_entries_carry_their_proposer_through_the_log_encoding() {
-        let by = ProposedBy {
-            user: "alice".into(),
-            auth_revision: 42,
-        };
-        let mut body = Vec::new();
-        by.encode(&mut body);
-        mvcc::codec::encode(&put("apple", 0), &mut body);
-        let mut entry = Vec::new();
-        entry.put_u64_le(3);
-        entry.put_u64_le(9);
-        entry.put_u8(TAG_KV_AUTHED);
-        entry.extend_from_slice(&body);
-        match decode_proposal(Bytes::from(entry.clone())) {
-            Some((3, 9, Decoded::Kv(req, Some(got)))) => {
-                assert_eq!(got, by);
-                assert_eq!(req, put("apple", 0));
-            }
-            _ => panic!("the authed write did not decode"),
-        }
-        // A user name longer than the entry is refused, not read past.
-        let cut = HEADER_BYTES + 12 + 2;
-        assert!(decode_proposal(Bytes::from(entry[..cut].to_vec())).is_none());
-
-        let mut revoke = Vec::new();
-        revoke.put_u64_le(3);
-        revoke.put_u64_le(10);
-        revoke.put_u8(TAG_LEASE_REVOKE_AUTHED);
-        by.encode(&mut revoke);
-        revoke.put_i64_le(7);
-        match decode_proposal(Bytes::from(revoke)) {
-            Some((
-                3,
-                10,
-                Decoded::LeaseRevoke {
-                    id: 7,
-                    by: Some(got),
-                },
-            )) => assert_eq!(got, by),
-            _ => panic!("the authed revoke did not decode"),
-        }
-    }
 }
