@@ -489,6 +489,64 @@ impl<E: Engine> StateMachine<'_, E> {
     }
 }
 
+/// Rebuilds the lease table: leases from their records, attachments from
+/// the keys' `lease` fields. Every lease starts a full TTL (etcd's Promote).
+pub(crate) fn restore_leases<E: Engine>(
+    mvcc: &MvccStore<E>,
+    min_ttl: i64,
+    now: Instant,
+) -> Result<crate::lease::Lessor> {
+    let mut lessor = crate::lease::Lessor::new(min_ttl);
+    for (name, value) in mvcc.meta_with_prefix(LEASE_META)? {
+        let field = |at: usize| {
+            value
+                .get(at..at + 8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        };
+        let (Ok(id), Some(ttl), 8 | 16) = (
+            <[u8; 8]>::try_from(&name[LEASE_META.len()..]),
+            field(0),
+            value.len(),
+        ) else {
+            return Err(ServerError::Mvcc(mvcc::MvccError::Corrupt(format!(
+                "bad lease record {name:02x?}"
+            ))));
+        };
+        let checkpointed = field(8).map(i64::from_be_bytes);
+        lessor.restore(
+            i64::from_be_bytes(id),
+            i64::from_be_bytes(ttl),
+            checkpointed,
+            now,
+        );
+    }
+    // Which keys hold a lease is only in their records: read them all, but
+    // only when some lease exists, and a page at a time (one range of the
+    // whole store would hold every value at once: 256 MiB per 1M keys).
+    if lessor.ids().next().is_none() {
+        return Ok(lessor);
+    }
+    const PAGE: i64 = 4096;
+    let mut from = bytes::Bytes::from_static(b"\0");
+    loop {
+        let page = mvcc.range(&mvcc::RangeRequest {
+            key: from,
+            range_end: bytes::Bytes::from_static(b"\0"),
+            limit: PAGE,
+            ..Default::default()
+        })?;
+        let Some(last) = page.kvs.last() else { break };
+        from = mvcc::key_after(&last.key).into();
+        for kv in page.kvs.into_iter().filter(|kv| kv.lease != 0) {
+            lessor.attach(kv.key, kv.lease);
+        }
+        if !page.more {
+            break;
+        }
+    }
+    Ok(lessor)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]

@@ -43,7 +43,7 @@ use raft::{RawNode, Storage};
 pub use crate::apply::Applied;
 use crate::apply::{
     decode_proposal, lease_needs, leases_used, proposal, ApplyContext, Decoded, ProposedBy,
-    StateMachine, LEASE_META, TAG_ALARM, TAG_AUTH, TAG_CONF_RECORD, TAG_KV, TAG_KV_AUTHED,
+    StateMachine, TAG_ALARM, TAG_AUTH, TAG_CONF_RECORD, TAG_KV, TAG_KV_AUTHED,
     TAG_LEASE_CHECKPOINT, TAG_LEASE_GRANT, TAG_LEASE_REVOKE, TAG_LEASE_REVOKE_AUTHED,
     TAG_MEMBER_ATTRS, TAG_MEMBER_PEERS,
 };
@@ -775,7 +775,11 @@ impl Node {
         } else {
             restored.storage.initial_state()?.hard_state.commit
         };
-        let lessor = restore_leases(&mvcc, crate::lease::min_ttl_secs(cfg.election_timeout))?;
+        let lessor = crate::apply::restore_leases(
+            &mvcc,
+            crate::lease::min_ttl_secs(cfg.election_timeout),
+            Instant::now(),
+        )?;
         let mut auth = restore_auth(&mvcc)?;
         auth.set_token_settings(
             cfg.token_settings()
@@ -2070,7 +2074,8 @@ impl Node {
             )));
         }
         let mvcc = MvccStore::open(engine.clone())?;
-        let lessor = restore_leases(&mvcc, self.lessor.borrow().min_ttl())?;
+        let lessor =
+            crate::apply::restore_leases(&mvcc, self.lessor.borrow().min_ttl(), Instant::now())?;
         let auth = restore_auth(&mvcc)?;
         let alarms = restore_alarms(&mvcc)?;
         let conf = meta.get_conf_state().clone();
@@ -3450,61 +3455,6 @@ fn restore_auth(mvcc: &MvccStore<AnyEngine>) -> Result<crate::auth::AuthStore> {
     let records = mvcc.meta_with_prefix(crate::auth::META_PREFIX)?;
     crate::auth::AuthStore::restore(&records)
         .map_err(|e| ServerError::Mvcc(mvcc::MvccError::Corrupt(e)))
-}
-
-/// Rebuilds the lease table: leases from their records, attachments from
-/// the keys' `lease` fields. Every lease starts a full TTL (etcd's Promote).
-fn restore_leases(mvcc: &MvccStore<AnyEngine>, min_ttl: i64) -> Result<crate::lease::Lessor> {
-    let mut lessor = crate::lease::Lessor::new(min_ttl);
-    let now = Instant::now();
-    for (name, value) in mvcc.meta_with_prefix(LEASE_META)? {
-        let field = |at: usize| {
-            value
-                .get(at..at + 8)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        };
-        let (Ok(id), Some(ttl), 8 | 16) = (
-            <[u8; 8]>::try_from(&name[LEASE_META.len()..]),
-            field(0),
-            value.len(),
-        ) else {
-            return Err(ServerError::Mvcc(mvcc::MvccError::Corrupt(format!(
-                "bad lease record {name:02x?}"
-            ))));
-        };
-        let checkpointed = field(8).map(i64::from_be_bytes);
-        lessor.restore(
-            i64::from_be_bytes(id),
-            i64::from_be_bytes(ttl),
-            checkpointed,
-            now,
-        );
-    }
-    // Which keys hold a lease is only in their records: read them all, but
-    // only when some lease exists, and a page at a time (one range of the
-    // whole store would hold every value at once: 256 MiB per 1M keys).
-    if lessor.ids().next().is_none() {
-        return Ok(lessor);
-    }
-    const PAGE: i64 = 4096;
-    let mut from = bytes::Bytes::from_static(b"\0");
-    loop {
-        let page = mvcc.range(&mvcc::RangeRequest {
-            key: from,
-            range_end: bytes::Bytes::from_static(b"\0"),
-            limit: PAGE,
-            ..Default::default()
-        })?;
-        let Some(last) = page.kvs.last() else { break };
-        from = mvcc::key_after(&last.key).into();
-        for kv in page.kvs.into_iter().filter(|kv| kv.lease != 0) {
-            lessor.attach(kv.key, kv.lease);
-        }
-        if !page.more {
-            break;
-        }
-    }
-    Ok(lessor)
 }
 
 /// Times one entry's apply: one slower than [`crate::metrics::SLOW_APPLY`]

@@ -47,12 +47,28 @@
 //! the WAL's own rule ([`engine::wal::releasable_segments`]); a restart
 //! recovers from what is left.
 //!
-//! Not simulated yet: leases, auth, the btree and lsm engines.
+//! Entries are node.rs' own ([`crate::apply`]'s encoding) and apply
+//! through the same [`apply::StateMachine`]: KV writes, lease grants,
+//! revokes (by clients, and by the leader as an expiry does) and puts that
+//! attach keys to leases. A restarted member rebuilds its lease table as
+//! node.rs does ([`apply::restore_leases`]), from its checkpoint or a
+//! leader's snapshot plus the replayed log. Checked besides: every member
+//! reaches the same answer for every entry (a put refused for an unknown
+//! lease on one member and applied on another diverges), a put attaches a
+//! key only to a lease the log has not revoked, no key outlives its
+//! lease's revocation, and at the end every member holds the same leases
+//! with the same keys.
 //!
-//! Must never touch real time, files or threads.
+//! Not simulated yet: auth (it stays off), alarms, the btree and lsm
+//! engines.
+//!
+//! Must never touch real time (one `Instant`, taken at the start, is only
+//! the opaque origin of lease grants, which no check or draw reads), files
+//! or threads.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::panic::AssertUnwindSafe;
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes};
 use engine::wal::{Record, Recovered};
@@ -65,7 +81,9 @@ use raft::eraftpb::{
 use raft::storage::MemStorage;
 use raft::{RawNode, StateRole};
 
+use crate::apply::{self, ApplyContext, Decoded, ProposedBy};
 use crate::error::ServerError;
+use crate::lease::Lessor;
 use crate::mvcc::{self, EventKind, MvccStore};
 use crate::read_index::ReadRounds;
 use crate::ready::ReadyHost;
@@ -121,6 +139,9 @@ pub enum Bug {
     /// Members apply raft-rs' "leave the joint configuration" entry (an
     /// empty ConfChangeV2) as a no-op: a replaced voter is never let go.
     JointNeverLeft,
+    /// A member that restarts or installs a snapshot rebuilds no lease
+    /// table (node.rs' restore_leases skipped).
+    LeasesForgotten,
 }
 
 /// What a run did and found.
@@ -156,6 +177,11 @@ pub struct SimReport {
     pub joint_changes: u64,
     /// Entries of discarded branches cut at restarts (raftlog::restore).
     pub discarded_entries: u64,
+    /// Leases granted and revoked (by clients and as expiries), and puts
+    /// refused for a lease the log had revoked.
+    pub leases_granted: u64,
+    pub leases_revoked: u64,
+    pub lease_puts_refused: u64,
     pub last_index: u64,
     pub revision: i64,
     pub hash: u32,
@@ -226,8 +252,10 @@ const DIED_IN_INSTALL: &str = "died between installing a snapshot and its WAL ma
 const SPARE_MEMBERS: u64 = 3;
 /// node.rs' grace before a removed member exits.
 const LEAVE_GRACE_MS: u64 = 500;
-const ENTRY_CLIENT: u8 = 1;
-const ENTRY_PUBLISH: u8 = 2;
+/// Leases' TTL and the lessor's minimum: expiry is the leader's revoke
+/// here, drawn at random, never a clock's.
+const LEASE_TTL: i64 = 60;
+const MIN_LEASE_TTL: i64 = 1;
 
 /// A member's disk: group commits that reached it, in WAL segments;
 /// records buffered for the next one (lost if the member dies first); and
@@ -340,11 +368,15 @@ impl Disk {
 /// What a running member holds in memory (gone when it dies).
 struct Life {
     raw: RawNode<MemStorage>,
-    state: StateMachine,
+    state: MemberState,
 }
 
-struct StateMachine {
+struct MemberState {
     mvcc: MvccStore<MemoryEngine>,
+    /// The rest of the applied state, as node.rs keeps it beside MVCC.
+    lessor: Lessor,
+    auth: crate::auth::AuthStore,
+    alarms: crate::alarm::Alarms,
     applied: u64,
     serving: bool,
     /// The start-up publish in flight: its nonce and when it was proposed.
@@ -404,6 +436,8 @@ enum OpKind {
     Get,
     LinearizableGet,
     Compact,
+    LeaseGrant,
+    LeaseRevoke,
 }
 
 struct InFlight {
@@ -464,6 +498,13 @@ struct World {
     conf: ConfState,
     /// Members that cannot talk across the cut: side of each, or none.
     partition: Option<(Vec<bool>, u64)>,
+    /// Leases as the agreed log has them so far: alive or revoked.
+    leases: BTreeMap<i64, bool>,
+    /// Every lease ID a client asked for, granted or not (yet).
+    lease_ids: Vec<i64>,
+    /// What lease grants count their TTL from: taken once, never read
+    /// again (expiry is the leader's random revoke, not a clock's).
+    base: Instant,
 }
 
 impl World {
@@ -475,10 +516,33 @@ impl World {
         }
     }
 
+    /// When a restored lease table's TTLs start; None: it is not restored
+    /// at all (the planted bug).
+    fn leases_restored_from(&self) -> Option<Instant> {
+        (self.cfg.bug != Some(Bug::LeasesForgotten))
+            .then(|| self.base + Duration::from_millis(self.now))
+    }
+
+    /// The agreed lease table follows the log, entry by entry.
+    fn agree_on_leases(&mut self, effect: &LeaseEffect, ok: bool) {
+        match effect {
+            LeaseEffect::Grant(lease) if ok => {
+                self.leases.insert(*lease, true);
+                self.report.leases_granted += 1;
+            }
+            LeaseEffect::Revoke(lease) if ok => {
+                self.leases.insert(*lease, false);
+                self.report.leases_revoked += 1;
+            }
+            LeaseEffect::Attach(_) if !ok => self.report.lease_puts_refused += 1,
+            _ => {}
+        }
+    }
+
     /// A serializable read of `key` on member `i`, if it serves. The answer
     /// must not go below what this member answered before, and must show
     /// the key as the agreed log has it at the answer's revision.
-    fn serve_read(&mut self, i: usize, id: u64, state: &StateMachine, key: &Bytes) -> Option<i64> {
+    fn serve_read(&mut self, i: usize, id: u64, state: &MemberState, key: &Bytes) -> Option<i64> {
         if !state.serving {
             return None;
         }
@@ -520,7 +584,7 @@ impl World {
         Some(revision)
     }
 
-    fn serve_serializable(&mut self, i: usize, id: u64, state: &StateMachine, key: &Bytes) {
+    fn serve_serializable(&mut self, i: usize, id: u64, state: &MemberState, key: &Bytes) {
         if self.serve_read(i, id, state, key).is_some() {
             self.report.reads += 1;
         }
@@ -531,7 +595,7 @@ impl World {
         &mut self,
         i: usize,
         id: u64,
-        state: &StateMachine,
+        state: &MemberState,
         reads: Vec<LinearizableRead>,
     ) {
         for read in reads {
@@ -621,7 +685,7 @@ impl World {
 struct SimReady<'a> {
     member: usize,
     id: u64,
-    state: &'a mut StateMachine,
+    state: &'a mut MemberState,
     disk: &'a mut Disk,
     world: &'a mut World,
 }
@@ -676,9 +740,12 @@ impl SimReady<'_> {
             ));
         }
         self.state.applied = index;
+        // (the start-up publish?, proposing member, op or nonce)
         let mut origin = None;
         let mut events = Vec::new();
         let mut conf = None;
+        let mut answer = 0;
+        let mut lease_effect = LeaseEffect::None;
         let never_leave = self.world.cfg.bug == Some(Bug::JointNeverLeft) && entry.data.is_empty();
         if entry.get_entry_type() == EntryType::EntryConfChangeV2 && !never_leave {
             // An empty one is raft-rs' "leave the joint configuration",
@@ -687,36 +754,43 @@ impl SimReady<'_> {
         } else if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
             self.state.mvcc.apply_noop(index)?;
         } else {
-            let data = &entry.data;
-            if data.len() < 17 {
-                return Err(ServerError::Startup(format!("entry {index} is too short")));
-            }
-            let member = u64::from_le_bytes(data[1..9].try_into().unwrap_or_default());
-            let op = u64::from_le_bytes(data[9..17].try_into().unwrap_or_default());
-            origin = Some((data[0], member, op));
-            if data[0] == ENTRY_CLIENT {
-                let mut req = mvcc::decode(&data[17..])
-                    .map_err(|e| ServerError::Startup(format!("entry {index}: {e}")))?;
+            let Some((member, op, mut decoded)) = apply::decode_proposal(entry.data.clone()) else {
+                return Err(ServerError::Startup(format!(
+                    "entry {index} does not decode"
+                )));
+            };
+            if let Decoded::MemberAttrs(_) = decoded {
+                // The start-up publish (node.rs records the attributes).
+                self.state.mvcc.apply_noop(index)?;
+                origin = Some((true, member, op));
+            } else {
                 if self.world.cfg.bug == Some(Bug::DivergentApply) && self.id == 1 {
-                    if let mvcc::Request::Put(put) = &mut req {
+                    if let Decoded::Kv(mvcc::Request::Put(put), _) = &mut decoded {
                         put.value = Bytes::from_static(b"diverged");
                     }
                 }
-                match self.state.mvcc.apply(index, &req) {
-                    Ok(outcome) => events = outcome.events,
-                    Err(e) if e.is_fatal() => return Err(e.into()),
-                    // A refused request (a compaction of a compacted
-                    // revision) applies as nothing on every member.
-                    Err(_) => {}
+                lease_effect = LeaseEffect::of(&decoded);
+                let context = ApplyContext {
+                    now: self.world.base + Duration::from_millis(self.world.now),
+                    replayed_commit_index: 0,
+                };
+                let state = &mut *self.state;
+                let outcome = apply::StateMachine {
+                    mvcc: &mut state.mvcc,
+                    lessor: &mut state.lessor,
+                    auth: &mut state.auth,
+                    alarms: &mut state.alarms,
                 }
-            } else {
-                self.state.mvcc.apply_noop(index)?;
+                .apply(index, decoded, &context, Some(&mut events))?;
+                answer = answer_code(&outcome.result);
+                self.check_leases(index, &lease_effect, &outcome.result);
+                origin = Some((false, member, op));
             }
         }
         let revision = self.state.mvcc.current_revision();
         let mut seen = AppliedEntry {
             term: entry.term,
-            digest: fnv(&entry.data) ^ fnv(&bytes_of_events(&events)),
+            digest: fnv(&entry.data) ^ fnv(&bytes_of_events(&events)) ^ answer.rotate_left(29),
             revision,
             first_by: self.id,
         };
@@ -734,7 +808,7 @@ impl SimReady<'_> {
                     agreed.term,
                     agreed.revision,
                     if agreed.digest != seen.digest {
-                        " with different data or effects"
+                        " with different data, effects or answer"
                     } else {
                         ""
                     }
@@ -757,19 +831,116 @@ impl SimReady<'_> {
                     .or_default()
                     .push((event.kv.mod_revision, value));
             }
+            self.world
+                .agree_on_leases(&lease_effect, answer == ANSWER_OK);
         }
-        if let Some((kind, member, op)) = origin {
+        if let Some((publish, member, op)) = origin {
             if member == self.id {
-                if kind == ENTRY_PUBLISH && self.state.publish.is_some_and(|(n, _)| n == op) {
+                if publish && self.state.publish.is_some_and(|(n, _)| n == op) {
                     self.state.serving = true;
                     self.state.publish = None;
                 }
-                if kind == ENTRY_CLIENT && self.state.pending.remove(&op).is_some() {
+                if !publish && self.state.pending.remove(&op).is_some() {
                     self.world.answers.push((op, Answer::Applied(index)));
                 }
             }
         }
         Ok(())
+    }
+
+    /// What must hold on every member after a lease entry applied: a
+    /// revoked lease is gone with every key it held; a put only attaches
+    /// to a lease the log has not revoked (checked by the first member to
+    /// apply the index, when the agreed table is at that index).
+    fn check_leases(
+        &mut self,
+        index: u64,
+        effect: &LeaseEffect,
+        result: &crate::error::Result<apply::Applied>,
+    ) {
+        let id = self.id;
+        match effect {
+            LeaseEffect::Revoke(lease) if result.is_ok() => {
+                let holders: Vec<Bytes> = self
+                    .state
+                    .mvcc
+                    .range(&mvcc::RangeRequest {
+                        key: Bytes::from_static(b"\0"),
+                        range_end: Bytes::from_static(b"\0"),
+                        serializable: true,
+                        ..Default::default()
+                    })
+                    .map(|r| r.kvs)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|kv| kv.lease == *lease)
+                    .map(|kv| kv.key)
+                    .collect();
+                if !holders.is_empty() || self.state.lessor.exists(*lease) {
+                    self.world.anomaly(format!(
+                        "member {id} revoked lease {lease} at index {index} but it lives on \
+                         (keys still attached: {holders:?})"
+                    ));
+                }
+            }
+            LeaseEffect::Attach(leases) if (index - 1) as usize == self.world.log.len() => {
+                let alive = |l: &i64| self.world.leases.get(l) == Some(&true);
+                if result.is_ok() && !leases.iter().all(alive) {
+                    self.world.anomaly(format!(
+                        "member {id} attached a key to lease(s) {leases:?} at index {index}, \
+                         which the log had not granted or had revoked"
+                    ));
+                } else if result.is_err() && leases.iter().all(alive) {
+                    self.world.anomaly(format!(
+                        "member {id} refused a put at index {index} with live lease(s) {leases:?}: \
+                         {result:?}"
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A member's leases, each with its keys, in ID order.
+type LeaseTable = Vec<(i64, Vec<Bytes>)>;
+
+/// What an entry does to leases, for the checks.
+enum LeaseEffect {
+    None,
+    Grant(i64),
+    Revoke(i64),
+    /// A write that attaches keys to these leases.
+    Attach(Vec<i64>),
+}
+
+impl LeaseEffect {
+    fn of(decoded: &Decoded) -> LeaseEffect {
+        match decoded {
+            Decoded::LeaseGrant { id, .. } => LeaseEffect::Grant(*id),
+            Decoded::LeaseRevoke { id, .. } => LeaseEffect::Revoke(*id),
+            Decoded::Kv(req, _) => {
+                let mut used = Vec::new();
+                apply::leases_used(req, &mut used);
+                if used.is_empty() {
+                    LeaseEffect::None
+                } else {
+                    LeaseEffect::Attach(used)
+                }
+            }
+            _ => LeaseEffect::None,
+        }
+    }
+}
+
+const ANSWER_OK: u64 = 1;
+
+/// An entry's answer, as every member must reach it: success, or which
+/// refusal (a member refusing what another applied diverges).
+fn answer_code(result: &crate::error::Result<apply::Applied>) -> u64 {
+    match result {
+        Ok(_) => ANSWER_OK,
+        Err(e) => fnv(e.to_string().as_bytes()) | 2,
     }
 }
 
@@ -832,6 +1003,7 @@ impl ReadyHost for SimReady<'_> {
             return Err(ServerError::Startup(DIED_IN_INSTALL.into()));
         }
         self.state.mvcc = MvccStore::open(engine)?;
+        self.state.lessor = restored_leases(&self.state.mvcc, self.world.leases_restored_from())?;
         raw.store().wl().apply_snapshot(snap)?;
         self.disk.append(Record::Snapshot {
             index,
@@ -984,6 +1156,9 @@ impl Sim {
                 ..Default::default()
             },
             partition: None,
+            leases: BTreeMap::new(),
+            lease_ids: Vec::new(),
+            base: Instant::now(),
         };
         Sim {
             world,
@@ -1029,6 +1204,7 @@ impl Sim {
             member.join.is_some(),
             &mut member.disk,
             serve_at_once,
+            self.world.leases_restored_from(),
         ) {
             Ok((life, discarded)) => {
                 self.world.report.discarded_entries += discarded;
@@ -1316,10 +1492,25 @@ impl Sim {
                     let nonce = world.rng.next();
                     if life
                         .raw
-                        .propose(Vec::new(), entry_data(ENTRY_PUBLISH, id, nonce, None))
+                        .propose(Vec::new(), publish_entry(id, nonce))
                         .is_ok()
                     {
                         life.state.publish = Some((nonce, now));
+                    }
+                }
+                if life.raw.raft.state == StateRole::Leader && world.rng.one_in(150) {
+                    // A lease expires: its leader revokes it through the
+                    // log, as node.rs' expire_leases does.
+                    let alive: Vec<i64> = (world.leases.iter())
+                        .filter(|(_, alive)| **alive)
+                        .map(|(lease, _)| *lease)
+                        .collect();
+                    if !alive.is_empty() {
+                        let lease = alive[world.rng.below(alive.len() as u64) as usize];
+                        let nonce = world.rng.next();
+                        let _ = life
+                            .raw
+                            .propose(Vec::new(), revoke_entry(id, nonce, lease, None));
                     }
                 }
             }
@@ -1492,11 +1683,22 @@ impl Sim {
         let key = self.world.random_key();
         let rng = &mut self.world.rng;
         let kind = match rng.below(100) {
-            0..=39 => OpKind::Put,
-            40..=49 => OpKind::Delete,
-            50 => OpKind::Compact,
-            51..=75 => OpKind::Get,
+            0..=35 => OpKind::Put,
+            36..=44 => OpKind::Delete,
+            45 => OpKind::Compact,
+            46..=47 => OpKind::LeaseGrant,
+            48..=49 => OpKind::LeaseRevoke,
+            50..=75 => OpKind::Get,
             _ => OpKind::LinearizableGet,
+        };
+        // A third of the puts attach their key to a lease a client asked
+        // for: granted, revoked, or not (yet) applied.
+        let ids = &self.world.lease_ids;
+        let lease = match kind {
+            OpKind::Put | OpKind::LeaseRevoke if !ids.is_empty() && rng.one_in(3) => {
+                ids[rng.below(ids.len() as u64) as usize]
+            }
+            _ => 0,
         };
         self.clients[c].next_at = now + rng.between(1, 10);
         self.world.report.steps += 1;
@@ -1509,7 +1711,7 @@ impl Sim {
             }
             return;
         };
-        let req = match kind {
+        match kind {
             OpKind::Get => {
                 self.world.serve_serializable(member, id, &life.state, &key);
                 return;
@@ -1540,27 +1742,44 @@ impl Sim {
                 life.state.reads.queue(read);
                 return;
             }
-            OpKind::Put => mvcc::Request::Put(mvcc::PutRequest {
-                key,
-                value: Bytes::from(format!("v{}", self.next_op + 1)),
-                ..Default::default()
-            }),
-            OpKind::Delete => mvcc::Request::DeleteRange(mvcc::DeleteRangeRequest {
-                key,
-                ..Default::default()
-            }),
-            OpKind::Compact => mvcc::Request::Compaction(mvcc::CompactionRequest {
-                revision: (life.state.mvcc.current_revision() - 50).max(1),
-                physical: false,
-            }),
-        };
+            OpKind::LeaseRevoke if lease == 0 => return,
+            _ => {}
+        }
         self.next_op += 1;
         let op = self.next_op;
-        if life
-            .raw
-            .propose(Vec::new(), entry_data(ENTRY_CLIENT, id, op, Some(&req)))
-            .is_err()
-        {
+        let by = anonymous();
+        let data = match kind {
+            OpKind::Put => {
+                let put = mvcc::PutRequest {
+                    key,
+                    value: Bytes::from(format!("v{op}")),
+                    lease,
+                    ..Default::default()
+                };
+                kv_entry(id, op, &mvcc::Request::Put(put), Some(&by))
+            }
+            OpKind::Delete => {
+                let delete = mvcc::DeleteRangeRequest {
+                    key,
+                    ..Default::default()
+                };
+                kv_entry(id, op, &mvcc::Request::DeleteRange(delete), Some(&by))
+            }
+            OpKind::Compact => {
+                let compact = mvcc::CompactionRequest {
+                    revision: (life.state.mvcc.current_revision() - 50).max(1),
+                    physical: false,
+                };
+                kv_entry(id, op, &mvcc::Request::Compaction(compact), Some(&by))
+            }
+            OpKind::LeaseGrant => {
+                let lease = 1000 + self.world.lease_ids.len() as i64;
+                self.world.lease_ids.push(lease);
+                grant_entry(id, op, lease)
+            }
+            _ => revoke_entry(id, op, lease, Some(&by)),
+        };
+        if life.raw.propose(Vec::new(), data).is_err() {
             self.world.report.writes_failed += 1;
             return;
         }
@@ -1625,7 +1844,7 @@ impl Sim {
         });
         if life
             .raw
-            .propose(Vec::new(), entry_data(ENTRY_CLIENT, id, op, Some(&req)))
+            .propose(Vec::new(), kv_entry(id, op, &req, None))
             .is_ok()
         {
             life.state.pending.insert(op, usize::MAX);
@@ -1657,6 +1876,44 @@ impl Sim {
         first.is_some_and(|a| a >= target)
             && applied.all(|a| a == first)
             && self.world.conf.voters_outgoing.is_empty()
+    }
+
+    /// Every member holds the leases the log left alive, each with the
+    /// same keys.
+    fn leases_disagree(&self) -> Vec<String> {
+        let alive: Vec<i64> = (self.world.leases.iter())
+            .filter(|(_, alive)| **alive)
+            .map(|(lease, _)| *lease)
+            .collect();
+        let mut first: Option<(u64, LeaseTable)> = None;
+        let mut found = Vec::new();
+        for m in self.in_conf() {
+            let Some(life) = &m.life else { continue };
+            let lessor = &life.state.lessor;
+            let mut ids: Vec<i64> = lessor.ids().collect();
+            ids.sort_unstable();
+            if ids != alive {
+                found.push(format!(
+                    "member {} holds leases {ids:?}; the log left {alive:?} alive",
+                    m.id
+                ));
+            }
+            let table: LeaseTable = (ids.iter())
+                .map(|id| {
+                    let keys = lessor.get(*id).map(|l| l.keys.iter().cloned().collect());
+                    (*id, keys.unwrap_or_default())
+                })
+                .collect();
+            match &first {
+                None => first = Some((m.id, table)),
+                Some((other, t)) if *t != table => found.push(format!(
+                    "lease keys differ: member {other} {t:?}, member {} {table:?}",
+                    m.id
+                )),
+                Some(_) => {}
+            }
+        }
+        found
     }
 
     fn check_end(&mut self) {
@@ -1700,6 +1957,7 @@ impl Sim {
                 Err(e) => found.push(format!("member {}: HashKV failed: {e}", m.id)),
             }
         }
+        found.extend(self.leases_disagree());
         for what in found {
             self.world.anomaly(what);
         }
@@ -1716,6 +1974,7 @@ fn boot(
     joining: bool,
     disk: &mut Disk,
     serve_at_once: bool,
+    leases_from: Option<Instant>,
 ) -> Result<(Life, u64), String> {
     let mut recovered = disk
         .recover()
@@ -1749,6 +2008,7 @@ fn boot(
     let restored = crate::raftlog::restore(&recovered, engine_applied, initial_conf)
         .map_err(|e| format!("its raft log does not restore: {e}"))?;
     let mvcc = MvccStore::open(engine).map_err(|e| format!("its checkpoint does not open: {e}"))?;
+    let lessor = restored_leases(&mvcc, leases_from).map_err(|e| format!("its leases: {e}"))?;
     // As node.rs: membership applied into the engine is newer than any
     // WAL marker's.
     if let Some(cs) = crate::node::conf_kept_in(&mvcc, engine_applied).map_err(|e| e.to_string())? {
@@ -1790,8 +2050,11 @@ fn boot(
     Ok((
         Life {
             raw,
-            state: StateMachine {
+            state: MemberState {
                 mvcc,
+                lessor,
+                auth: crate::auth::AuthStore::default(),
+                alarms: crate::alarm::Alarms::default(),
                 applied: restored.applied,
                 serving: serve_at_once,
                 publish: None,
@@ -1806,6 +2069,18 @@ fn boot(
         },
         discarded,
     ))
+}
+
+/// The lease table a member rebuilds from its state machine (node.rs'
+/// restore_leases), or none with [`Bug::LeasesForgotten`] (`from` None).
+fn restored_leases(
+    mvcc: &MvccStore<MemoryEngine>,
+    from: Option<Instant>,
+) -> Result<Lessor, ServerError> {
+    match from {
+        Some(now) => apply::restore_leases(mvcc, MIN_LEASE_TTL, now),
+        None => Ok(Lessor::new(MIN_LEASE_TTL)),
+    }
 }
 
 /// A copy of an engine's whole state at its applied index: what a
@@ -1902,15 +2177,67 @@ fn checkpoint(life: &mut Life, disk: &mut Disk, world: &mut World) -> Result<(),
     Ok(())
 }
 
-fn entry_data(kind: u8, member: u64, op: u64, req: Option<&mvcc::Request>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    out.put_u8(kind);
-    out.put_u64_le(member);
-    out.put_u64_le(op);
-    if let Some(req) = req {
-        mvcc::encode(req, &mut out);
+/// A KV write as node.rs logs it: a client's names who proposed it (no
+/// user here: auth stays off), the member's own does not.
+fn kv_entry(member: u64, op: u64, req: &mvcc::Request, by: Option<&ProposedBy>) -> Vec<u8> {
+    let mut body = Vec::with_capacity(64);
+    let tag = match by {
+        Some(by) => {
+            by.encode(&mut body);
+            apply::TAG_KV_AUTHED
+        }
+        None => apply::TAG_KV,
+    };
+    mvcc::encode(req, &mut body);
+    apply::proposal(member, op, tag, &body)
+}
+
+/// A client's lease revoke (`by`: a client, checked at apply) or the
+/// leader's (an expiry), as node.rs logs them.
+fn revoke_entry(member: u64, op: u64, lease: i64, by: Option<&ProposedBy>) -> Vec<u8> {
+    let mut body = Vec::with_capacity(8);
+    let tag = match by {
+        Some(by) => {
+            by.encode(&mut body);
+            apply::TAG_LEASE_REVOKE_AUTHED
+        }
+        None => apply::TAG_LEASE_REVOKE,
+    };
+    body.put_i64_le(lease);
+    apply::proposal(member, op, tag, &body)
+}
+
+fn grant_entry(member: u64, op: u64, lease: i64) -> Vec<u8> {
+    let mut body = Vec::with_capacity(16);
+    body.put_i64_le(lease);
+    body.put_i64_le(LEASE_TTL);
+    apply::proposal(member, op, apply::TAG_LEASE_GRANT, &body)
+}
+
+/// The start-up publish: the member's attributes, with a nonce as its
+/// proposal id.
+fn publish_entry(member: u64, nonce: u64) -> Vec<u8> {
+    let attrs = crate::members::MemberRecord {
+        id: member,
+        name: format!("m{member}"),
+        peer_urls: Vec::new(),
+        client_urls: Vec::new(),
+        is_learner: false,
+    };
+    apply::proposal(
+        member,
+        nonce,
+        apply::TAG_MEMBER_ATTRS,
+        &crate::members::encode(&attrs),
+    )
+}
+
+/// A client's ProposedBy while auth is off: nobody, at auth revision 0.
+fn anonymous() -> ProposedBy {
+    ProposedBy {
+        user: String::new(),
+        auth_revision: 0,
     }
-    out
 }
 
 #[cfg(test)]
@@ -1956,6 +2283,9 @@ mod tests {
             total.snapshots_installed += r.snapshots_installed;
             total.membership_changes += r.membership_changes;
             total.joint_changes += r.joint_changes;
+            total.leases_granted += r.leases_granted;
+            total.leases_revoked += r.leases_revoked;
+            total.lease_puts_refused += r.lease_puts_refused;
         }
         // The faults really happened, and leadership moved because of them.
         assert!(total.crashes >= 3, "{total:?}");
@@ -1973,6 +2303,14 @@ mod tests {
         // replaced in joint steps (each left by the end: `converged`).
         assert!(total.membership_changes >= 3, "{total:?}");
         assert!(total.joint_changes >= 1, "{total:?}");
+        // Leases were granted and revoked, and puts with a revoked lease
+        // refused, on every member alike.
+        assert!(
+            total.leases_granted >= 10
+                && total.leases_revoked >= 5
+                && total.lease_puts_refused >= 1,
+            "{total:?}"
+        );
     }
 
     /// Seeds that find production bugs when their fix is taken out (checked
@@ -2023,7 +2361,7 @@ mod tests {
     fn a_member_applying_differently_is_caught() {
         caught(
             Bug::DivergentApply,
-            &["with different data or effects", "HashKV differs"],
+            &["with different data, effects or answer", "HashKV differs"],
         );
     }
 
@@ -2038,7 +2376,7 @@ mod tests {
             Bug::StaleSnapshot,
             &[
                 "restored index",
-                "with different data or effects",
+                "with different data, effects or answer",
                 "HashKV differs",
             ],
         );
@@ -2064,6 +2402,18 @@ mod tests {
     #[test]
     fn a_joint_configuration_never_left_is_caught() {
         caught(Bug::JointNeverLeft, &["no convergence"]);
+    }
+
+    #[test]
+    fn a_member_that_forgets_its_leases_at_restart_is_caught() {
+        caught(
+            Bug::LeasesForgotten,
+            &[
+                "different data, effects or answer",
+                "holds leases",
+                "lives on",
+            ],
+        );
     }
 
     #[test]
