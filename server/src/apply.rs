@@ -547,6 +547,19 @@ pub(crate) fn restore_leases<E: Engine>(
     Ok(lessor)
 }
 
+/// The active alarms, from their records.
+pub(crate) fn restore_alarms<E: Engine>(mvcc: &MvccStore<E>) -> Result<crate::alarm::Alarms> {
+    let records = mvcc.meta_with_prefix(crate::alarm::META_PREFIX)?;
+    Ok(crate::alarm::Alarms::from_meta(&records))
+}
+
+/// Rebuilds the auth state (users, roles, the enabled flag) from its records.
+pub(crate) fn restore_auth<E: Engine>(mvcc: &MvccStore<E>) -> Result<crate::auth::AuthStore> {
+    let records = mvcc.meta_with_prefix(crate::auth::META_PREFIX)?;
+    crate::auth::AuthStore::restore(&records)
+        .map_err(|e| ServerError::Mvcc(mvcc::MvccError::Corrupt(e)))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]

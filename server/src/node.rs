@@ -780,12 +780,12 @@ impl Node {
             crate::lease::min_ttl_secs(cfg.election_timeout),
             Instant::now(),
         )?;
-        let mut auth = restore_auth(&mvcc)?;
+        let mut auth = crate::apply::restore_auth(&mvcc)?;
         auth.set_token_settings(
             cfg.token_settings()
                 .map_err(|e| ServerError::Startup(e.to_string()))?,
         );
-        let alarms = restore_alarms(&mvcc)?;
+        let alarms = crate::apply::restore_alarms(&mvcc)?;
         phases.done("restore leases, auth, alarms");
         let wal = Wal::open(
             &dirs.wal,
@@ -2076,8 +2076,8 @@ impl Node {
         let mvcc = MvccStore::open(engine.clone())?;
         let lessor =
             crate::apply::restore_leases(&mvcc, self.lessor.borrow().min_ttl(), Instant::now())?;
-        let auth = restore_auth(&mvcc)?;
-        let alarms = restore_alarms(&mvcc)?;
+        let auth = crate::apply::restore_auth(&mvcc)?;
+        let alarms = crate::apply::restore_alarms(&mvcc)?;
         let conf = meta.get_conf_state().clone();
         let mut registry = Registry::default();
         load_member_records(&mvcc, &mut registry)?;
@@ -3442,19 +3442,6 @@ pub(crate) fn conf_kept_in<E: Engine>(
         )),
         None => Ok(None),
     }
-}
-
-/// The active alarms, from their records.
-fn restore_alarms(mvcc: &MvccStore<AnyEngine>) -> Result<crate::alarm::Alarms> {
-    let records = mvcc.meta_with_prefix(crate::alarm::META_PREFIX)?;
-    Ok(crate::alarm::Alarms::from_meta(&records))
-}
-
-/// Rebuilds the auth state (users, roles, the enabled flag) from its records.
-fn restore_auth(mvcc: &MvccStore<AnyEngine>) -> Result<crate::auth::AuthStore> {
-    let records = mvcc.meta_with_prefix(crate::auth::META_PREFIX)?;
-    crate::auth::AuthStore::restore(&records)
-        .map_err(|e| ServerError::Mvcc(mvcc::MvccError::Corrupt(e)))
 }
 
 /// Times one entry's apply: one slower than [`crate::metrics::SLOW_APPLY`]

@@ -59,7 +59,17 @@
 //! lease's revocation, and at the end every member holds the same leases
 //! with the same keys.
 //!
-//! Not simulated yet: auth (it stays off), alarms, the btree and lsm
+//! Auth too: an administrator sets up root and alice (whose role may write
+//! the keys it is granted, one by one), grants and revokes those
+//! permissions and turns auth on and off, while half the client writes
+//! are alice's and half nobody's, each naming the auth revision its
+//! member applied (node.rs' proposal check). Restarts rebuild the auth
+//! state through [`apply::restore_auth`]. Checked: a write applies only
+//! where the agreed auth state allows it, is refused by auth only while
+//! auth is on and never for a permission alice holds, and at the end every
+//! member has the log's auth state at one auth revision.
+//!
+//! Not simulated yet: alarms (restored, never raised), the btree and lsm
 //! engines.
 //!
 //! Must never touch real time (one `Instant`, taken at the start, is only
@@ -82,6 +92,7 @@ use raft::storage::MemStorage;
 use raft::{RawNode, StateRole};
 
 use crate::apply::{self, ApplyContext, Decoded, ProposedBy};
+use crate::auth::{AuthError, AuthRequest};
 use crate::error::ServerError;
 use crate::lease::Lessor;
 use crate::mvcc::{self, EventKind, MvccStore};
@@ -142,6 +153,9 @@ pub enum Bug {
     /// A member that restarts or installs a snapshot rebuilds no lease
     /// table (node.rs' restore_leases skipped).
     LeasesForgotten,
+    /// A member that restarts or installs a snapshot rebuilds no auth
+    /// state (node.rs' restore_auth skipped).
+    AuthForgotten,
 }
 
 /// What a run did and found.
@@ -178,10 +192,13 @@ pub struct SimReport {
     /// Entries of discarded branches cut at restarts (raftlog::restore).
     pub discarded_entries: u64,
     /// Leases granted and revoked (by clients and as expiries), and puts
-    /// refused for a lease the log had revoked.
+    /// refused for a lease the log had revoked or not granted.
     pub leases_granted: u64,
     pub leases_revoked: u64,
     pub lease_puts_refused: u64,
+    /// Auth changes applied, and writes refused by auth at apply.
+    pub auth_changes: u64,
+    pub auth_refusals: u64,
     pub last_index: u64,
     pub revision: i64,
     pub hash: u32,
@@ -438,6 +455,7 @@ enum OpKind {
     Compact,
     LeaseGrant,
     LeaseRevoke,
+    AuthChange,
 }
 
 struct InFlight {
@@ -502,6 +520,8 @@ struct World {
     leases: BTreeMap<i64, bool>,
     /// Every lease ID a client asked for, granted or not (yet).
     lease_ids: Vec<i64>,
+    /// Auth as the agreed log has it so far.
+    auth: AuthModel,
     /// What lease grants count their TTL from: taken once, never read
     /// again (expiry is the leader's random revoke, not a clock's).
     base: Instant,
@@ -524,7 +544,7 @@ impl World {
     }
 
     /// The agreed lease table follows the log, entry by entry.
-    fn agree_on_leases(&mut self, effect: &LeaseEffect, ok: bool) {
+    fn agree_on_leases(&mut self, effect: &LeaseEffect, ok: bool, lease_refused: bool) {
         match effect {
             LeaseEffect::Grant(lease) if ok => {
                 self.leases.insert(*lease, true);
@@ -534,7 +554,7 @@ impl World {
                 self.leases.insert(*lease, false);
                 self.report.leases_revoked += 1;
             }
-            LeaseEffect::Attach(_) if !ok => self.report.lease_puts_refused += 1,
+            LeaseEffect::Attach(_) if lease_refused => self.report.lease_puts_refused += 1,
             _ => {}
         }
     }
@@ -746,6 +766,8 @@ impl SimReady<'_> {
         let mut conf = None;
         let mut answer = 0;
         let mut lease_effect = LeaseEffect::None;
+        let mut auth_effect = AuthEffect::None;
+        let mut lease_refused = false;
         let never_leave = self.world.cfg.bug == Some(Bug::JointNeverLeft) && entry.data.is_empty();
         if entry.get_entry_type() == EntryType::EntryConfChangeV2 && !never_leave {
             // An empty one is raft-rs' "leave the joint configuration",
@@ -770,6 +792,7 @@ impl SimReady<'_> {
                     }
                 }
                 lease_effect = LeaseEffect::of(&decoded);
+                auth_effect = AuthEffect::of(&decoded);
                 let context = ApplyContext {
                     now: self.world.base + Duration::from_millis(self.world.now),
                     replayed_commit_index: 0,
@@ -783,7 +806,9 @@ impl SimReady<'_> {
                 }
                 .apply(index, decoded, &context, Some(&mut events))?;
                 answer = answer_code(&outcome.result);
+                lease_refused = matches!(outcome.result, Err(ServerError::Lease(_)));
                 self.check_leases(index, &lease_effect, &outcome.result);
+                self.check_auth(index, &auth_effect, &outcome.result);
                 origin = Some((false, member, op));
             }
         }
@@ -832,7 +857,13 @@ impl SimReady<'_> {
                     .push((event.kv.mod_revision, value));
             }
             self.world
-                .agree_on_leases(&lease_effect, answer == ANSWER_OK);
+                .agree_on_leases(&lease_effect, answer == ANSWER_OK, lease_refused);
+            if let AuthEffect::Change(req) = &auth_effect {
+                if answer == ANSWER_OK {
+                    self.world.auth.follow(req);
+                    self.world.report.auth_changes += 1;
+                }
+            }
         }
         if let Some((publish, member, op)) = origin {
             if member == self.id {
@@ -846,6 +877,47 @@ impl SimReady<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A client's write applies only if auth allows it at its index, and
+    /// is refused by auth only if auth is on (checked by the first member
+    /// to apply the index, when the agreed model is at that index). A
+    /// refusal for an older auth revision is always allowed: the model
+    /// does not know which revision the proposer's check saw.
+    fn check_auth(
+        &mut self,
+        index: u64,
+        effect: &AuthEffect,
+        result: &crate::error::Result<apply::Applied>,
+    ) {
+        let AuthEffect::Write { user, key, lease } = effect else {
+            return;
+        };
+        if (index - 1) as usize != self.world.log.len() {
+            return;
+        }
+        let id = self.id;
+        let model = &self.world.auth;
+        let wrong = match result {
+            Ok(_) if model.enabled && !model.may_write(user, key) => {
+                Some("applied it, which auth forbids there")
+            }
+            Err(ServerError::Auth(_)) if !model.enabled => Some("refused it by auth, which is off"),
+            Err(ServerError::Auth(AuthError::PermissionDenied))
+                if !lease && model.may_write(user, key) =>
+            {
+                Some("refused it for a permission the user holds")
+            }
+            _ => None,
+        };
+        if matches!(result, Err(ServerError::Auth(_))) {
+            self.world.report.auth_refusals += 1;
+        }
+        if let Some(wrong) = wrong {
+            self.world.anomaly(format!(
+                "member {id} got a write of {key:?} by {user:?} at index {index} and {wrong}: {result:?}"
+            ));
+        }
     }
 
     /// What must hold on every member after a lease entry applied: a
@@ -890,7 +962,7 @@ impl SimReady<'_> {
                         "member {id} attached a key to lease(s) {leases:?} at index {index}, \
                          which the log had not granted or had revoked"
                     ));
-                } else if result.is_err() && leases.iter().all(alive) {
+                } else if matches!(result, Err(ServerError::Lease(_))) && leases.iter().all(alive) {
                     self.world.anomaly(format!(
                         "member {id} refused a put at index {index} with live lease(s) {leases:?}: \
                          {result:?}"
@@ -898,6 +970,77 @@ impl SimReady<'_> {
                 }
             }
             _ => {}
+        }
+    }
+}
+
+/// The user whose writes auth checks, and the role that may grant her
+/// writes key by key.
+const ALICE: &str = "alice";
+const WRITER: &str = "writer";
+
+/// Auth as the agreed log left it, as far as the checks need: whether it
+/// is on, and which keys alice may write.
+#[derive(Default)]
+struct AuthModel {
+    /// How many of [`auth_setup`]'s steps applied.
+    set_up: usize,
+    enabled: bool,
+    alice_is_writer: bool,
+    writer_keys: std::collections::BTreeSet<Bytes>,
+}
+
+impl AuthModel {
+    fn may_write(&self, user: &str, key: &Bytes) -> bool {
+        user == ALICE && self.alice_is_writer && self.writer_keys.contains(key)
+    }
+
+    /// An auth change the log applied.
+    fn follow(&mut self, req: &AuthRequest) {
+        if auth_setup().get(self.set_up) == Some(req) {
+            self.set_up += 1;
+        }
+        match req {
+            AuthRequest::Enable => self.enabled = true,
+            AuthRequest::Disable => self.enabled = false,
+            AuthRequest::UserGrantRole { user, role } if user == ALICE && role == WRITER => {
+                self.alice_is_writer = true
+            }
+            AuthRequest::RoleGrantPermission { name, perm } if name == WRITER => {
+                self.writer_keys.insert(perm.key.clone());
+            }
+            AuthRequest::RoleRevokePermission { role, key, .. } if role == WRITER => {
+                self.writer_keys.remove(key);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What an entry does that auth decides or changes, for the checks.
+enum AuthEffect {
+    None,
+    Change(AuthRequest),
+    /// A client's write of one key, by `user` ("" for nobody).
+    Write {
+        user: String,
+        key: Bytes,
+        lease: bool,
+    },
+}
+
+impl AuthEffect {
+    fn of(decoded: &Decoded) -> AuthEffect {
+        let write = |user: &str, key: &Bytes, lease: i64| AuthEffect::Write {
+            user: user.to_owned(),
+            key: key.clone(),
+            lease: lease != 0,
+        };
+        match decoded {
+            Decoded::Auth(req) => AuthEffect::Change(req.clone()),
+            Decoded::Kv(mvcc::Request::Put(put), Some(by)) => write(&by.user, &put.key, put.lease),
+            Decoded::Kv(mvcc::Request::DeleteRange(del), Some(by)) => write(&by.user, &del.key, 0),
+            _ => AuthEffect::None,
         }
     }
 }
@@ -1004,6 +1147,9 @@ impl ReadyHost for SimReady<'_> {
         }
         self.state.mvcc = MvccStore::open(engine)?;
         self.state.lessor = restored_leases(&self.state.mvcc, self.world.leases_restored_from())?;
+        let forget_auth = self.world.cfg.bug == Some(Bug::AuthForgotten);
+        self.state.auth = restored_auth(&self.state.mvcc, forget_auth)?;
+        self.state.alarms = apply::restore_alarms(&self.state.mvcc)?;
         raw.store().wl().apply_snapshot(snap)?;
         self.disk.append(Record::Snapshot {
             index,
@@ -1158,6 +1304,7 @@ impl Sim {
             partition: None,
             leases: BTreeMap::new(),
             lease_ids: Vec::new(),
+            auth: AuthModel::default(),
             base: Instant::now(),
         };
         Sim {
@@ -1205,6 +1352,7 @@ impl Sim {
             &mut member.disk,
             serve_at_once,
             self.world.leases_restored_from(),
+            self.world.cfg.bug == Some(Bug::AuthForgotten),
         ) {
             Ok((life, discarded)) => {
                 self.world.report.discarded_entries += discarded;
@@ -1688,7 +1836,8 @@ impl Sim {
             45 => OpKind::Compact,
             46..=47 => OpKind::LeaseGrant,
             48..=49 => OpKind::LeaseRevoke,
-            50..=75 => OpKind::Get,
+            50..=51 => OpKind::AuthChange,
+            52..=75 => OpKind::Get,
             _ => OpKind::LinearizableGet,
         };
         // A third of the puts attach their key to a lease a client asked
@@ -1747,7 +1896,17 @@ impl Sim {
         }
         self.next_op += 1;
         let op = self.next_op;
-        let by = anonymous();
+        // Half the writes are alice's, checked at apply against the auth
+        // state; the rest nobody's (refused while auth is on). Either names
+        // the auth revision this member applied, as node.rs' proposal does.
+        let by = ProposedBy {
+            user: if self.world.rng.one_in(2) {
+                ALICE.to_owned()
+            } else {
+                String::new()
+            },
+            auth_revision: life.state.auth.revision(),
+        };
         let data = match kind {
             OpKind::Put => {
                 let put = mvcc::PutRequest {
@@ -1776,6 +1935,11 @@ impl Sim {
                 let lease = 1000 + self.world.lease_ids.len() as i64;
                 self.world.lease_ids.push(lease);
                 grant_entry(id, op, lease)
+            }
+            OpKind::AuthChange => {
+                let key = self.world.random_key();
+                let change = auth_change(&mut self.world.rng, &self.world.auth, key);
+                auth_entry(id, op, &change)
             }
             _ => revoke_entry(id, op, lease, Some(&by)),
         };
@@ -1878,6 +2042,50 @@ impl Sim {
             && self.world.conf.voters_outgoing.is_empty()
     }
 
+    /// Every member's auth state is the log's: on or off as the model, at
+    /// one auth revision, alice allowed the same keys.
+    fn auth_disagrees(&self) -> Vec<String> {
+        let model = &self.world.auth;
+        let mut keys: Vec<Bytes> = (0..self.world.cfg.keys)
+            .map(|k| Bytes::from(format!("k{k}")))
+            .collect();
+        keys.push(Bytes::from_static(b"final"));
+        let mut first: Option<(u64, u64, Vec<bool>)> = None;
+        let mut found = Vec::new();
+        for m in self.in_conf() {
+            let Some(life) = &m.life else { continue };
+            let auth = &life.state.auth;
+            if auth.enabled() != model.enabled {
+                found.push(format!(
+                    "member {} has auth {}; the log left it {}",
+                    m.id,
+                    if auth.enabled() { "on" } else { "off" },
+                    if model.enabled { "on" } else { "off" },
+                ));
+            }
+            let allowed: Vec<bool> = (keys.iter())
+                .map(|key| {
+                    let needs = vec![crate::auth::Need::write(key)];
+                    auth.check(Some(ALICE), &crate::auth::Requirement::Keys(needs))
+                        .is_ok()
+                })
+                .collect();
+            match &first {
+                None => first = Some((m.id, auth.revision(), allowed)),
+                Some((other, revision, a)) if (*revision, a) != (auth.revision(), &allowed) => {
+                    found.push(format!(
+                        "auth differs: member {other} at auth revision {revision} lets alice write \
+                         {a:?}, member {} at {} {allowed:?} (keys {keys:?})",
+                        m.id,
+                        auth.revision()
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        found
+    }
+
     /// Every member holds the leases the log left alive, each with the
     /// same keys.
     fn leases_disagree(&self) -> Vec<String> {
@@ -1958,6 +2166,7 @@ impl Sim {
             }
         }
         found.extend(self.leases_disagree());
+        found.extend(self.auth_disagrees());
         for what in found {
             self.world.anomaly(what);
         }
@@ -1975,6 +2184,7 @@ fn boot(
     disk: &mut Disk,
     serve_at_once: bool,
     leases_from: Option<Instant>,
+    forget_auth: bool,
 ) -> Result<(Life, u64), String> {
     let mut recovered = disk
         .recover()
@@ -2009,6 +2219,8 @@ fn boot(
         .map_err(|e| format!("its raft log does not restore: {e}"))?;
     let mvcc = MvccStore::open(engine).map_err(|e| format!("its checkpoint does not open: {e}"))?;
     let lessor = restored_leases(&mvcc, leases_from).map_err(|e| format!("its leases: {e}"))?;
+    let auth = restored_auth(&mvcc, forget_auth).map_err(|e| format!("its auth state: {e}"))?;
+    let alarms = apply::restore_alarms(&mvcc).map_err(|e| format!("its alarms: {e}"))?;
     // As node.rs: membership applied into the engine is newer than any
     // WAL marker's.
     if let Some(cs) = crate::node::conf_kept_in(&mvcc, engine_applied).map_err(|e| e.to_string())? {
@@ -2053,8 +2265,8 @@ fn boot(
             state: MemberState {
                 mvcc,
                 lessor,
-                auth: crate::auth::AuthStore::default(),
-                alarms: crate::alarm::Alarms::default(),
+                auth,
+                alarms,
                 applied: restored.applied,
                 serving: serve_at_once,
                 publish: None,
@@ -2081,6 +2293,18 @@ fn restored_leases(
         Some(now) => apply::restore_leases(mvcc, MIN_LEASE_TTL, now),
         None => Ok(Lessor::new(MIN_LEASE_TTL)),
     }
+}
+
+/// The auth state a member rebuilds from its state machine (node.rs'
+/// restore_auth), or none with [`Bug::AuthForgotten`].
+fn restored_auth(
+    mvcc: &MvccStore<MemoryEngine>,
+    forget: bool,
+) -> Result<crate::auth::AuthStore, ServerError> {
+    if forget {
+        return Ok(crate::auth::AuthStore::default());
+    }
+    apply::restore_auth(mvcc)
 }
 
 /// A copy of an engine's whole state at its applied index: what a
@@ -2232,11 +2456,58 @@ fn publish_entry(member: u64, nonce: u64) -> Vec<u8> {
     )
 }
 
-/// A client's ProposedBy while auth is off: nobody, at auth revision 0.
-fn anonymous() -> ProposedBy {
-    ProposedBy {
-        user: String::new(),
-        auth_revision: 0,
+fn auth_entry(member: u64, op: u64, req: &AuthRequest) -> Vec<u8> {
+    let mut body = Vec::with_capacity(32);
+    crate::auth::encode(req, &mut body);
+    apply::proposal(member, op, apply::TAG_AUTH, &body)
+}
+
+/// The administrator's first auth changes: root with its role, alice
+/// with hers (each proposed until it applied).
+fn auth_setup() -> [AuthRequest; 5] {
+    let user = |name: &str| AuthRequest::UserAdd {
+        name: name.to_owned(),
+        hashed_password: Bytes::from_static(b"hash"),
+        no_password: false,
+    };
+    let grant = |user: &str, role: &str| AuthRequest::UserGrantRole {
+        user: user.to_owned(),
+        role: role.to_owned(),
+    };
+    [
+        user(crate::auth::ROOT),
+        grant(crate::auth::ROOT, crate::auth::ROOT),
+        user(ALICE),
+        AuthRequest::RoleAdd {
+            name: WRITER.to_owned(),
+        },
+        grant(ALICE, WRITER),
+    ]
+}
+
+/// An administrator's next auth change: the setup's next step, then
+/// permissions of alice's role on `key` granted and revoked, and auth
+/// turned on and off.
+fn auth_change(rng: &mut Rng, model: &AuthModel, key: Bytes) -> AuthRequest {
+    if let Some(step) = auth_setup().into_iter().nth(model.set_up) {
+        return step;
+    }
+    match rng.below(20) {
+        0..=7 => AuthRequest::RoleGrantPermission {
+            name: WRITER.to_owned(),
+            perm: crate::auth::KeyPermission {
+                perm_type: crate::auth::PermType::Write,
+                key,
+                range_end: Bytes::new(),
+            },
+        },
+        8..=11 => AuthRequest::RoleRevokePermission {
+            role: WRITER.to_owned(),
+            key,
+            range_end: Bytes::new(),
+        },
+        12..=16 => AuthRequest::Enable,
+        _ => AuthRequest::Disable,
     }
 }
 
@@ -2286,6 +2557,8 @@ mod tests {
             total.leases_granted += r.leases_granted;
             total.leases_revoked += r.leases_revoked;
             total.lease_puts_refused += r.lease_puts_refused;
+            total.auth_changes += r.auth_changes;
+            total.auth_refusals += r.auth_refusals;
         }
         // The faults really happened, and leadership moved because of them.
         assert!(total.crashes >= 3, "{total:?}");
@@ -2309,6 +2582,11 @@ mod tests {
             total.leases_granted >= 10
                 && total.leases_revoked >= 5
                 && total.lease_puts_refused >= 1,
+            "{total:?}"
+        );
+        // Auth was set up, changed and turned on, and refused writes.
+        assert!(
+            total.auth_changes >= 10 && total.auth_refusals >= 1,
             "{total:?}"
         );
     }
@@ -2402,6 +2680,18 @@ mod tests {
     #[test]
     fn a_joint_configuration_never_left_is_caught() {
         caught(Bug::JointNeverLeft, &["no convergence"]);
+    }
+
+    #[test]
+    fn a_member_that_forgets_its_auth_state_at_restart_is_caught() {
+        caught(
+            Bug::AuthForgotten,
+            &[
+                "different data, effects or answer",
+                "auth differs",
+                "has auth",
+            ],
+        );
     }
 
     #[test]
