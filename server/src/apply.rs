@@ -8,10 +8,10 @@
 //! unknown lease), and a refused entry still advances the applied index.
 //!
 //! Runtime-free, so the simulation ([`crate::sim`]) applies with the same
-//! code as `node.rs`: no glommio, no clock (the caller passes `now`), no
+//! code as `node`: no glommio, no clock (the caller passes `now`), no
 //! I/O beyond the engine's, no logging, no metrics (what a caller counts
 //! or logs comes back in [`EntryOutcome`]). Must never: answer a client,
-//! touch membership (the member's, in `node.rs`), or decide anything from
+//! touch membership (the member's, in `node`), or decide anything from
 //! state another member may not have.
 
 use std::time::Instant;

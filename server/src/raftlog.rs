@@ -173,7 +173,7 @@ pub fn check_engine_against_wal(
 
 /// A member that died between installing a leader's snapshot as its
 /// engine and syncing that snapshot's WAL marker has an engine ahead of the
-/// WAL (and possibly of the whole log). `node.rs` keeps the marker's
+/// WAL (and possibly of the whole log). `node` keeps the marker's
 /// contents beside the engine before installing it (`installed`: index and
 /// encoded meta); when they name the engine's applied index, they stand in
 /// for the lost marker (found by the simulation: without this such a

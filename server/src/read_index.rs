@@ -3,7 +3,7 @@
 //! go once the member applied the index the leader confirmed.
 //!
 //! Runtime-free: the caller passes the time (any `Copy` instant) and gets
-//! back the waiters to answer, so the glommio Raft loop (`node.rs`) and
+//! back the waiters to answer, so the glommio Raft loop (`node`) and
 //! the deterministic simulation (`sim.rs`) share this bookkeeping. It must
 //! never answer a waiter itself, read a clock or do I/O.
 

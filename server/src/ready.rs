@@ -3,7 +3,7 @@
 //! what goes into the WAL and which of it is synced.
 //!
 //! Runtime-free (sans-IO): every effect goes through a [`ReadyHost`]. The
-//! glommio Raft loop (`node.rs`) and the deterministic simulation
+//! glommio Raft loop (`node`) and the deterministic simulation
 //! (`sim.rs`, fake network, disk and clock) both run this one function, so
 //! the simulation exercises the production ordering, not a copy of it.
 //!
@@ -146,7 +146,7 @@ pub fn claims_entries_we_lack(raw: &RawNode<MemStorage>, m: &Message) -> Option<
 /// would panic looking up its own progress when it next persists entries
 /// (found by the simulation, seed 1 with membership changes). It steps
 /// down at once, as etcd's raft means to ("step down (for sanity)"); the
-/// member then leaves (node.rs), and the remaining voters elect a leader.
+/// member then leaves (node), and the remaining voters elect a leader.
 /// A removed member never campaigns: raft-rs only lets members of the
 /// configuration do that. Same term, so the HardState `advance` checks
 /// stays as it was; the messages it queued as leader are dropped, as raft-rs

@@ -1356,7 +1356,7 @@ async fn serve_all(
 ) {
     let mut tasks = Vec::new();
     // As etcd: listening at once (connections wait in the backlog), serving
-    // once this member has applied its start-up publish (node.rs,
+    // once this member has applied its start-up publish (node,
     // publish_attributes). Polled: once per start, on every shard.
     while !matches!(backend.call(Command::Serving).await, Reply::Serving(true)) {
         glommio::timer::sleep(SERVING_POLL).await;

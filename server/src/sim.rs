@@ -14,7 +14,7 @@
 //! memory engine for apply. Everything random comes from one seed: a run,
 //! and any anomaly it finds, replays exactly from its seed.
 //!
-//! Around those pieces a member does what `node.rs` does: a proposal is
+//! Around those pieces a member does what `node` does: a proposal is
 //! answered when its entry applies on the member that proposed it; a
 //! restarted member serves reads only once an entry it proposed after the
 //! restart applied (etcd's start-up publish); the engine is checkpointed
@@ -38,7 +38,7 @@
 //! checks, or replaces a voter (the leader included) with a new member in
 //! one joint-consensus step, as `/-/members/replace` does (raft-rs enters
 //! `old ∪ new` and its leader leaves it on its own); a member out of the
-//! configuration keeps running for node.rs' grace period, then stops.
+//! configuration keeps running for node's grace period, then stops.
 //!
 //! The WAL is kept in segments as `Wal` keeps it: each starts with a frame
 //! repeating the newest state and snapshot marker, a segment rolls every
@@ -47,11 +47,11 @@
 //! the WAL's own rule ([`engine::wal::releasable_segments`]); a restart
 //! recovers from what is left.
 //!
-//! Entries are node.rs' own ([`crate::apply`]'s encoding) and apply
+//! Entries are node's own ([`crate::apply`]'s encoding) and apply
 //! through the same [`apply::StateMachine`]: KV writes, lease grants,
 //! revokes (by clients, and by the leader as an expiry does) and puts that
 //! attach keys to leases. A restarted member rebuilds its lease table as
-//! node.rs does ([`apply::restore_leases`]), from its checkpoint or a
+//! node does ([`apply::restore_leases`]), from its checkpoint or a
 //! leader's snapshot plus the replayed log. Checked besides: every member
 //! reaches the same answer for every entry (a put refused for an unknown
 //! lease on one member and applied on another diverges), a put attaches a
@@ -63,7 +63,7 @@
 //! the keys it is granted, one by one), grants and revokes those
 //! permissions and turns auth on and off, while half the client writes
 //! are alice's and half nobody's, each naming the auth revision its
-//! member applied (node.rs' proposal check). Restarts rebuild the auth
+//! member applied (node's proposal check). Restarts rebuild the auth
 //! state through [`apply::restore_auth`]. Checked: a write applies only
 //! where the agreed auth state allows it, is refused by auth only while
 //! auth is on and never for a permission alice holds, and at the end every
@@ -151,10 +151,10 @@ pub enum Bug {
     /// empty ConfChangeV2) as a no-op: a replaced voter is never let go.
     JointNeverLeft,
     /// A member that restarts or installs a snapshot rebuilds no lease
-    /// table (node.rs' restore_leases skipped).
+    /// table (node's restore_leases skipped).
     LeasesForgotten,
     /// A member that restarts or installs a snapshot rebuilds no auth
-    /// state (node.rs' restore_auth skipped).
+    /// state (node's restore_auth skipped).
     AuthForgotten,
 }
 
@@ -249,15 +249,15 @@ fn fnv(bytes: &[u8]) -> u64 {
 const TICK_MS: u64 = 10;
 const ELECTION_TICKS: usize = 10;
 const OP_TIMEOUT_MS: u64 = 3_000;
-/// As node.rs' READ_INDEX_RETRY (etcd's 500 ms).
+/// As node's READ_INDEX_RETRY (etcd's 500 ms).
 const READ_INDEX_RETRY_MS: u64 = 500;
 const HEAL_LIMIT_MS: u64 = 60_000;
-/// Entries between two engine checkpoints (node.rs: --snapshot-count).
+/// Entries between two engine checkpoints (node: --snapshot-count).
 const CHECKPOINT_EVERY: u64 = 100;
-/// Group commits per WAL segment (node.rs rolls at 64 MiB): small, so that
+/// Group commits per WAL segment (node rolls at 64 MiB): small, so that
 /// segments roll and are released every few checkpoints.
 const SEGMENT_FRAMES: usize = 40;
-/// Entries kept behind a checkpoint for lagging followers (node.rs:
+/// Entries kept behind a checkpoint for lagging followers (node:
 /// catch_up_entries); a follower further behind needs a snapshot.
 const CATCH_UP_ENTRIES: u64 = 20;
 const DIED_IN_SYNC: &str = "died in a group commit";
@@ -267,7 +267,7 @@ const DIED_IN_INSTALL: &str = "died between installing a snapshot and its WAL ma
 /// then promoted, while a voter is removed to make room; or in a voter's
 /// place, in one joint step).
 const SPARE_MEMBERS: u64 = 3;
-/// node.rs' grace before a removed member exits.
+/// node's grace before a removed member exits.
 const LEAVE_GRACE_MS: u64 = 500;
 /// Leases' TTL and the lessor's minimum: expiry is the leader's revoke
 /// here, drawn at random, never a clock's.
@@ -390,7 +390,7 @@ struct Life {
 
 struct MemberState {
     mvcc: MvccStore<MemoryEngine>,
-    /// The rest of the applied state, as node.rs keeps it beside MVCC.
+    /// The rest of the applied state, as node keeps it beside MVCC.
     lessor: Lessor,
     auth: crate::auth::AuthStore,
     alarms: crate::alarm::Alarms,
@@ -400,7 +400,7 @@ struct MemberState {
     publish: Option<(u64, u64)>,
     /// Proposals of this member's clients by operation id.
     pending: BTreeMap<u64, usize>,
-    /// Linearizable reads, in ReadIndex rounds as `node.rs` batches them.
+    /// Linearizable reads, in ReadIndex rounds as `node` batches them.
     reads: ReadRounds<LinearizableRead, u64>,
     was_leader: bool,
     /// Leader snapshots received, by index, until raft-rs installs them.
@@ -408,7 +408,7 @@ struct MemberState {
     /// Snapshots raft-rs asked this member to send, one per peer.
     snapshot_sends: Vec<Message>,
     last_checkpoint: u64,
-    /// Removed from the configuration: stops then (node.rs' leave).
+    /// Removed from the configuration: stops then (node's leave).
     leaving_at: Option<u64>,
 }
 
@@ -711,7 +711,7 @@ struct SimReady<'a> {
 }
 
 impl SimReady<'_> {
-    /// As node.rs' apply_membership: raft-rs' configuration, its storage,
+    /// As node's apply_membership: raft-rs' configuration, its storage,
     /// and the ConfState kept in MVCC metadata for restarts. A change raft
     /// refuses applies as nothing, on every member alike.
     fn apply_conf_change(
@@ -771,7 +771,7 @@ impl SimReady<'_> {
         let never_leave = self.world.cfg.bug == Some(Bug::JointNeverLeft) && entry.data.is_empty();
         if entry.get_entry_type() == EntryType::EntryConfChangeV2 && !never_leave {
             // An empty one is raft-rs' "leave the joint configuration",
-            // applied like any (as node.rs applies it).
+            // applied like any (as node applies it).
             conf = self.apply_conf_change(raw, entry)?;
         } else if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
             self.state.mvcc.apply_noop(index)?;
@@ -782,7 +782,7 @@ impl SimReady<'_> {
                 )));
             };
             if let Decoded::MemberAttrs(_) = decoded {
-                // The start-up publish (node.rs records the attributes).
+                // The start-up publish (node records the attributes).
                 self.state.mvcc.apply_noop(index)?;
                 origin = Some((true, member, op));
             } else {
@@ -1102,7 +1102,7 @@ fn bytes_of_events(events: &[mvcc::Event]) -> Vec<u8> {
 
 impl ReadyHost for SimReady<'_> {
     fn send(&mut self, msgs: Vec<Message>) {
-        // As node.rs: snapshots go their own way, with the engine's data.
+        // As node: snapshots go their own way, with the engine's data.
         let (snapshots, rest): (Vec<Message>, Vec<Message>) = msgs
             .into_iter()
             .partition(|m| m.get_msg_type() == MessageType::MsgSnapshot);
@@ -1114,7 +1114,7 @@ impl ReadyHost for SimReady<'_> {
         self.world.send(self.member, rest);
     }
 
-    /// As node.rs: the received engine becomes the state machine and the
+    /// As node: the received engine becomes the state machine and the
     /// newest checkpoint; raft-rs' storage restarts at its index; the WAL
     /// gets a marker, synced with this Ready.
     async fn install_snapshot(
@@ -1199,7 +1199,7 @@ impl ReadyHost for SimReady<'_> {
         let faulty = self.world.cfg.faults && !self.world.healing;
         if faulty && self.world.rng.one_in(2) {
             // The fsync takes a while: reads queued on this core run
-            // meanwhile, against what is applied already (node.rs awaits
+            // meanwhile, against what is applied already (node awaits
             // the WAL's sync on the same executor as its read tasks).
             for _ in 0..self.world.rng.between(1, 3) {
                 let key = self.world.random_key();
@@ -1243,7 +1243,7 @@ pub struct Sim {
     next_spare: u64,
 }
 
-/// node.rs' configuration, with one exception.
+/// node's configuration, with one exception.
 fn raft_config(id: u64, applied: u64) -> raft::Config {
     raft::Config {
         // A range of one: raft-rs draws the timeout from its own thread
@@ -1487,7 +1487,7 @@ impl Sim {
     /// What the operator and the members do as the committed
     /// configuration changes: a learner just added starts (joining with the
     /// configuration its peers report); a member no longer in it stops for
-    /// good (node.rs leaves when it applies its removal, or when a peer
+    /// good (node leaves when it applies its removal, or when a peer
     /// tells it).
     fn follow_membership(&mut self) {
         let now = self.world.now;
@@ -1501,7 +1501,7 @@ impl Sim {
                     m.down_until = now + self.world.rng.between(10, 300);
                 }
             } else if was_member && !m.removed {
-                // As node.rs' leave: it keeps running for a grace period
+                // As node's leave: it keeps running for a grace period
                 // (its own removal applied, or a peer told it), then stops.
                 let leaving = m
                     .life
@@ -1557,7 +1557,7 @@ impl Sim {
             && conf.voters.iter().all(up)
             && self.world.rng.one_in(2)
         {
-            // As node.rs' member_replace: `old ∪ new`, left automatically.
+            // As node's member_replace: `old ∪ new`, left automatically.
             let victim = conf.voters[self.world.rng.below(conf.voters.len() as u64) as usize];
             vec![
                 single_change(ConfChangeType::AddNode, self.next_spare),
@@ -1648,7 +1648,7 @@ impl Sim {
                 }
                 if life.raw.raft.state == StateRole::Leader && world.rng.one_in(150) {
                     // A lease expires: its leader revokes it through the
-                    // log, as node.rs' expire_leases does.
+                    // log, as node's expire_leases does.
                     let alive: Vec<i64> = (world.leases.iter())
                         .filter(|(_, alive)| **alive)
                         .map(|(lease, _)| *lease)
@@ -1710,7 +1710,7 @@ impl Sim {
         let term = life.raw.raft.term;
         let leads = role == StateRole::Leader;
         if life.state.was_leader && !leads {
-            // As node.rs: rounds this member led will never come back.
+            // As node: rounds this member led will never come back.
             let mut failed = Vec::new();
             life.state.reads.fail_in_flight(&mut failed);
             for read in failed {
@@ -1866,7 +1866,7 @@ impl Sim {
                 return;
             }
             OpKind::LinearizableGet => {
-                // node.rs' read_barrier: served members only, a leader known.
+                // node's read_barrier: served members only, a leader known.
                 if !life.state.serving || life.raw.raft.leader_id == 0 {
                     return;
                 }
@@ -1898,7 +1898,7 @@ impl Sim {
         let op = self.next_op;
         // Half the writes are alice's, checked at apply against the auth
         // state; the rest nobody's (refused while auth is on). Either names
-        // the auth revision this member applied, as node.rs' proposal does.
+        // the auth revision this member applied, as node's proposal does.
         let by = ProposedBy {
             user: if self.world.rng.one_in(2) {
                 ALICE.to_owned()
@@ -2194,7 +2194,7 @@ fn boot(
         None => MemoryEngine::new(),
     };
     let engine_applied = engine.applied_index();
-    // As node.rs (before a kept marker is adopted into `recovered`).
+    // As node (before a kept marker is adopted into `recovered`).
     let never_started = recovered.state.is_none()
         && recovered.entries.is_empty()
         && recovered.snapshot.is_none()
@@ -2206,7 +2206,7 @@ fn boot(
         disk.installed.clone(),
     );
     disk.open_wal(&recovered);
-    // node.rs refuses these at start; none may happen here.
+    // node refuses these at start; none may happen here.
     crate::raftlog::check_engine_against_wal(&recovered, engine_applied).map_err(|e| match e {
         crate::raftlog::EngineWalMismatch::WalReleasedPastEngine { marker } => {
             format!("the WAL was released up to {marker} but the checkpoint is at {engine_applied}")
@@ -2221,7 +2221,7 @@ fn boot(
     let lessor = restored_leases(&mvcc, leases_from).map_err(|e| format!("its leases: {e}"))?;
     let auth = restored_auth(&mvcc, forget_auth).map_err(|e| format!("its auth state: {e}"))?;
     let alarms = apply::restore_alarms(&mvcc).map_err(|e| format!("its alarms: {e}"))?;
-    // As node.rs: membership applied into the engine is newer than any
+    // As node: membership applied into the engine is newer than any
     // WAL marker's.
     if let Some(cs) = crate::node::conf_kept_in(&mvcc, engine_applied).map_err(|e| e.to_string())? {
         restored.storage.wl().set_conf_state(cs);
@@ -2248,7 +2248,7 @@ fn boot(
         }
     }
     if never_started && !joining {
-        // As node.rs: a new cluster's first term is 1 (etcd's bootstrap).
+        // As node: a new cluster's first term is 1 (etcd's bootstrap).
         restored.storage.wl().mut_hard_state().term = 1;
     }
     let logger = slog::Logger::root(slog::Discard, slog::o!());
@@ -2283,7 +2283,7 @@ fn boot(
     ))
 }
 
-/// The lease table a member rebuilds from its state machine (node.rs'
+/// The lease table a member rebuilds from its state machine (node'
 /// restore_leases), or none with [`Bug::LeasesForgotten`] (`from` None).
 fn restored_leases(
     mvcc: &MvccStore<MemoryEngine>,
@@ -2295,7 +2295,7 @@ fn restored_leases(
     }
 }
 
-/// The auth state a member rebuilds from its state machine (node.rs'
+/// The auth state a member rebuilds from its state machine (node'
 /// restore_auth), or none with [`Bug::AuthForgotten`].
 fn restored_auth(
     mvcc: &MvccStore<MemoryEngine>,
@@ -2326,7 +2326,7 @@ fn copy_engine(from: &MemoryEngine, stamp: Option<u64>) -> Result<MemoryEngine, 
     Ok(copy)
 }
 
-/// As node.rs' send_snapshot: the engine as it stands (at or past the
+/// As node's send_snapshot: the engine as it stands (at or past the
 /// index raft-rs named), with that index's term and membership.
 fn send_snapshots(
     i: usize,
@@ -2369,7 +2369,7 @@ fn send_snapshots(
     Ok(())
 }
 
-/// As node.rs' maybe_snapshot and finish_snapshot: every CHECKPOINT_EVERY
+/// As node's maybe_snapshot and finish_snapshot: every CHECKPOINT_EVERY
 /// applied entries the engine is checkpointed, then the WAL gets a marker
 /// (synced) and raft-rs' log is compacted behind a catch-up tail. A member
 /// may die between the checkpoint and the marker.
@@ -2401,7 +2401,7 @@ fn checkpoint(life: &mut Life, disk: &mut Disk, world: &mut World) -> Result<(),
     Ok(())
 }
 
-/// A KV write as node.rs logs it: a client's names who proposed it (no
+/// A KV write as node logs it: a client's names who proposed it (no
 /// user here: auth stays off), the member's own does not.
 fn kv_entry(member: u64, op: u64, req: &mvcc::Request, by: Option<&ProposedBy>) -> Vec<u8> {
     let mut body = Vec::with_capacity(64);
@@ -2417,7 +2417,7 @@ fn kv_entry(member: u64, op: u64, req: &mvcc::Request, by: Option<&ProposedBy>) 
 }
 
 /// A client's lease revoke (`by`: a client, checked at apply) or the
-/// leader's (an expiry), as node.rs logs them.
+/// leader's (an expiry), as node logs them.
 fn revoke_entry(member: u64, op: u64, lease: i64, by: Option<&ProposedBy>) -> Vec<u8> {
     let mut body = Vec::with_capacity(8);
     let tag = match by {
