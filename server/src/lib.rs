@@ -21,6 +21,7 @@ pub mod etcd_db;
 pub mod flag_docs;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod groups;
 pub mod ids;
 pub mod index_file;
 pub mod jwt;
