@@ -737,6 +737,11 @@ async fn replace_member(
                         let mut c = lock(cluster)?;
                         c.wipe_for_rejoin(member).map_err(|e| e.to_string())?;
                         c.spawn(member).map_err(|e| e.to_string())?;
+                        // The slot holds the learner from here on: a later
+                        // replacement must remove it, not wipe it while it
+                        // is still a member (which the member refuses, as
+                        // it should, once its leader counts entries on it).
+                        ids[member] = new_id;
                         true
                     }
                     Err(_) => false,
@@ -752,7 +757,6 @@ async fn replace_member(
                 "remove" => "add",
                 "add" => "promote",
                 _ => {
-                    ids[member] = new_id;
                     return Ok(format!(
                         "member {old:x} replaced by {new_id:x} (learner, promoted)"
                     ));
