@@ -30,7 +30,13 @@ pub fn tune_for_startup() {
     }
 }
 
+/// Keeps freed memory for reuse, unless the operator set mimalloc's own
+/// `MIMALLOC_PURGE_DELAY` (milliseconds before freed memory goes back to
+/// the OS), which mimalloc read at start and which is left in force.
 fn keep_freed_memory() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
     // SAFETY: as in `tune_for_startup`.
     unsafe {
         libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);

@@ -228,12 +228,16 @@ impl RoutingTable {
 
     /// The groups a write or a Txn touches: every compare and every op of
     /// both branches, nested Txns included. A compaction is group 0's (it
-    /// names group 0's revision; docs/groups.md, "Compaction").
+    /// names group 0's revision; docs/groups.md, "Compaction"), and so is
+    /// a Txn that touches no key at all (etcd answers it with a header).
     pub fn groups_of_request(&self, req: &mvcc::Request) -> GroupSet {
         match req {
             mvcc::Request::Put(p) => GroupSet::one(self.group_of(&p.key)),
             mvcc::Request::DeleteRange(d) => self.groups_of_range(&d.key, &d.range_end),
-            mvcc::Request::Txn(t) => self.groups_of_txn(t),
+            mvcc::Request::Txn(t) => match self.groups_of_txn(t) {
+                none if none.is_empty() => GroupSet::one(0),
+                some => some,
+            },
             mvcc::Request::Compaction(_) => GroupSet::one(0),
         }
     }
@@ -379,6 +383,20 @@ mod tests {
         );
         let compact = mvcc::Request::Compaction(mvcc::CompactionRequest::default());
         assert_eq!(t.groups_of_request(&compact).single(), Some(0));
+        // A Txn of nothing (or of empty Txns) is group 0's, not nobody's.
+        let empty = mvcc::TxnRequest {
+            compare: Vec::new(),
+            success: vec![mvcc::RequestOp::Txn(mvcc::TxnRequest {
+                compare: Vec::new(),
+                success: Vec::new(),
+                failure: Vec::new(),
+            })],
+            failure: Vec::new(),
+        };
+        assert_eq!(
+            t.groups_of_request(&mvcc::Request::Txn(empty)).single(),
+            Some(0)
+        );
     }
 
     #[test]

@@ -861,6 +861,7 @@ impl SimReady<'_> {
             if let AuthEffect::Change(req) = &auth_effect {
                 if answer == ANSWER_OK {
                     self.world.auth.follow(req);
+                    self.world.auth.revision = self.state.auth.revision();
                     self.world.report.auth_changes += 1;
                 }
             }
@@ -890,7 +891,13 @@ impl SimReady<'_> {
         effect: &AuthEffect,
         result: &crate::error::Result<apply::Applied>,
     ) {
-        let AuthEffect::Write { user, key, lease } = effect else {
+        let AuthEffect::Write {
+            user,
+            key,
+            lease,
+            auth_revision,
+        } = effect
+        else {
             return;
         };
         if (index - 1) as usize != self.world.log.len() {
@@ -901,6 +908,9 @@ impl SimReady<'_> {
         let wrong = match result {
             Ok(_) if model.enabled && !model.may_write(user, key) => {
                 Some("applied it, which auth forbids there")
+            }
+            Ok(_) if model.enabled && *auth_revision < model.revision => {
+                Some("applied it, though auth changed after its proposer's check")
             }
             Err(ServerError::Auth(_)) if !model.enabled => Some("refused it by auth, which is off"),
             Err(ServerError::Auth(AuthError::PermissionDenied))
@@ -986,6 +996,8 @@ struct AuthModel {
     /// How many of [`auth_setup`]'s steps applied.
     set_up: usize,
     enabled: bool,
+    /// The auth revision, as the first member to apply each change left it.
+    revision: u64,
     alice_is_writer: bool,
     writer_keys: std::collections::BTreeSet<Bytes>,
 }
@@ -1021,25 +1033,28 @@ impl AuthModel {
 enum AuthEffect {
     None,
     Change(AuthRequest),
-    /// A client's write of one key, by `user` ("" for nobody).
+    /// A client's write of one key, by `user` ("" for nobody), checked
+    /// by its proposer at `auth_revision`.
     Write {
         user: String,
         key: Bytes,
         lease: bool,
+        auth_revision: u64,
     },
 }
 
 impl AuthEffect {
     fn of(decoded: &Decoded) -> AuthEffect {
-        let write = |user: &str, key: &Bytes, lease: i64| AuthEffect::Write {
-            user: user.to_owned(),
+        let write = |by: &ProposedBy, key: &Bytes, lease: i64| AuthEffect::Write {
+            user: by.user.clone(),
             key: key.clone(),
             lease: lease != 0,
+            auth_revision: by.auth_revision,
         };
         match decoded {
             Decoded::Auth(req) => AuthEffect::Change(req.clone()),
-            Decoded::Kv(mvcc::Request::Put(put), Some(by)) => write(&by.user, &put.key, put.lease),
-            Decoded::Kv(mvcc::Request::DeleteRange(del), Some(by)) => write(&by.user, &del.key, 0),
+            Decoded::Kv(mvcc::Request::Put(put), Some(by)) => write(by, &put.key, put.lease),
+            Decoded::Kv(mvcc::Request::DeleteRange(del), Some(by)) => write(by, &del.key, 0),
             _ => AuthEffect::None,
         }
     }
@@ -2042,6 +2057,13 @@ impl Sim {
             && self.world.conf.voters_outgoing.is_empty()
     }
 
+    /// Whether `life` applied every entry the agreed log holds, so the
+    /// models (leases, auth) are at its index: a member that left the
+    /// configuration may have applied past those still in it.
+    fn applied_all(&self, life: &Life) -> bool {
+        life.state.applied == self.world.log.len() as u64
+    }
+
     /// Every member's auth state is the log's: on or off as the model, at
     /// one auth revision, alice allowed the same keys.
     fn auth_disagrees(&self) -> Vec<String> {
@@ -2055,7 +2077,7 @@ impl Sim {
         for m in self.in_conf() {
             let Some(life) = &m.life else { continue };
             let auth = &life.state.auth;
-            if auth.enabled() != model.enabled {
+            if self.applied_all(life) && auth.enabled() != model.enabled {
                 found.push(format!(
                     "member {} has auth {}; the log left it {}",
                     m.id,
@@ -2100,7 +2122,7 @@ impl Sim {
             let lessor = &life.state.lessor;
             let mut ids: Vec<i64> = lessor.ids().collect();
             ids.sort_unstable();
-            if ids != alive {
+            if self.applied_all(life) && ids != alive {
                 found.push(format!(
                     "member {} holds leases {ids:?}; the log left {alive:?} alive",
                     m.id
@@ -2401,8 +2423,8 @@ fn checkpoint(life: &mut Life, disk: &mut Disk, world: &mut World) -> Result<(),
     Ok(())
 }
 
-/// A KV write as node logs it: a client's names who proposed it (no
-/// user here: auth stays off), the member's own does not.
+/// A KV write as node logs it: a client's names who proposed it and at
+/// which auth revision, the member's own does not.
 fn kv_entry(member: u64, op: u64, req: &mvcc::Request, by: Option<&ProposedBy>) -> Vec<u8> {
     let mut body = Vec::with_capacity(64);
     let tag = match by {

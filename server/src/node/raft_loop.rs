@@ -470,10 +470,6 @@ impl Node {
         // Whether a write that adds data applied (etcd's quota applier
         // checks those after applying them).
         let mut grew = false;
-        let context = ApplyContext {
-            now: Instant::now(),
-            replayed_commit_index: self.replayed_commit_index,
-        };
         let mut terms = self.applied_terms.borrow_mut();
         for entry in entries {
             let _slow = SlowApply::timing(&self.metrics);
@@ -545,6 +541,12 @@ impl Node {
                     let mut lessor = self.lessor.borrow_mut();
                     let mut auth = self.auth.borrow_mut();
                     let mut alarms = self.alarms.borrow_mut();
+                    // Each entry's own time: a batch (a start-up catch-up) may
+                    // take long, and lease TTLs and tokens count from here.
+                    let context = ApplyContext {
+                        now: Instant::now(),
+                        replayed_commit_index: self.replayed_commit_index,
+                    };
                     let mut machine = StateMachine {
                         mvcc: &mut mvcc,
                         lessor: &mut lessor,
