@@ -69,8 +69,13 @@
 //! auth is on and never for a permission alice holds, and at the end every
 //! member has the log's auth state at one auth revision.
 //!
-//! Not simulated yet: alarms (restored, never raised), the btree and lsm
-//! engines.
+//! Alarms too: members raise their NOSPACE alarm and an operator disarms
+//! them, through the log; restarts rebuild them through
+//! [`apply::restore_alarms`]. Checked: a write that adds data applies only
+//! while no NOSPACE alarm is on and is refused for one only then, and at
+//! the end every member has the alarms the log left on.
+//!
+//! Not simulated yet: the CORRUPT alarm, the btree and lsm engines.
 //!
 //! Must never touch real time (one `Instant`, taken at the start, is only
 //! the opaque origin of lease grants, which no check or draw reads), files
@@ -156,6 +161,9 @@ pub enum Bug {
     /// A member that restarts or installs a snapshot rebuilds no auth
     /// state (node's restore_auth skipped).
     AuthForgotten,
+    /// A member that restarts or installs a snapshot rebuilds no alarms
+    /// (node's restore_alarms skipped).
+    AlarmsForgotten,
 }
 
 /// What a run did and found.
@@ -199,6 +207,9 @@ pub struct SimReport {
     /// Auth changes applied, and writes refused by auth at apply.
     pub auth_changes: u64,
     pub auth_refusals: u64,
+    /// NOSPACE alarms raised, and writes refused for one.
+    pub alarms_raised: u64,
+    pub nospace_refusals: u64,
     pub last_index: u64,
     pub revision: i64,
     pub hash: u32,
@@ -456,6 +467,7 @@ enum OpKind {
     LeaseGrant,
     LeaseRevoke,
     AuthChange,
+    Alarm,
 }
 
 struct InFlight {
@@ -522,6 +534,8 @@ struct World {
     lease_ids: Vec<i64>,
     /// Auth as the agreed log has it so far.
     auth: AuthModel,
+    /// The NOSPACE alarms the agreed log left on, by member.
+    nospace: std::collections::BTreeSet<u64>,
     /// What lease grants count their TTL from: taken once, never read
     /// again (expiry is the leader's random revoke, not a clock's).
     base: Instant,
@@ -768,6 +782,7 @@ impl SimReady<'_> {
         let mut lease_effect = LeaseEffect::None;
         let mut auth_effect = AuthEffect::None;
         let mut lease_refused = false;
+        let mut alarm_effect = AlarmEffect::None;
         let never_leave = self.world.cfg.bug == Some(Bug::JointNeverLeft) && entry.data.is_empty();
         if entry.get_entry_type() == EntryType::EntryConfChangeV2 && !never_leave {
             // An empty one is raft-rs' "leave the joint configuration",
@@ -793,6 +808,7 @@ impl SimReady<'_> {
                 }
                 lease_effect = LeaseEffect::of(&decoded);
                 auth_effect = AuthEffect::of(&decoded);
+                alarm_effect = AlarmEffect::of(&decoded);
                 let context = ApplyContext {
                     now: self.world.base + Duration::from_millis(self.world.now),
                     replayed_commit_index: 0,
@@ -809,6 +825,7 @@ impl SimReady<'_> {
                 lease_refused = matches!(outcome.result, Err(ServerError::Lease(_)));
                 self.check_leases(index, &lease_effect, &outcome.result);
                 self.check_auth(index, &auth_effect, &outcome.result);
+                self.check_alarms(index, &alarm_effect, &outcome.result);
                 origin = Some((false, member, op));
             }
         }
@@ -858,6 +875,19 @@ impl SimReady<'_> {
             }
             self.world
                 .agree_on_leases(&lease_effect, answer == ANSWER_OK, lease_refused);
+            if let AlarmEffect::Change(req) = &alarm_effect {
+                let nospace = req.alarm == crate::alarm::AlarmType::NoSpace;
+                match req.action {
+                    crate::alarm::AlarmAction::Activate if nospace => {
+                        let new = self.world.nospace.insert(req.member);
+                        self.world.report.alarms_raised += u64::from(new);
+                    }
+                    crate::alarm::AlarmAction::Deactivate if nospace => {
+                        self.world.nospace.remove(&req.member);
+                    }
+                    _ => {}
+                }
+            }
             if let AuthEffect::Change(req) = &auth_effect {
                 if answer == ANSWER_OK {
                     self.world.auth.follow(req);
@@ -878,6 +908,39 @@ impl SimReady<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A write that adds data applies only while no NOSPACE alarm is on,
+    /// and is refused for one only then (checked by the first member to
+    /// apply the index, when the agreed alarms are at that index).
+    fn check_alarms(
+        &mut self,
+        index: u64,
+        effect: &AlarmEffect,
+        result: &crate::error::Result<apply::Applied>,
+    ) {
+        let AlarmEffect::AddsData = effect else {
+            return;
+        };
+        if (index - 1) as usize != self.world.log.len() {
+            return;
+        }
+        let id = self.id;
+        let raised = !self.world.nospace.is_empty();
+        let refused = matches!(result, Err(ServerError::NoSpace));
+        self.world.report.nospace_refusals += u64::from(refused);
+        let wrong = match result {
+            Ok(_) if raised => Some("applied it while a NOSPACE alarm was on"),
+            Err(ServerError::NoSpace) if !raised => {
+                Some("refused it for a NOSPACE alarm that is off")
+            }
+            _ => None,
+        };
+        if let Some(wrong) = wrong {
+            self.world.anomaly(format!(
+                "member {id} got a write that adds data at index {index} and {wrong}: {result:?}"
+            ));
+        }
     }
 
     /// A client's write applies only if auth allows it at its index, and
@@ -1029,6 +1092,24 @@ impl AuthModel {
     }
 }
 
+/// What an entry does that alarms decide or change, for the checks.
+enum AlarmEffect {
+    None,
+    Change(crate::alarm::AlarmRequest),
+    /// A KV write that adds data (etcd's quota cost above 0).
+    AddsData,
+}
+
+impl AlarmEffect {
+    fn of(decoded: &Decoded) -> AlarmEffect {
+        match decoded {
+            Decoded::Alarm(req) => AlarmEffect::Change(*req),
+            Decoded::Kv(req, _) if crate::alarm::cost(req) > 0 => AlarmEffect::AddsData,
+            _ => AlarmEffect::None,
+        }
+    }
+}
+
 /// What an entry does that auth decides or changes, for the checks.
 enum AuthEffect {
     None,
@@ -1164,7 +1245,8 @@ impl ReadyHost for SimReady<'_> {
         self.state.lessor = restored_leases(&self.state.mvcc, self.world.leases_restored_from())?;
         let forget_auth = self.world.cfg.bug == Some(Bug::AuthForgotten);
         self.state.auth = restored_auth(&self.state.mvcc, forget_auth)?;
-        self.state.alarms = apply::restore_alarms(&self.state.mvcc)?;
+        let forget_alarms = self.world.cfg.bug == Some(Bug::AlarmsForgotten);
+        self.state.alarms = restored_alarms(&self.state.mvcc, forget_alarms)?;
         raw.store().wl().apply_snapshot(snap)?;
         self.disk.append(Record::Snapshot {
             index,
@@ -1320,6 +1402,7 @@ impl Sim {
             leases: BTreeMap::new(),
             lease_ids: Vec::new(),
             auth: AuthModel::default(),
+            nospace: std::collections::BTreeSet::new(),
             base: Instant::now(),
         };
         Sim {
@@ -1368,6 +1451,7 @@ impl Sim {
             serve_at_once,
             self.world.leases_restored_from(),
             self.world.cfg.bug == Some(Bug::AuthForgotten),
+            self.world.cfg.bug == Some(Bug::AlarmsForgotten),
         ) {
             Ok((life, discarded)) => {
                 self.world.report.discarded_entries += discarded;
@@ -1852,7 +1936,8 @@ impl Sim {
             46..=47 => OpKind::LeaseGrant,
             48..=49 => OpKind::LeaseRevoke,
             50..=51 => OpKind::AuthChange,
-            52..=75 => OpKind::Get,
+            52 => OpKind::Alarm,
+            53..=75 => OpKind::Get,
             _ => OpKind::LinearizableGet,
         };
         // A third of the puts attach their key to a lease a client asked
@@ -1950,6 +2035,20 @@ impl Sim {
                 let lease = 1000 + self.world.lease_ids.len() as i64;
                 self.world.lease_ids.push(lease);
                 grant_entry(id, op, lease)
+            }
+            OpKind::Alarm => {
+                // A member raises its own NOSPACE (node does when a write
+                // takes the store past its quota); an operator disarms one,
+                // more often, so writes are not refused most of the time.
+                let raised: Vec<u64> = self.world.nospace.iter().copied().collect();
+                let rng = &mut self.world.rng;
+                let (action, member) = if raised.is_empty() || rng.one_in(3) {
+                    (crate::alarm::AlarmAction::Activate, id)
+                } else {
+                    let member = raised[rng.below(raised.len() as u64) as usize];
+                    (crate::alarm::AlarmAction::Deactivate, member)
+                };
+                alarm_entry(id, op, action, member)
             }
             OpKind::AuthChange => {
                 let key = self.world.random_key();
@@ -2055,6 +2154,29 @@ impl Sim {
         first.is_some_and(|a| a >= target)
             && applied.all(|a| a == first)
             && self.world.conf.voters_outgoing.is_empty()
+    }
+
+    /// Every member has the NOSPACE alarms the log left on.
+    fn alarms_disagree(&self) -> Vec<String> {
+        let expected: Vec<u64> = self.world.nospace.iter().copied().collect();
+        let mut found = Vec::new();
+        for m in self.in_conf() {
+            let Some(life) = &m.life else { continue };
+            let on: Vec<u64> = (life
+                .state
+                .alarms
+                .get(crate::alarm::AlarmType::NoSpace)
+                .iter())
+            .map(|a| a.member)
+            .collect();
+            if self.applied_all(life) && on != expected {
+                found.push(format!(
+                    "member {} has NOSPACE alarms of {on:?}; the log left {expected:?}",
+                    m.id
+                ));
+            }
+        }
+        found
     }
 
     /// Whether `life` applied every entry the agreed log holds, so the
@@ -2189,6 +2311,7 @@ impl Sim {
         }
         found.extend(self.leases_disagree());
         found.extend(self.auth_disagrees());
+        found.extend(self.alarms_disagree());
         for what in found {
             self.world.anomaly(what);
         }
@@ -2207,6 +2330,7 @@ fn boot(
     serve_at_once: bool,
     leases_from: Option<Instant>,
     forget_auth: bool,
+    forget_alarms: bool,
 ) -> Result<(Life, u64), String> {
     let mut recovered = disk
         .recover()
@@ -2242,7 +2366,7 @@ fn boot(
     let mvcc = MvccStore::open(engine).map_err(|e| format!("its checkpoint does not open: {e}"))?;
     let lessor = restored_leases(&mvcc, leases_from).map_err(|e| format!("its leases: {e}"))?;
     let auth = restored_auth(&mvcc, forget_auth).map_err(|e| format!("its auth state: {e}"))?;
-    let alarms = apply::restore_alarms(&mvcc).map_err(|e| format!("its alarms: {e}"))?;
+    let alarms = restored_alarms(&mvcc, forget_alarms).map_err(|e| format!("its alarms: {e}"))?;
     // As node: membership applied into the engine is newer than any
     // WAL marker's.
     if let Some(cs) = crate::node::conf_kept_in(&mvcc, engine_applied).map_err(|e| e.to_string())? {
@@ -2305,7 +2429,7 @@ fn boot(
     ))
 }
 
-/// The lease table a member rebuilds from its state machine (node'
+/// The lease table a member rebuilds from its state machine (node's
 /// restore_leases), or none with [`Bug::LeasesForgotten`] (`from` None).
 fn restored_leases(
     mvcc: &MvccStore<MemoryEngine>,
@@ -2317,7 +2441,19 @@ fn restored_leases(
     }
 }
 
-/// The auth state a member rebuilds from its state machine (node'
+/// The alarms a member rebuilds from its state machine (node's
+/// restore_alarms), or none with [`Bug::AlarmsForgotten`].
+fn restored_alarms(
+    mvcc: &MvccStore<MemoryEngine>,
+    forget: bool,
+) -> Result<crate::alarm::Alarms, ServerError> {
+    if forget {
+        return Ok(crate::alarm::Alarms::default());
+    }
+    apply::restore_alarms(mvcc)
+}
+
+/// The auth state a member rebuilds from its state machine (node's
 /// restore_auth), or none with [`Bug::AuthForgotten`].
 fn restored_auth(
     mvcc: &MvccStore<MemoryEngine>,
@@ -2478,6 +2614,17 @@ fn publish_entry(member: u64, nonce: u64) -> Vec<u8> {
     )
 }
 
+fn alarm_entry(member: u64, op: u64, action: crate::alarm::AlarmAction, of: u64) -> Vec<u8> {
+    let req = crate::alarm::AlarmRequest {
+        action,
+        member: of,
+        alarm: crate::alarm::AlarmType::NoSpace,
+    };
+    let mut body = Vec::with_capacity(16);
+    crate::alarm::encode(&req, &mut body);
+    apply::proposal(member, op, apply::TAG_ALARM, &body)
+}
+
 fn auth_entry(member: u64, op: u64, req: &AuthRequest) -> Vec<u8> {
     let mut body = Vec::with_capacity(32);
     crate::auth::encode(req, &mut body);
@@ -2581,6 +2728,8 @@ mod tests {
             total.lease_puts_refused += r.lease_puts_refused;
             total.auth_changes += r.auth_changes;
             total.auth_refusals += r.auth_refusals;
+            total.alarms_raised += r.alarms_raised;
+            total.nospace_refusals += r.nospace_refusals;
         }
         // The faults really happened, and leadership moved because of them.
         assert!(total.crashes >= 3, "{total:?}");
@@ -2609,6 +2758,11 @@ mod tests {
         // Auth was set up, changed and turned on, and refused writes.
         assert!(
             total.auth_changes >= 10 && total.auth_refusals >= 1,
+            "{total:?}"
+        );
+        // NOSPACE alarms were raised and refused writes.
+        assert!(
+            total.alarms_raised >= 3 && total.nospace_refusals >= 1,
             "{total:?}"
         );
     }
@@ -2713,6 +2867,14 @@ mod tests {
                 "auth differs",
                 "has auth",
             ],
+        );
+    }
+
+    #[test]
+    fn a_member_that_forgets_its_alarms_at_restart_is_caught() {
+        caught(
+            Bug::AlarmsForgotten,
+            &["different data, effects or answer", "NOSPACE alarms of"],
         );
     }
 

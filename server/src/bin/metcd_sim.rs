@@ -6,7 +6,7 @@ use server::sim::{Bug, Sim, SimConfig};
 
 const USAGE: &str =
     "usage: metcd-sim [--seed S] [--seeds K] [--steps N] [--members M] [--clients C] [--keys K] \
-                     [--no-faults] [--bug serve-at-once|lying-fsync|divergent-apply|local-linearizable|stale-snapshot|early-release|joint-never-left|leases-forgotten|auth-forgotten] [--verbose]";
+                     [--no-faults] [--bug serve-at-once|lying-fsync|divergent-apply|local-linearizable|stale-snapshot|early-release|joint-never-left|leases-forgotten|auth-forgotten|alarms-forgotten] [--verbose]";
 
 fn main() {
     let mut cfg = SimConfig::default();
@@ -43,6 +43,7 @@ fn main() {
                     Some("joint-never-left") => Some(Bug::JointNeverLeft),
                     Some("leases-forgotten") => Some(Bug::LeasesForgotten),
                     Some("auth-forgotten") => Some(Bug::AuthForgotten),
+                    Some("alarms-forgotten") => Some(Bug::AlarmsForgotten),
                     _ => {
                         eprintln!("metcd-sim: unknown --bug\n{USAGE}");
                         std::process::exit(2)
@@ -60,9 +61,9 @@ fn main() {
         }
     }
     println!(
-        "{:>6} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5} {:>8} {:>9} {:>7}",
+        "{:>6} {:>10} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>5} {:>8} {:>9} {:>7}",
         "seed", "steps", "sim_s", "acked", "unknown", "failed", "reads", "lin_rd", "kills", "syncd", "pauses",
-        "parts", "terms", "ckpts", "snaps", "confs", "joint", "grants", "revoks", "l_refd", "auth", "a_ref", "index", "hash", "anomaly"
+        "parts", "terms", "ckpts", "snaps", "confs", "joint", "grants", "revoks", "l_refd", "auth", "a_ref", "nosp", "n_ref", "index", "hash", "anomaly"
     );
     let (mut total_steps, mut bad, mut discarded, mut released) = (0u64, 0u64, 0u64, 0u64);
     let started = std::time::Instant::now();
@@ -76,7 +77,7 @@ fn main() {
         discarded += r.discarded_entries;
         released += r.segments_released;
         println!(
-            "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5} {:>8} {:>9x} {:>7}",
+            "{:>6} {:>10} {:>8.1} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>5} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5} {:>5} {:>8} {:>9x} {:>7}",
             seed,
             r.steps,
             r.millis as f64 / 1000.0,
@@ -99,6 +100,8 @@ fn main() {
             r.lease_puts_refused,
             r.auth_changes,
             r.auth_refusals,
+            r.alarms_raised,
+            r.nospace_refusals,
             r.last_index,
             r.hash,
             r.anomalies.len()
