@@ -550,11 +550,12 @@ impl World {
         }
     }
 
-    /// When a restored lease table's TTLs start; None: it is not restored
-    /// at all (the planted bug).
-    fn leases_restored_from(&self) -> Option<Instant> {
-        (self.cfg.bug != Some(Bug::LeasesForgotten))
-            .then(|| self.base + Duration::from_millis(self.now))
+    /// What a member rebuilds now, at a start or a snapshot install.
+    fn rebuild(&self) -> Rebuild {
+        Rebuild {
+            bug: self.cfg.bug,
+            now: self.base + Duration::from_millis(self.now),
+        }
     }
 
     /// The agreed lease table follows the log, entry by entry.
@@ -1242,11 +1243,8 @@ impl ReadyHost for SimReady<'_> {
             return Err(ServerError::Startup(DIED_IN_INSTALL.into()));
         }
         self.state.mvcc = MvccStore::open(engine)?;
-        self.state.lessor = restored_leases(&self.state.mvcc, self.world.leases_restored_from())?;
-        let forget_auth = self.world.cfg.bug == Some(Bug::AuthForgotten);
-        self.state.auth = restored_auth(&self.state.mvcc, forget_auth)?;
-        let forget_alarms = self.world.cfg.bug == Some(Bug::AlarmsForgotten);
-        self.state.alarms = restored_alarms(&self.state.mvcc, forget_alarms)?;
+        (self.state.lessor, self.state.auth, self.state.alarms) =
+            self.world.rebuild().run(&self.state.mvcc)?;
         raw.store().wl().apply_snapshot(snap)?;
         self.disk.append(Record::Snapshot {
             index,
@@ -1449,9 +1447,7 @@ impl Sim {
             member.join.is_some(),
             &mut member.disk,
             serve_at_once,
-            self.world.leases_restored_from(),
-            self.world.cfg.bug == Some(Bug::AuthForgotten),
-            self.world.cfg.bug == Some(Bug::AlarmsForgotten),
+            self.world.rebuild(),
         ) {
             Ok((life, discarded)) => {
                 self.world.report.discarded_entries += discarded;
@@ -2328,9 +2324,7 @@ fn boot(
     joining: bool,
     disk: &mut Disk,
     serve_at_once: bool,
-    leases_from: Option<Instant>,
-    forget_auth: bool,
-    forget_alarms: bool,
+    rebuild: Rebuild,
 ) -> Result<(Life, u64), String> {
     let mut recovered = disk
         .recover()
@@ -2364,9 +2358,9 @@ fn boot(
     let restored = crate::raftlog::restore(&recovered, engine_applied, initial_conf)
         .map_err(|e| format!("its raft log does not restore: {e}"))?;
     let mvcc = MvccStore::open(engine).map_err(|e| format!("its checkpoint does not open: {e}"))?;
-    let lessor = restored_leases(&mvcc, leases_from).map_err(|e| format!("its leases: {e}"))?;
-    let auth = restored_auth(&mvcc, forget_auth).map_err(|e| format!("its auth state: {e}"))?;
-    let alarms = restored_alarms(&mvcc, forget_alarms).map_err(|e| format!("its alarms: {e}"))?;
+    let (lessor, auth, alarms) = rebuild
+        .run(&mvcc)
+        .map_err(|e| format!("its leases, auth or alarms: {e}"))?;
     // As node: membership applied into the engine is newer than any
     // WAL marker's.
     if let Some(cs) = crate::node::conf_kept_in(&mvcc, engine_applied).map_err(|e| e.to_string())? {
@@ -2429,40 +2423,35 @@ fn boot(
     ))
 }
 
-/// The lease table a member rebuilds from its state machine (node's
-/// restore_leases), or none with [`Bug::LeasesForgotten`] (`from` None).
-fn restored_leases(
-    mvcc: &MvccStore<MemoryEngine>,
-    from: Option<Instant>,
-) -> Result<Lessor, ServerError> {
-    match from {
-        Some(now) => apply::restore_leases(mvcc, MIN_LEASE_TTL, now),
-        None => Ok(Lessor::new(MIN_LEASE_TTL)),
-    }
+/// What a member rebuilds beside MVCC from its state machine, at a start
+/// or a snapshot install, as node does (restore_leases, restore_auth,
+/// restore_alarms), less what a planted bug forgets.
+#[derive(Clone, Copy)]
+struct Rebuild {
+    bug: Option<Bug>,
+    /// Where the restored leases' TTLs start.
+    now: Instant,
 }
 
-/// The alarms a member rebuilds from its state machine (node's
-/// restore_alarms), or none with [`Bug::AlarmsForgotten`].
-fn restored_alarms(
-    mvcc: &MvccStore<MemoryEngine>,
-    forget: bool,
-) -> Result<crate::alarm::Alarms, ServerError> {
-    if forget {
-        return Ok(crate::alarm::Alarms::default());
+impl Rebuild {
+    fn run(
+        self,
+        mvcc: &MvccStore<MemoryEngine>,
+    ) -> Result<(Lessor, crate::auth::AuthStore, crate::alarm::Alarms), ServerError> {
+        let lessor = match self.bug {
+            Some(Bug::LeasesForgotten) => Lessor::new(MIN_LEASE_TTL),
+            _ => apply::restore_leases(mvcc, MIN_LEASE_TTL, self.now)?,
+        };
+        let auth = match self.bug {
+            Some(Bug::AuthForgotten) => crate::auth::AuthStore::default(),
+            _ => apply::restore_auth(mvcc)?,
+        };
+        let alarms = match self.bug {
+            Some(Bug::AlarmsForgotten) => crate::alarm::Alarms::default(),
+            _ => apply::restore_alarms(mvcc)?,
+        };
+        Ok((lessor, auth, alarms))
     }
-    apply::restore_alarms(mvcc)
-}
-
-/// The auth state a member rebuilds from its state machine (node's
-/// restore_auth), or none with [`Bug::AuthForgotten`].
-fn restored_auth(
-    mvcc: &MvccStore<MemoryEngine>,
-    forget: bool,
-) -> Result<crate::auth::AuthStore, ServerError> {
-    if forget {
-        return Ok(crate::auth::AuthStore::default());
-    }
-    apply::restore_auth(mvcc)
 }
 
 /// A copy of an engine's whole state at its applied index: what a
