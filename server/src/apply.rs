@@ -73,7 +73,7 @@ pub(crate) struct ProposedBy {
 }
 
 impl ProposedBy {
-    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+    fn encode(&self, out: &mut Vec<u8>) {
         out.put_u64_le(self.auth_revision);
         out.put_u32_le(self.user.len() as u32);
         out.extend_from_slice(self.user.as_bytes());
@@ -247,6 +247,44 @@ pub(crate) fn proposal(origin: u64, id: u64, tag: u8, body: &[u8]) -> Vec<u8> {
     data.put_u8(tag);
     data.extend_from_slice(body);
     data
+}
+
+/// A KV write's entry body and tag: a client's names who proposed it
+/// (checked again at apply), the member's own does not.
+pub(crate) fn kv_body(req: &mvcc::Request, by: Option<&ProposedBy>) -> (u8, Vec<u8>) {
+    let mut body = Vec::with_capacity(64);
+    let tag = match by {
+        Some(by) => {
+            by.encode(&mut body);
+            TAG_KV_AUTHED
+        }
+        None => TAG_KV,
+    };
+    mvcc::codec::encode(req, &mut body);
+    (tag, body)
+}
+
+/// A lease grant's entry body.
+pub(crate) fn lease_grant_body(id: i64, ttl: i64) -> Vec<u8> {
+    let mut body = Vec::with_capacity(16);
+    body.put_i64_le(id);
+    body.put_i64_le(ttl);
+    body
+}
+
+/// A lease revoke's entry body and tag: a client's names who asked
+/// (checked again at apply), the member's own (an expiry) does not.
+pub(crate) fn lease_revoke_body(id: i64, by: Option<&ProposedBy>) -> (u8, Vec<u8>) {
+    let mut body = Vec::with_capacity(32);
+    let tag = match by {
+        Some(by) => {
+            by.encode(&mut body);
+            TAG_LEASE_REVOKE_AUTHED
+        }
+        None => TAG_LEASE_REVOKE,
+    };
+    body.put_i64_le(id);
+    (tag, body)
 }
 
 /// What applying one entry did, besides the state it changed.
@@ -489,9 +527,28 @@ impl<E: Engine> StateMachine<'_, E> {
     }
 }
 
+/// The applied state beside MVCC, rebuilt from its records in MVCC at a
+/// start or after a leader's snapshot is installed: the lease table (every
+/// lease a full TTL from `now`), the auth state and the alarms.
+pub(crate) fn restore_beside_mvcc<E: Engine>(
+    mvcc: &MvccStore<E>,
+    min_lease_ttl: i64,
+    now: Instant,
+) -> Result<(
+    crate::lease::Lessor,
+    crate::auth::AuthStore,
+    crate::alarm::Alarms,
+)> {
+    Ok((
+        restore_leases(mvcc, min_lease_ttl, now)?,
+        restore_auth(mvcc)?,
+        restore_alarms(mvcc)?,
+    ))
+}
+
 /// Rebuilds the lease table: leases from their records, attachments from
 /// the keys' `lease` fields. Every lease starts a full TTL (etcd's Promote).
-pub(crate) fn restore_leases<E: Engine>(
+fn restore_leases<E: Engine>(
     mvcc: &MvccStore<E>,
     min_ttl: i64,
     now: Instant,
@@ -548,13 +605,13 @@ pub(crate) fn restore_leases<E: Engine>(
 }
 
 /// The active alarms, from their records.
-pub(crate) fn restore_alarms<E: Engine>(mvcc: &MvccStore<E>) -> Result<crate::alarm::Alarms> {
+fn restore_alarms<E: Engine>(mvcc: &MvccStore<E>) -> Result<crate::alarm::Alarms> {
     let records = mvcc.meta_with_prefix(crate::alarm::META_PREFIX)?;
     Ok(crate::alarm::Alarms::from_meta(&records))
 }
 
 /// Rebuilds the auth state (users, roles, the enabled flag) from its records.
-pub(crate) fn restore_auth<E: Engine>(mvcc: &MvccStore<E>) -> Result<crate::auth::AuthStore> {
+fn restore_auth<E: Engine>(mvcc: &MvccStore<E>) -> Result<crate::auth::AuthStore> {
     let records = mvcc.meta_with_prefix(crate::auth::META_PREFIX)?;
     crate::auth::AuthStore::restore(&records)
         .map_err(|e| ServerError::Mvcc(mvcc::MvccError::Corrupt(e)))

@@ -226,36 +226,22 @@ impl RoutingTable {
         set
     }
 
-    /// The groups a write or a Txn touches: every compare and every op of
-    /// both branches, nested Txns included. A compaction is group 0's (it
+    /// The groups a write or a Txn touches: every key range it reads or
+    /// writes, as auth collects them (every compare and every op of both
+    /// branches, nested Txns included). A compaction is group 0's (it
     /// names group 0's revision; docs/groups.md, "Compaction"), and so is
     /// a Txn that touches no key at all (etcd answers it with a header).
     pub fn groups_of_request(&self, req: &mvcc::Request) -> GroupSet {
-        match req {
-            mvcc::Request::Put(p) => GroupSet::one(self.group_of(&p.key)),
-            mvcc::Request::DeleteRange(d) => self.groups_of_range(&d.key, &d.range_end),
-            mvcc::Request::Txn(t) => match self.groups_of_txn(t) {
-                none if none.is_empty() => GroupSet::one(0),
-                some => some,
-            },
-            mvcc::Request::Compaction(_) => GroupSet::one(0),
+        let mut ranges = Vec::new();
+        crate::auth::kv_needs(req, &mut ranges);
+        let set = (ranges.iter())
+            .map(|r| self.groups_of_range(&r.key, &r.range_end))
+            .fold(GroupSet::default(), GroupSet::union);
+        if set.is_empty() {
+            GroupSet::one(0)
+        } else {
+            set
         }
-    }
-
-    fn groups_of_txn(&self, t: &mvcc::TxnRequest) -> GroupSet {
-        let compares = t
-            .compare
-            .iter()
-            .map(|c| self.groups_of_range(&c.key, &c.range_end));
-        let ops = t.success.iter().chain(&t.failure).map(|op| match op {
-            mvcc::RequestOp::Range(r) => self.groups_of_range(&r.key, &r.range_end),
-            mvcc::RequestOp::Put(p) => GroupSet::one(self.group_of(&p.key)),
-            mvcc::RequestOp::DeleteRange(d) => self.groups_of_range(&d.key, &d.range_end),
-            mvcc::RequestOp::Txn(t) => self.groups_of_txn(t),
-        });
-        compares
-            .chain(ops)
-            .fold(GroupSet::default(), GroupSet::union)
     }
 
     /// The groups' names, comma-separated, in group order: what a refusal

@@ -51,7 +51,7 @@
 //! through the same [`apply::StateMachine`]: KV writes, lease grants,
 //! revokes (by clients, and by the leader as an expiry does) and puts that
 //! attach keys to leases. A restarted member rebuilds its lease table as
-//! node does ([`apply::restore_leases`]), from its checkpoint or a
+//! node does ([`apply::restore_beside_mvcc`]), from its checkpoint or a
 //! leader's snapshot plus the replayed log. Checked besides: every member
 //! reaches the same answer for every entry (a put refused for an unknown
 //! lease on one member and applied on another diverges), a put attaches a
@@ -64,14 +64,14 @@
 //! permissions and turns auth on and off, while half the client writes
 //! are alice's and half nobody's, each naming the auth revision its
 //! member applied (node's proposal check). Restarts rebuild the auth
-//! state through [`apply::restore_auth`]. Checked: a write applies only
+//! state through [`apply::restore_beside_mvcc`]. Checked: a write applies only
 //! where the agreed auth state allows it, is refused by auth only while
 //! auth is on and never for a permission alice holds, and at the end every
 //! member has the log's auth state at one auth revision.
 //!
 //! Alarms too: members raise their NOSPACE alarm and an operator disarms
 //! them, through the log; restarts rebuild them through
-//! [`apply::restore_alarms`]. Checked: a write that adds data applies only
+//! [`apply::restore_beside_mvcc`]. Checked: a write that adds data applies only
 //! while no NOSPACE alarm is on and is refused for one only then, and at
 //! the end every member has the alarms the log left on.
 //!
@@ -156,13 +156,13 @@ pub enum Bug {
     /// empty ConfChangeV2) as a no-op: a replaced voter is never let go.
     JointNeverLeft,
     /// A member that restarts or installs a snapshot rebuilds no lease
-    /// table (node's restore_leases skipped).
+    /// table (node rebuilds it in restore_beside_mvcc).
     LeasesForgotten,
     /// A member that restarts or installs a snapshot rebuilds no auth
-    /// state (node's restore_auth skipped).
+    /// state (node rebuilds it in restore_beside_mvcc).
     AuthForgotten,
     /// A member that restarts or installs a snapshot rebuilds no alarms
-    /// (node's restore_alarms skipped).
+    /// (node rebuilds them in restore_beside_mvcc).
     AlarmsForgotten,
 }
 
@@ -558,6 +558,20 @@ impl World {
         }
     }
 
+    /// Whether the agreed log ends right before `index`: the member
+    /// applying it is the first to, and the models are at its index.
+    fn agreed_up_to_before(&self, index: u64) -> bool {
+        (index - 1) as usize == self.log.len()
+    }
+
+    /// The leases the agreed log left alive, in ID order.
+    fn live_leases(&self) -> Vec<i64> {
+        (self.leases.iter())
+            .filter(|(_, alive)| **alive)
+            .map(|(lease, _)| *lease)
+            .collect()
+    }
+
     /// The agreed lease table follows the log, entry by entry.
     fn agree_on_leases(&mut self, effect: &LeaseEffect, ok: bool, lease_refused: bool) {
         match effect {
@@ -923,7 +937,7 @@ impl SimReady<'_> {
         let AlarmEffect::AddsData = effect else {
             return;
         };
-        if (index - 1) as usize != self.world.log.len() {
+        if !self.world.agreed_up_to_before(index) {
             return;
         }
         let id = self.id;
@@ -964,7 +978,7 @@ impl SimReady<'_> {
         else {
             return;
         };
-        if (index - 1) as usize != self.world.log.len() {
+        if !self.world.agreed_up_to_before(index) {
             return;
         }
         let id = self.id;
@@ -1029,7 +1043,7 @@ impl SimReady<'_> {
                     ));
                 }
             }
-            LeaseEffect::Attach(leases) if (index - 1) as usize == self.world.log.len() => {
+            LeaseEffect::Attach(leases) if self.world.agreed_up_to_before(index) => {
                 let alive = |l: &i64| self.world.leases.get(l) == Some(&true);
                 if result.is_ok() && !leases.iter().all(alive) {
                     self.world.anomaly(format!(
@@ -1744,10 +1758,7 @@ impl Sim {
                 if life.raw.raft.state == StateRole::Leader && world.rng.one_in(150) {
                     // A lease expires: its leader revokes it through the
                     // log, as node's expire_leases does.
-                    let alive: Vec<i64> = (world.leases.iter())
-                        .filter(|(_, alive)| **alive)
-                        .map(|(lease, _)| *lease)
-                        .collect();
+                    let alive = world.live_leases();
                     if !alive.is_empty() {
                         let lease = alive[world.rng.below(alive.len() as u64) as usize];
                         let nonce = world.rng.next();
@@ -2229,10 +2240,7 @@ impl Sim {
     /// Every member holds the leases the log left alive, each with the
     /// same keys.
     fn leases_disagree(&self) -> Vec<String> {
-        let alive: Vec<i64> = (self.world.leases.iter())
-            .filter(|(_, alive)| **alive)
-            .map(|(lease, _)| *lease)
-            .collect();
+        let alive = self.world.live_leases();
         let mut first: Option<(u64, LeaseTable)> = None;
         let mut found = Vec::new();
         for m in self.in_conf() {
@@ -2424,8 +2432,8 @@ fn boot(
 }
 
 /// What a member rebuilds beside MVCC from its state machine, at a start
-/// or a snapshot install, as node does (restore_leases, restore_auth,
-/// restore_alarms), less what a planted bug forgets.
+/// or a snapshot install, as node does (`apply::restore_beside_mvcc`),
+/// less what a planted bug forgets.
 #[derive(Clone, Copy)]
 struct Rebuild {
     bug: Option<Bug>,
@@ -2438,18 +2446,14 @@ impl Rebuild {
         self,
         mvcc: &MvccStore<MemoryEngine>,
     ) -> Result<(Lessor, crate::auth::AuthStore, crate::alarm::Alarms), ServerError> {
-        let lessor = match self.bug {
-            Some(Bug::LeasesForgotten) => Lessor::new(MIN_LEASE_TTL),
-            _ => apply::restore_leases(mvcc, MIN_LEASE_TTL, self.now)?,
-        };
-        let auth = match self.bug {
-            Some(Bug::AuthForgotten) => crate::auth::AuthStore::default(),
-            _ => apply::restore_auth(mvcc)?,
-        };
-        let alarms = match self.bug {
-            Some(Bug::AlarmsForgotten) => crate::alarm::Alarms::default(),
-            _ => apply::restore_alarms(mvcc)?,
-        };
+        let (mut lessor, mut auth, mut alarms) =
+            apply::restore_beside_mvcc(mvcc, MIN_LEASE_TTL, self.now)?;
+        match self.bug {
+            Some(Bug::LeasesForgotten) => lessor = Lessor::new(MIN_LEASE_TTL),
+            Some(Bug::AuthForgotten) => auth = crate::auth::AuthStore::default(),
+            Some(Bug::AlarmsForgotten) => alarms = crate::alarm::Alarms::default(),
+            _ => {}
+        }
         Ok((lessor, auth, alarms))
     }
 }
@@ -2551,37 +2555,19 @@ fn checkpoint(life: &mut Life, disk: &mut Disk, world: &mut World) -> Result<(),
 /// A KV write as node logs it: a client's names who proposed it and at
 /// which auth revision, the member's own does not.
 fn kv_entry(member: u64, op: u64, req: &mvcc::Request, by: Option<&ProposedBy>) -> Vec<u8> {
-    let mut body = Vec::with_capacity(64);
-    let tag = match by {
-        Some(by) => {
-            by.encode(&mut body);
-            apply::TAG_KV_AUTHED
-        }
-        None => apply::TAG_KV,
-    };
-    mvcc::encode(req, &mut body);
+    let (tag, body) = apply::kv_body(req, by);
     apply::proposal(member, op, tag, &body)
 }
 
 /// A client's lease revoke (`by`: a client, checked at apply) or the
 /// leader's (an expiry), as node logs them.
 fn revoke_entry(member: u64, op: u64, lease: i64, by: Option<&ProposedBy>) -> Vec<u8> {
-    let mut body = Vec::with_capacity(8);
-    let tag = match by {
-        Some(by) => {
-            by.encode(&mut body);
-            apply::TAG_LEASE_REVOKE_AUTHED
-        }
-        None => apply::TAG_LEASE_REVOKE,
-    };
-    body.put_i64_le(lease);
+    let (tag, body) = apply::lease_revoke_body(lease, by);
     apply::proposal(member, op, tag, &body)
 }
 
 fn grant_entry(member: u64, op: u64, lease: i64) -> Vec<u8> {
-    let mut body = Vec::with_capacity(16);
-    body.put_i64_le(lease);
-    body.put_i64_le(LEASE_TTL);
+    let body = apply::lease_grant_body(lease, LEASE_TTL);
     apply::proposal(member, op, apply::TAG_LEASE_GRANT, &body)
 }
 

@@ -42,10 +42,9 @@ use raft::{RawNode, Storage};
 
 pub use crate::apply::Applied;
 use crate::apply::{
-    decode_proposal, lease_needs, leases_used, proposal, ApplyContext, Decoded, ProposedBy,
-    StateMachine, TAG_ALARM, TAG_AUTH, TAG_CONF_RECORD, TAG_KV, TAG_KV_AUTHED,
-    TAG_LEASE_CHECKPOINT, TAG_LEASE_GRANT, TAG_LEASE_REVOKE, TAG_LEASE_REVOKE_AUTHED,
-    TAG_MEMBER_ATTRS, TAG_MEMBER_PEERS,
+    decode_proposal, kv_body, lease_grant_body, lease_needs, lease_revoke_body, leases_used,
+    proposal, ApplyContext, Decoded, ProposedBy, StateMachine, TAG_ALARM, TAG_AUTH,
+    TAG_CONF_RECORD, TAG_LEASE_CHECKPOINT, TAG_LEASE_GRANT, TAG_MEMBER_ATTRS, TAG_MEMBER_PEERS,
 };
 use crate::compactor::Compactor;
 use crate::config::Config;
@@ -713,21 +712,19 @@ impl Node {
     /// client's is checked against its permissions first (and again at
     /// apply), as etcd's.
     pub async fn write(&self, req: mvcc::Request, caller: Caller<'_>) -> Result<mvcc::Response> {
-        let mut body = Vec::with_capacity(64);
-        let tag = match caller {
-            Caller::Member => TAG_KV,
+        let by = match caller {
+            Caller::Member => None,
             Caller::Client(token) => {
                 if matches!(req, mvcc::Request::Put(_) | mvcc::Request::Txn(_)) {
                     self.check_quota(crate::alarm::cost(&req)).await?;
                 }
                 let mut used = Vec::new();
                 leases_used(&req, &mut used);
-                self.check_proposal(token, |needs| crate::auth::kv_needs(&req, needs), &used)?
-                    .encode(&mut body);
-                TAG_KV_AUTHED
+                let collect = |needs: &mut Vec<_>| crate::auth::kv_needs(&req, needs);
+                Some(self.check_proposal(token, collect, &used)?)
             }
         };
-        mvcc::codec::encode(&req, &mut body);
+        let (tag, body) = kv_body(&req, by.as_ref());
         match self.propose(tag, &body).await? {
             Applied::Kv(r) => Ok(r),
             _ => Err(ServerError::Stopped),
@@ -741,10 +738,10 @@ impl Node {
             return Err(ServerError::Lease(crate::lease::LeaseError::TtlTooLarge));
         }
         let id = if id == 0 { self.new_lease_id() } else { id };
-        let mut body = Vec::with_capacity(16);
-        body.put_i64_le(id);
-        body.put_i64_le(ttl);
-        match self.propose(TAG_LEASE_GRANT, &body).await? {
+        match self
+            .propose(TAG_LEASE_GRANT, &lease_grant_body(id, ttl))
+            .await?
+        {
             Applied::LeaseGranted { id, ttl, revision } => Ok((id, ttl, revision)),
             _ => Err(ServerError::Stopped),
         }
@@ -753,15 +750,11 @@ impl Node {
     /// Revokes a lease through the log, deleting its keys; returns the
     /// revision. A client needs write permission on every attached key.
     pub async fn lease_revoke(&self, id: i64, caller: Caller<'_>) -> Result<i64> {
-        let mut body = Vec::with_capacity(8);
-        let tag = match caller {
-            Caller::Member => TAG_LEASE_REVOKE,
-            Caller::Client(token) => {
-                self.check_proposal(token, |_| {}, &[id])?.encode(&mut body);
-                TAG_LEASE_REVOKE_AUTHED
-            }
+        let by = match caller {
+            Caller::Member => None,
+            Caller::Client(token) => Some(self.check_proposal(token, |_| {}, &[id])?),
         };
-        body.put_i64_le(id);
+        let (tag, body) = lease_revoke_body(id, by.as_ref());
         match self.propose(tag, &body).await? {
             Applied::LeaseRevoked { revision } => Ok(revision),
             _ => Err(ServerError::Stopped),

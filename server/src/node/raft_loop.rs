@@ -272,10 +272,9 @@ impl Node {
             )));
         }
         let mvcc = MvccStore::open(engine.clone())?;
-        let lessor =
-            crate::apply::restore_leases(&mvcc, self.lessor.borrow().min_ttl(), Instant::now())?;
-        let auth = crate::apply::restore_auth(&mvcc)?;
-        let alarms = crate::apply::restore_alarms(&mvcc)?;
+        let min_ttl = self.lessor.borrow().min_ttl();
+        let (lessor, auth, alarms) =
+            crate::apply::restore_beside_mvcc(&mvcc, min_ttl, Instant::now())?;
         let conf = meta.get_conf_state().clone();
         let mut registry = Registry::default();
         load_member_records(&mvcc, &mut registry)?;

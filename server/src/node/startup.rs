@@ -289,17 +289,15 @@ impl Node {
         } else {
             restored.storage.initial_state()?.hard_state.commit
         };
-        let lessor = crate::apply::restore_leases(
+        let (lessor, mut auth, alarms) = crate::apply::restore_beside_mvcc(
             &mvcc,
             crate::lease::min_ttl_secs(cfg.election_timeout),
             Instant::now(),
         )?;
-        let mut auth = crate::apply::restore_auth(&mvcc)?;
         auth.set_token_settings(
             cfg.token_settings()
                 .map_err(|e| ServerError::Startup(e.to_string()))?,
         );
-        let alarms = crate::apply::restore_alarms(&mvcc)?;
         phases.done("restore leases, auth, alarms");
         let wal = Wal::open(
             &dirs.wal,
