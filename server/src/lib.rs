@@ -32,6 +32,7 @@ pub mod mvcc;
 pub mod net;
 pub mod node;
 pub mod notify;
+pub mod owner;
 pub mod peer;
 pub mod raftlog;
 pub mod read_index;

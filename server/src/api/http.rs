@@ -38,7 +38,7 @@ use super::hyper_io::HyperStream;
 use crate::auth::Requirement;
 use crate::error::ServerError;
 use crate::mvcc::{self, KeyValue};
-use crate::shard::{Backend, Command, Reply};
+use crate::owner::Backend;
 use crate::tls::PeerStream;
 
 pub const REVISION_HEADER: &str = "x-metcd-revision";
@@ -187,8 +187,8 @@ async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> Ht
             JSON_CONTENT_TYPE,
             Bytes::from(version_body()),
         ),
-        "/health" => match backend.call(Command::Status).await {
-            Reply::Status { healthy: true, .. } => {
+        "/health" => match backend.status().await {
+            Ok(report) if report.healthy => {
                 count_health(&crate::metrics::HEALTH_SUCCESS);
                 (
                     StatusCode::OK,
@@ -205,11 +205,11 @@ async fn etcd_http1(backend: &Backend, method: &hyper::Method, path: &str) -> Ht
                 )
             }
         },
-        "/metrics" => match backend.call(Command::Metrics).await {
+        "/metrics" => match backend.metrics().await {
             // etcd's families only: clients of the etcd port compare them
             // with etcd's.
-            Reply::Metrics(page, _) => (StatusCode::OK, METRICS_CONTENT_TYPE, Bytes::from(page)),
-            _ => (
+            Ok((page, _)) => (StatusCode::OK, METRICS_CONTENT_TYPE, Bytes::from(page)),
+            Err(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 TEXT,
                 Bytes::from_static(b"metcd is stopping\n"),
@@ -416,9 +416,7 @@ async fn route(
             )))
         }
         "/metrics" => {
-            let Reply::Metrics(mut page, metcd) = backend.call(Command::Metrics).await else {
-                return Err(ServerError::Stopped);
-            };
+            let (mut page, metcd) = backend.metrics().await?;
             page.push_str(&metcd);
             return Ok(whole(typed_response(
                 StatusCode::OK,
@@ -509,9 +507,7 @@ async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Server
 }
 
 async fn health(backend: &Backend) -> Result<HttpResponse, ServerError> {
-    let Reply::Status { healthy, .. } = backend.call(Command::Status).await else {
-        return Err(ServerError::Stopped);
-    };
+    let healthy = backend.status().await?.healthy;
     let status = if healthy {
         StatusCode::OK
     } else {
@@ -575,21 +571,15 @@ async fn replace_member(backend: &Backend, query: &Query) -> Result<HttpResponse
             "is_learner": m.is_learner,
         })
     };
-    match backend
-        .call(Command::MemberReplace { old, peer_urls })
-        .await
-    {
-        Reply::MemberChange(Ok(change), _) => Ok(json_response(
-            StatusCode::OK,
-            &json!({
-                "member": change.added.as_ref().map(render),
-                "members": change.members.iter().map(render).collect::<Vec<_>>(),
-            }),
-            None,
-        )),
-        Reply::MemberChange(Err(e), _) | Reply::Failed(e) => Err(e),
-        _ => Err(ServerError::Stopped),
-    }
+    let (change, _) = backend.member_replace(old, peer_urls).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "member": change.added.as_ref().map(render),
+            "members": change.members.iter().map(render).collect::<Vec<_>>(),
+        }),
+        None,
+    ))
 }
 
 async fn write(
@@ -597,10 +587,10 @@ async fn write(
     req: mvcc::Request,
     token: Option<String>,
 ) -> Result<mvcc::Response, ServerError> {
-    match backend.call(Command::Write(req, token)).await {
-        Reply::Write(r, _) => r,
-        _ => Err(ServerError::Stopped),
-    }
+    backend
+        .write(req, token)
+        .await
+        .map(|(response, _)| response)
 }
 
 async fn put(
@@ -711,7 +701,7 @@ async fn range_answer(
     use super::grpc::chunked_range::{self as chunked, JsonAnswer};
     if is_range {
         let range = match backend.range_read(req, token).await.0? {
-            crate::shard::RangeRead::Whole(resp) => {
+            crate::owner::RangeRead::Whole(resp) => {
                 let meta = RangeMeta {
                     revision: resp.header.revision,
                     more: resp.more,
@@ -719,7 +709,7 @@ async fn range_answer(
                 };
                 return Ok(whole(range_json(&resp.kvs, meta)));
             }
-            crate::shard::RangeRead::Chunked(range) => range,
+            crate::owner::RangeRead::Chunked(range) => range,
         };
         let rev = range.revision;
         let answer = chunked::answer_json(range, seed_range_shape()).await?;

@@ -51,7 +51,7 @@ use super::pb::etcdserverpb as pb;
 use super::pb::mvccpb;
 use crate::error::ServerError;
 use crate::mvcc::{self, ChunkedRange};
-use crate::shard::{Snapshot, RANGE_LOAD_CHUNK};
+use crate::owner::{Snapshot, RANGE_LOAD_CHUNK};
 
 /// Answers up to about this size (encoded key-values) go whole, read
 /// once; larger ones send this much first, then chunks.

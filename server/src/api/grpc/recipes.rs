@@ -33,11 +33,10 @@ use super::pb::etcdserverpb as pb;
 use super::pb::mvccpb;
 use super::pb::v3electionpb as epb;
 use super::pb::v3lockpb as lpb;
-use super::service::{register_watch, status_of, token_of, BoxStream, Shared};
+use super::service::{here, register_watch, status_of, token_of, BoxStream, Shared};
 use crate::auth::{Need, Requirement};
 use crate::error::ServerError;
 use crate::mvcc;
-use crate::shard::{Command, Reply};
 use crate::watch::{WatchHub, WatchSpec};
 
 /// The TTL of the lease a Lock or Campaign without one gets (clientv3
@@ -192,14 +191,10 @@ impl Client {
         if lease != 0 {
             return Ok(lease);
         }
-        let cmd = Command::LeaseGrant {
-            id: 0,
-            ttl: SESSION_TTL_SECS,
-        };
-        match self.shared.call(cmd).await {
-            Reply::LeaseGrant(Ok((id, _, _)), _) => Ok(id),
-            Reply::LeaseGrant(Err(e), _) | Reply::Failed(e) => Err(recipe_error(status_of(&e))),
-            _ => Err(recipe_error(status_of(&ServerError::Stopped))),
+        let granted = here(self.shared.owner().lease_grant(0, SESSION_TTL_SECS)).await;
+        match granted {
+            Ok(((id, _, _), _)) => Ok(id),
+            Err(e) => Err(recipe_error(status_of(&e))),
         }
     }
 

@@ -27,7 +27,7 @@ use futures_channel::oneshot;
 use hyper::body::{Body, Frame, SizeHint};
 
 use crate::error::ServerError;
-use crate::shard::{Backend, Command, Reply};
+use crate::owner::Backend;
 
 /// The metadata key and value clientv3 sends with `WithRequireLeader`.
 const REQUIRE_LEADER_KEY: &str = "hasleader";
@@ -101,7 +101,7 @@ impl LeaderGuard {
     }
 
     pub async fn has_leader(&self) -> bool {
-        matches!(self.backend.call(Command::Leader).await, Reply::Leader(l) if l != 0)
+        matches!(self.backend.leader().await, Ok(leader) if leader != 0)
     }
 
     /// Wraps a leader-requiring stream's response body so that it ends

@@ -64,7 +64,7 @@ pub struct Router {
     leader: SendWrapper<Rc<LeaderGuard>>,
     /// What a request that is not gRPC gets (the JSON gateway, `/version`,
     /// `/health`, `/metrics`): the same as over HTTP/1.1, as etcd's mux.
-    http: SendWrapper<Rc<(crate::shard::Backend, Gateway)>>,
+    http: SendWrapper<Rc<(crate::owner::Backend, Gateway)>>,
     /// This shard's gRPC metrics (etcd's grpc_server_* families).
     counters: Option<ShardCounters>,
 }
@@ -74,7 +74,7 @@ impl Router {
         services: super::service::Services,
         max_message_bytes: usize,
         leader: Rc<LeaderGuard>,
-        backend: crate::shard::Backend,
+        backend: crate::owner::Backend,
         counters: Option<ShardCounters>,
         max_concurrent_streams: u32,
     ) -> (Router, Gateway) {
@@ -285,7 +285,7 @@ pub async fn serve(
     listener: crate::net::Listener,
     router: Router,
     gateway: Gateway,
-    backend: crate::shard::Backend,
+    backend: crate::owner::Backend,
     tls: Option<futures_rustls::TlsAcceptor>,
     cert_users: bool,
     max_concurrent_streams: u32,

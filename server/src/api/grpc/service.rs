@@ -20,7 +20,7 @@ use crate::api::error::to_wire;
 use crate::auth::{AuthAnswer, AuthApplied, AuthQuery, AuthRequest, Need, Requirement};
 use crate::error::ServerError;
 use crate::mvcc;
-use crate::shard::{Backend, Command, LeaseInfo, Reply};
+use crate::owner::{Backend, MemberChange};
 use crate::watch::{WatchHub, WatchSpec};
 
 /// Identity and limits every service needs.
@@ -68,10 +68,10 @@ impl Shared {
         }
     }
 
-    /// Runs one command on the owner (directly or through the shard's
-    /// channel) from inside the per-core world.
-    pub(super) async fn call(&self, cmd: Command) -> Reply {
-        SendWrapper::new(async move { self.backend.call(cmd).await }).await
+    /// The owner protocol: its questions' futures stay on this core, so
+    /// tonic's `Send` futures await them through [`here`].
+    pub(super) fn owner(&self) -> &Backend {
+        &self.backend
     }
 
     /// A range by the caller behind `token` (checked on the owner, after
@@ -90,7 +90,7 @@ impl Shared {
         &self,
         req: mvcc::RangeRequest,
         token: Option<String>,
-    ) -> (crate::error::Result<crate::shard::RangeRead>, u64) {
+    ) -> (crate::error::Result<crate::owner::RangeRead>, u64) {
         SendWrapper::new(async move { self.backend.range_read(req, token).await }).await
     }
 
@@ -155,12 +155,18 @@ impl Shared {
         req: mvcc::Request,
         token: Option<String>,
     ) -> Result<(mvcc::Response, HeaderInfo), Status> {
-        match self.call(Command::Write(req, token)).await {
-            Reply::Write(Ok(resp), term) => Ok((resp, self.header(term))),
-            Reply::Write(Err(e), _) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        let (resp, term) = here(self.owner().write(req, token))
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok((resp, self.header(term)))
     }
+}
+
+/// A future of the per-core world (the owner protocol's: `Rc`s inside)
+/// awaited inside one of tonic's `Send` futures. Sound because a shard's
+/// tasks never leave its executor's thread.
+pub(super) fn here<F: std::future::Future>(future: F) -> SendWrapper<F> {
+    SendWrapper::new(future)
 }
 
 /// The simple token a request carries: gRPC metadata `token` (clientv3),
@@ -234,10 +240,10 @@ impl KvService {
         let req = convert::range_request(request.into_inner())?;
         mvcc::validate_range(&req).map_err(mvcc_status)?;
         match self.0.range_read(req, token).await {
-            (Ok(crate::shard::RangeRead::Whole(r)), term) => Ok(JsonAnswer::Whole(
+            (Ok(crate::owner::RangeRead::Whole(r)), term) => Ok(JsonAnswer::Whole(
                 convert::range_response(r, &self.0.header(term)),
             )),
-            (Ok(crate::shard::RangeRead::Chunked(range)), term) => {
+            (Ok(crate::owner::RangeRead::Chunked(range)), term) => {
                 let ids = self.0.header(term);
                 let answer =
                     SendWrapper::new(chunked::answer_json(range, chunked::gateway_shape(ids)))
@@ -297,13 +303,13 @@ impl pb::kv_server::Kv for KvService {
             self.0.range_read(req, token).await
         } else {
             let (whole, term) = self.0.range(req, token).await;
-            (whole.map(crate::shard::RangeRead::Whole), term)
+            (whole.map(crate::owner::RangeRead::Whole), term)
         };
         match (read, term) {
-            (Ok(crate::shard::RangeRead::Whole(r)), term) => Ok(Response::new(
+            (Ok(crate::owner::RangeRead::Whole(r)), term) => Ok(Response::new(
                 convert::range_response(r, &self.0.header(term)),
             )),
-            (Ok(crate::shard::RangeRead::Chunked(range)), term) => {
+            (Ok(crate::owner::RangeRead::Chunked(range)), term) => {
                 SendWrapper::new(super::chunked_range::answer(range, self.0.header(term))).await
             }
             (Err(e), _) => Err(status_of(&e)),
@@ -505,13 +511,14 @@ impl WatchStream {
     }
 
     async fn current(&self) -> (i64, u64) {
-        match self.shared.call(Command::Status).await {
-            Reply::Status { status, .. } => {
+        match here(self.shared.owner().status()).await {
+            Ok(report) => {
+                let status = report.status;
                 self.hub.note_term(status.term);
                 self.hub.note_revision(status.revision);
                 (status.revision, status.term)
             }
-            _ => (self.hub.revision(), 0),
+            Err(_) => (self.hub.revision(), 0),
         }
     }
 
@@ -593,10 +600,9 @@ impl WatchStream {
             }
             Err(e) => {
                 let (rev, _) = self.current().await;
-                let compact_revision = match self.shared.call(Command::CompactRevision).await {
-                    Reply::CompactRevision(rev) => rev,
-                    _ => 0,
-                };
+                let compact_revision = here(self.shared.owner().compact_revision())
+                    .await
+                    .unwrap_or(0);
                 self.send(pb::WatchResponse {
                     header: self.hub.header(rev),
                     watch_id,
@@ -655,15 +661,7 @@ pub(super) async fn register_watch(
 #[derive(Clone)]
 pub struct LeaseService(Shared);
 
-impl LeaseService {
-    async fn query(&self, cmd: Command) -> Result<(LeaseInfo, HeaderInfo, i64), Status> {
-        match self.0.call(cmd).await {
-            Reply::Lease(info, revision, term) => Ok((info, self.0.header(term), revision)),
-            Reply::Failed(e) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
-    }
-}
+impl LeaseService {}
 
 #[tonic::async_trait]
 impl pb::lease_server::Lease for LeaseService {
@@ -674,25 +672,15 @@ impl pb::lease_server::Lease for LeaseService {
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
         let r = request.into_inner();
-        match self
-            .0
-            .call(Command::LeaseGrant {
-                id: r.id,
-                ttl: r.ttl,
-            })
+        let ((id, ttl, revision), term) = here(self.0.owner().lease_grant(r.id, r.ttl))
             .await
-        {
-            Reply::LeaseGrant(Ok((id, ttl, revision)), term) => {
-                Ok(Response::new(pb::LeaseGrantResponse {
-                    header: self.0.header(term).header(revision),
-                    id,
-                    ttl,
-                    error: String::new(),
-                }))
-            }
-            Reply::LeaseGrant(Err(e), _) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::LeaseGrantResponse {
+            header: self.0.header(term).header(revision),
+            id,
+            ttl,
+            error: String::new(),
+        }))
     }
 
     async fn lease_revoke(
@@ -701,13 +689,12 @@ impl pb::lease_server::Lease for LeaseService {
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         let token = token_of(&request);
         let id = request.into_inner().id;
-        match self.0.call(Command::LeaseRevoke(id, token)).await {
-            Reply::LeaseRevoke(Ok(revision), term) => Ok(Response::new(pb::LeaseRevokeResponse {
-                header: self.0.header(term).header(revision),
-            })),
-            Reply::LeaseRevoke(Err(e), _) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        let (revision, term) = here(self.0.owner().lease_revoke(id, token))
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::LeaseRevokeResponse {
+            header: self.0.header(term).header(revision),
+        }))
     }
 
     async fn lease_keep_alive(
@@ -720,17 +707,14 @@ impl pb::lease_server::Lease for LeaseService {
         let shared = self.0.clone();
         let task = SendWrapper::new(async move {
             while let Ok(Some(req)) = input.message().await {
-                let resp = match shared.call(Command::LeaseKeepAlive(req.id)).await {
+                let resp = match shared.owner().lease_keep_alive(req.id).await {
                     // Unknown (expired or revoked) leases answer TTL 0, as etcd.
-                    Reply::Lease(LeaseInfo::KeepAlive(ttl), revision, term) => {
-                        Ok(pb::LeaseKeepAliveResponse {
-                            header: shared.header(term).header(revision),
-                            id: req.id,
-                            ttl: ttl.unwrap_or(0),
-                        })
-                    }
-                    Reply::Failed(e) => Err(status_of(&e)),
-                    _ => Err(status_of(&ServerError::Stopped)),
+                    Ok(kept) => Ok(pb::LeaseKeepAliveResponse {
+                        header: shared.header(kept.term).header(kept.revision),
+                        id: req.id,
+                        ttl: kept.answer.unwrap_or(0),
+                    }),
+                    Err(e) => Err(status_of(&e)),
                 };
                 let stop = resp.is_err();
                 if out.unbounded_send(resp).is_err() || stop {
@@ -748,10 +732,10 @@ impl pb::lease_server::Lease for LeaseService {
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
         let token = token_of(&request);
         let r = request.into_inner();
-        let (info, h, revision) = self.query(Command::LeaseTimeToLive(r.id)).await?;
-        let LeaseInfo::TimeToLive(found) = info else {
-            return Err(status_of(&ServerError::Stopped));
-        };
+        let asked = here(self.0.owner().lease_time_to_live(r.id))
+            .await
+            .map_err(|e| status_of(&e))?;
+        let (found, h, revision) = (asked.answer, self.0.header(asked.term), asked.revision);
         // An unknown lease is TTL -1 (etcdctl: "lease ... already expired").
         let (ttl, granted_ttl, keys) = match found {
             Some((ttl, granted, keys)) => (ttl, granted, keys),
@@ -780,12 +764,12 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         _: Request<pb::LeaseLeasesRequest>,
     ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
-        let (info, h, revision) = self.query(Command::Leases).await?;
-        let LeaseInfo::List(ids) = info else {
-            return Err(status_of(&ServerError::Stopped));
-        };
+        let asked = here(self.0.owner().leases())
+            .await
+            .map_err(|e| status_of(&e))?;
+        let ids = asked.answer;
         Ok(Response::new(pb::LeaseLeasesResponse {
-            header: h.header(revision),
+            header: self.0.header(asked.term).header(asked.revision),
             leases: ids.into_iter().map(|id| pb::LeaseStatus { id }).collect(),
         }))
     }
@@ -800,20 +784,21 @@ impl ClusterService {
     /// membership once auth is on (refusals in etcd's gRPC wording:
     /// `etcdserver: user name is empty` / `permission denied`). Checked on
     /// the member that received the request, before anything is proposed.
-    async fn change(
-        &self,
+    async fn change<'a>(
+        &'a self,
         token: Option<String>,
-        cmd: Command,
-    ) -> Result<(crate::shard::MemberChange, Option<pb::ResponseHeader>), Status> {
+        ask: impl FnOnce(
+            &'a Backend,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = crate::error::Result<(MemberChange, u64)>> + 'a>,
+        >,
+    ) -> Result<(MemberChange, Option<pb::ResponseHeader>), Status> {
         self.0
             .check(token, || Requirement::Admin)
             .await
             .map_err(|e| status_of(&e))?;
-        match self.0.call(cmd).await {
-            Reply::MemberChange(Ok(change), term) => Ok((change, self.0.header(term).header(0))),
-            Reply::MemberChange(Err(e), _) | Reply::Failed(e) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        let (change, term) = here(ask(self.0.owner())).await.map_err(|e| status_of(&e))?;
+        Ok((change, self.0.header(term).header(0)))
     }
 }
 
@@ -838,13 +823,9 @@ impl pb::cluster_server::Cluster for ClusterService {
         // etcd parses the URLs before it looks at the caller.
         crate::node::check_new_member_urls(&r.peer_ur_ls).map_err(|e| status_of(&e))?;
         let (change, header) = self
-            .change(
-                token,
-                Command::MemberAdd {
-                    peer_urls: r.peer_ur_ls,
-                    is_learner: r.is_learner,
-                },
-            )
+            .change(token, |owner| {
+                Box::pin(owner.member_add(r.peer_ur_ls, r.is_learner))
+            })
             .await?;
         Ok(Response::new(pb::MemberAddResponse {
             header,
@@ -859,7 +840,9 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
         let token = token_of(&request);
         let (change, header) = self
-            .change(token, Command::MemberRemove(request.into_inner().id))
+            .change(token, |owner| {
+                Box::pin(owner.member_remove(request.into_inner().id))
+            })
             .await?;
         Ok(Response::new(pb::MemberRemoveResponse {
             header,
@@ -874,13 +857,9 @@ impl pb::cluster_server::Cluster for ClusterService {
         let token = token_of(&request);
         let r = request.into_inner();
         let (change, header) = self
-            .change(
-                token,
-                Command::MemberUpdate {
-                    id: r.id,
-                    peer_urls: r.peer_ur_ls,
-                },
-            )
+            .change(token, |owner| {
+                Box::pin(owner.member_update(r.id, r.peer_ur_ls))
+            })
             .await?;
         Ok(Response::new(pb::MemberUpdateResponse {
             header,
@@ -892,14 +871,13 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         _: Request<pb::MemberListRequest>,
     ) -> Result<Response<pb::MemberListResponse>, Status> {
-        match self.0.call(Command::Members).await {
-            Reply::Members(members, term) => Ok(Response::new(pb::MemberListResponse {
-                header: self.0.header(term).header(0),
-                members: members.into_iter().map(member_pb).collect(),
-            })),
-            Reply::Failed(e) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        let (members, term) = here(self.0.owner().members())
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::MemberListResponse {
+            header: self.0.header(term).header(0),
+            members: members.into_iter().map(member_pb).collect(),
+        }))
     }
 
     async fn member_promote(
@@ -908,7 +886,9 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
         let token = token_of(&request);
         let (change, header) = self
-            .change(token, Command::MemberPromote(request.into_inner().id))
+            .change(token, |owner| {
+                Box::pin(owner.member_promote(request.into_inner().id))
+            })
             .await?;
         Ok(Response::new(pb::MemberPromoteResponse {
             header,
@@ -957,37 +937,35 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
             member: r.member_id,
             alarm,
         };
-        match self.0.call(Command::Alarm(req)).await {
-            // etcd's answer carries no header (its alarm applier never
-            // fills one): `{}` when there is no alarm.
-            Reply::Alarm(Ok(alarms), _) => Ok(Response::new(pb::AlarmResponse {
-                header: None,
-                alarms: alarms
-                    .into_iter()
-                    .map(|a| pb::AlarmMember {
-                        member_id: a.member,
-                        alarm: a.alarm.wire(),
-                    })
-                    .collect(),
-            })),
-            Reply::Alarm(Err(e), _) | Reply::Failed(e) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        let alarms = here(self.0.owner().alarm(req))
+            .await
+            .map_err(|e| status_of(&e))?;
+        // etcd's answer carries no header (its alarm applier never fills
+        // one): `{}` when there is no alarm.
+        Ok(Response::new(pb::AlarmResponse {
+            header: None,
+            alarms: alarms
+                .into_iter()
+                .map(|a| pb::AlarmMember {
+                    member_id: a.member,
+                    alarm: a.alarm.wire(),
+                })
+                .collect(),
+        }))
     }
 
     async fn status(
         &self,
         _: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        let Reply::Status {
+        let crate::owner::StatusReport {
             status,
             db_size,
             alarms,
             ..
-        } = self.0.call(Command::Status).await
-        else {
-            return Err(status_of(&ServerError::Stopped));
-        };
+        } = here(self.0.owner().status())
+            .await
+            .map_err(|e| status_of(&e))?;
         let leader = status.leader;
         let mut errors = Vec::new();
         if leader == 0 {
@@ -1013,14 +991,13 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
         self.admin_only(token_of(&request)).await?;
-        match self.0.call(Command::Defragment).await {
-            Reply::Defragment(Ok(()), _) => {}
-            Reply::Defragment(Err(e), _) => return Err(status_of(&e)),
-            _ => return Err(status_of(&ServerError::Stopped)),
-        }
-        let Reply::Status { status, .. } = self.0.call(Command::Status).await else {
-            return Err(status_of(&ServerError::Stopped));
-        };
+        here(self.0.owner().defragment())
+            .await
+            .map_err(|e| status_of(&e))?;
+        let status = here(self.0.owner().status())
+            .await
+            .map_err(|e| status_of(&e))?
+            .status;
         Ok(Response::new(pb::DefragmentResponse {
             header: self.0.header(status.term).header(status.revision),
         }))
@@ -1031,14 +1008,13 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         request: Request<pb::HashRequest>,
     ) -> Result<Response<pb::HashResponse>, Status> {
         self.admin_only(token_of(&request)).await?;
-        match self.0.call(Command::Hash).await {
-            Reply::Hash(Ok((hash, revision)), term) => Ok(Response::new(pb::HashResponse {
-                header: self.0.header(term).header(revision),
-                hash,
-            })),
-            Reply::Hash(Err(e), _) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        let ((hash, revision), term) = here(self.0.owner().hash())
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::HashResponse {
+            header: self.0.header(term).header(revision),
+            hash,
+        }))
     }
 
     async fn hash_kv(
@@ -1047,15 +1023,14 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
     ) -> Result<Response<pb::HashKvResponse>, Status> {
         self.admin_only(token_of(&request)).await?;
         let rev = request.into_inner().revision;
-        match self.0.call(Command::HashKv(rev)).await {
-            Reply::HashKv(Ok(h), term) => Ok(Response::new(pb::HashKvResponse {
-                header: self.0.header(term).header(h.revision),
-                hash: h.hash,
-                compact_revision: h.compact_revision,
-            })),
-            Reply::HashKv(Err(e), _) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        let (h, term) = here(self.0.owner().hash_kv(rev))
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::HashKvResponse {
+            header: self.0.header(term).header(h.revision),
+            hash: h.hash,
+            compact_revision: h.compact_revision,
+        }))
     }
 
     /// Streams a consistent snapshot of the whole store in chunks, then
@@ -1070,11 +1045,9 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         self.admin_only(token_of(&request)).await?;
         // etcd 3.4 sends no header on Snapshot responses.
-        let (path, size) = match self.0.call(Command::Backup).await {
-            Reply::Backup(Ok(backup), _) => backup,
-            Reply::Backup(Err(e), _) => return Err(status_of(&e)),
-            _ => return Err(status_of(&ServerError::Stopped)),
-        };
+        let (path, size) = here(self.0.owner().backup())
+            .await
+            .map_err(|e| status_of(&e))?;
         let (out, responses) =
             futures_channel::mpsc::channel::<Result<pb::SnapshotResponse, Status>>(4);
         let task = SendWrapper::new(stream_backup(path, size, out));
@@ -1087,13 +1060,12 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         request: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
         let target = request.into_inner().target_id;
-        match self.0.call(Command::MoveLeader(target)).await {
-            Reply::MoveLeader(Ok(()), term) => Ok(Response::new(pb::MoveLeaderResponse {
-                header: self.0.header(term).header(0),
-            })),
-            Reply::MoveLeader(Err(e), _) | Reply::Failed(e) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        let ((), term) = here(self.0.owner().move_leader(target))
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::MoveLeaderResponse {
+            header: self.0.header(term).header(0),
+        }))
     }
 
     async fn downgrade(
@@ -1248,13 +1220,10 @@ impl AuthService {
         token: Option<String>,
         req: AuthRequest,
     ) -> Result<(AuthApplied, Option<pb::ResponseHeader>), Status> {
-        match self.0.call(Command::AuthChange { token, req }).await {
-            Reply::AuthChange(Ok(applied), term, revision) => {
-                Ok((applied, self.0.header(term).header(revision)))
-            }
-            Reply::AuthChange(Err(e), _, _) | Reply::Failed(e) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        let (applied, term, revision) = here(self.0.owner().auth_change(token, req))
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok((applied, self.0.header(term).header(revision)))
     }
 
     /// A change whose answer is just the header.
@@ -1271,13 +1240,10 @@ impl AuthService {
         token: Option<String>,
         query: AuthQuery,
     ) -> Result<(AuthAnswer, Option<pb::ResponseHeader>), Status> {
-        match self.0.call(Command::AuthQuery { token, query }).await {
-            Reply::AuthQuery(Ok(answer), term, revision) => {
-                Ok((answer, self.0.header(term).header(revision)))
-            }
-            Reply::AuthQuery(Err(e), _, _) | Reply::Failed(e) => Err(status_of(&e)),
-            _ => Err(status_of(&ServerError::Stopped)),
-        }
+        let (answer, term, revision) = here(self.0.owner().auth_query(token, query))
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok((answer, self.0.header(term).header(revision)))
     }
 
     async fn names(
