@@ -113,7 +113,7 @@ impl Node {
             let mut ick = self.index_checkpointing.borrow_mut();
             ick.planned = Some((
                 mvcc.reader(),
-                mvcc.index_checkpoint_plan(self.cluster_id),
+                mvcc.index_checkpoint_plan(self.member.cluster_id),
                 wal_bytes,
             ));
         }

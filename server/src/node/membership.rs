@@ -63,7 +63,7 @@ impl Node {
             CONF_META,
             bytes::Bytes::from(raftlog::encode_snapshot_meta(0, &cs)),
         )?;
-        let mut registry = self.registry.borrow_mut();
+        let mut registry = self.member.registry.borrow_mut();
         for change in cc.get_changes() {
             let member = change.node_id;
             match change.get_change_type() {
@@ -90,7 +90,7 @@ impl Node {
                         &members::meta_name(member),
                         bytes::Bytes::from(members::encode(&rec)),
                     )?;
-                    connect_peer(&self.transport, &rec);
+                    connect_peer(&self.member.transport, &rec);
                     registry.upsert(rec);
                 }
                 ConfChangeType::RemoveNode => {
@@ -103,9 +103,9 @@ impl Node {
         // the outgoing quorum until the joint state is left: keep talking to
         // it (and keep running, if it is us) until then.
         let in_conf = |m: u64| conf_holds(&cs, m);
-        for peer in self.transport.peers() {
+        for peer in self.member.transport.peers() {
             if !in_conf(peer) {
-                self.transport.remove_peer(peer);
+                self.member.transport.remove_peer(peer);
             }
         }
         // Whoever left every configuration is gone for good: its peer
@@ -123,14 +123,14 @@ impl Node {
             let mut name = REMOVED_META.to_vec();
             name.extend_from_slice(&member.to_be_bytes());
             mvcc.put_meta(entry.index, &name, bytes::Bytes::new())?;
-            self.removed_members.borrow_mut().insert(member);
+            self.member.removed_members.borrow_mut().insert(member);
         }
-        if !in_conf(self.id) {
-            self.removed.set(true);
+        if !in_conf(self.member.id) {
+            self.member.removed.set(true);
         }
         self.solo
-            .set(cs.voters == [self.id] && cs.learners.is_empty());
-        self.learner.set(cs.learners.contains(&self.id));
+            .set(cs.voters == [self.member.id] && cs.learners.is_empty());
+        self.learner.set(cs.learners.contains(&self.member.id));
         self.read_view.borrow().set_solo(self.solo.get());
         log(format_args!(
             "membership at index {}: voters {:x?}, learners {:x?}{}",
@@ -143,7 +143,7 @@ impl Node {
                 format!(" (joint with outgoing voters {:x?})", cs.voters_outgoing)
             }
         ));
-        if self.removed.get() {
+        if self.member.removed.get() {
             // Long enough for the answer to the client to go out first.
             self.leave("this member", Duration::from_millis(500));
         }
@@ -156,16 +156,16 @@ impl Node {
     /// acknowledged write is already durable in the WAL.
     pub(super) fn stop_step(&self, raw: &mut RawNode<MemStorage>) {
         let leading = raw.raft.state == raft::StateRole::Leader;
-        let Some(since) = self.stopping_since.get() else {
-            self.stopping_since.set(Some(Instant::now()));
+        let Some(since) = self.member.stopping_since.get() else {
+            self.member.stopping_since.set(Some(Instant::now()));
             let successor = leading
-                .then(|| most_caught_up_voter(raw, self.id))
+                .then(|| most_caught_up_voter(raw, self.member.id))
                 .flatten();
             match successor {
                 Some(target) => {
                     log(format_args!(
                         "leader {:x} is stopping: transferring leadership to {target:x}",
-                        self.id
+                        self.member.id
                     ));
                     raw.transfer_leader(target);
                 }
@@ -186,10 +186,10 @@ impl Node {
                 raw.raft.leader_id
             ));
             self.stopped();
-        } else if since.elapsed() > self.stop_transfer_limit {
+        } else if since.elapsed() > self.member.stop_transfer_limit {
             log(format_args!(
                 "leadership transfer did not finish within {:?}; stopping anyway",
-                self.stop_transfer_limit
+                self.member.stop_transfer_limit
             ));
             self.stopped();
         }
@@ -198,7 +198,7 @@ impl Node {
     pub(super) fn stopped(&self) -> ! {
         log(format_args!(
             "member {:x} stopped (applied index {})",
-            self.id,
+            self.member.id,
             self.status.get().applied_index
         ));
         crate::stop::exit(0)
@@ -209,7 +209,7 @@ impl Node {
     pub(super) fn leave(&self, who: &str, grace: Duration) {
         log(format_args!(
             "{who} ({:x}) was removed from the cluster; stopping",
-            self.id
+            self.member.id
         ));
         glommio::spawn_local(async move {
             glommio::timer::sleep(grace).await;
@@ -253,7 +253,7 @@ impl Node {
             .map_or(0, |d| d.as_secs());
         let urls: Vec<&str> = peer_urls.iter().map(String::as_str).collect();
         let id = crate::ids::member_id(&urls, &now.to_string());
-        if self.removed_members.borrow().contains(&id) {
+        if self.member.removed_members.borrow().contains(&id) {
             return Err(ServerError::Membership("etcdserver: member not found"));
         }
         let members = self.members();
@@ -316,7 +316,7 @@ impl Node {
         }
         let ready = {
             let progress = self.progress.borrow();
-            let leader = progress.get(&self.id).copied().unwrap_or(0);
+            let leader = progress.get(&self.member.id).copied().unwrap_or(0);
             let learner = progress.get(&id).copied().unwrap_or(0);
             learner as f64 >= leader as f64 * 0.9 && learner > 0
         };
@@ -328,7 +328,7 @@ impl Node {
         // etcd's IsReadyToPromoteMember: the promoted learner counts as a
         // started voter of the new configuration.
         let (voters, started) = self.started_voters(None);
-        if self.strict_reconfig && started + 1 < quorum(voters + 1) {
+        if self.member.strict_reconfig && started + 1 < quorum(voters + 1) {
             return Err(ServerError::Membership(NOT_ENOUGH_STARTED));
         }
         self.change_membership(ConfChangeType::AddNode, &record)
@@ -396,11 +396,11 @@ impl Node {
         if !self.is_leader() {
             return Err(ServerError::NotLeader);
         }
-        match self.registry.borrow().get(target) {
+        match self.member.registry.borrow().get(target) {
             Some(m) if !m.is_learner => {}
             _ => return Err(ServerError::Membership("etcdserver: bad leader transferee")),
         }
-        if target == self.id {
+        if target == self.member.id {
             return Ok(());
         }
         self.transfer_to.set(Some(target));
@@ -420,7 +420,7 @@ impl Node {
     /// Voting members other than `except`, and how many of them have
     /// started (published their name), etcd's `IsStarted`.
     pub(super) fn started_voters(&self, except: Option<u64>) -> (usize, usize) {
-        let members = self.registry.borrow().all();
+        let members = self.member.registry.borrow().all();
         let voters = members
             .iter()
             .filter(|m| !m.is_learner && Some(m.id) != except);
@@ -430,7 +430,7 @@ impl Node {
     }
 
     pub(super) fn voter_ids(&self) -> Vec<u64> {
-        let registry = self.registry.borrow();
+        let registry = self.member.registry.borrow();
         registry
             .all()
             .iter()
@@ -442,8 +442,9 @@ impl Node {
     /// Whether the link to voter `peer` has been up for etcd's health
     /// interval (this member counts as connected to itself).
     pub(super) fn connected_long_enough(&self, peer: u64) -> bool {
-        peer == self.id
+        peer == self.member.id
             || self
+                .member
                 .transport
                 .connected_since(peer)
                 .is_some_and(|t| t.elapsed() >= RECONFIG_HEALTH_INTERVAL)
@@ -455,7 +456,7 @@ impl Node {
     /// restore procedure), and every voter must have been reachable for
     /// the health interval.
     pub(super) fn may_add_member(&self, is_learner: bool) -> Result<()> {
-        if !self.strict_reconfig {
+        if !self.member.strict_reconfig {
             return Ok(());
         }
         if !is_learner {
@@ -481,10 +482,15 @@ impl Node {
     /// reachable for the health interval, minus the removed one, must still
     /// be a quorum. Learners go freely.
     pub(super) fn may_remove_member(&self, id: u64) -> Result<()> {
-        if !self.strict_reconfig {
+        if !self.member.strict_reconfig {
             return Ok(());
         }
-        let is_learner = self.registry.borrow().get(id).is_some_and(|m| m.is_learner);
+        let is_learner = self
+            .member
+            .registry
+            .borrow()
+            .get(id)
+            .is_some_and(|m| m.is_learner);
         if is_learner {
             return Ok(());
         }
@@ -492,7 +498,7 @@ impl Node {
         if started < quorum(voters) {
             return Err(ServerError::Membership(NOT_ENOUGH_STARTED));
         }
-        if id != self.id && self.transport.connected_since(id).is_none() {
+        if id != self.member.id && self.member.transport.connected_since(id).is_none() {
             return Ok(());
         }
         let voters = self.voter_ids();
@@ -511,7 +517,7 @@ impl Node {
     /// apply (a MemberAdd answered by another member a moment ago), so it
     /// looks again after a read barrier before answering "not found".
     pub(super) async fn known_member(&self, id: u64) -> Result<MemberRecord> {
-        let lookup = || self.registry.borrow().get(id).cloned();
+        let lookup = || self.member.registry.borrow().get(id).cloned();
         if let Some(record) = lookup() {
             return Ok(record);
         }

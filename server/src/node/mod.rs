@@ -57,12 +57,14 @@ use crate::raftlog;
 use crate::read_index::{ReadRounds, RoundAnswer};
 
 mod checkpoint;
+mod member;
 mod membership;
 mod raft_loop;
 mod startup;
 mod tasks;
 
 use checkpoint::*;
+use member::Member;
 pub use membership::check_new_member_urls;
 use membership::*;
 pub(crate) use membership::{conf_holds, single_change};
@@ -311,35 +313,18 @@ pub struct NodeStatus {
 
 type ReadWaiter = oneshot::Sender<Result<()>>;
 
+/// A Raft group of this member: its log, its store and everything that
+/// applies one to the other, driven by its loop on its owner core. What
+/// belongs to the member whatever its groups is in [`member::Member`].
 pub struct Node {
-    /// This member's ID (its Raft ID too), derived as etcd derives it.
-    id: u64,
+    /// The member this group runs in (shared by its groups).
+    member: Rc<Member>,
     /// Counters and latency histograms for `/metrics`.
     pub metrics: crate::metrics::NodeMetrics,
-    cluster_id: u64,
-    registry: RefCell<Registry>,
-    /// The attributes this member publishes through the log.
-    my_attrs: MemberRecord,
-    transport: Rc<Transport>,
     /// Raft progress (matched index) of every member, on the leader.
     progress: RefCell<HashMap<u64, u64>>,
     /// A leader transfer asked by MoveLeader, for the next loop turn.
     transfer_to: Cell<Option<u64>>,
-    /// etcd's `--strict-reconfig-check`: membership changes that would
-    /// risk the quorum are refused.
-    strict_reconfig: bool,
-    /// This start's publish has been applied: client listeners serve.
-    serving: Cell<bool>,
-    /// When this member started to stop (SIGTERM/SIGINT, crate::stop).
-    stopping_since: Cell<Option<Instant>>,
-    /// How long a stopping leader waits for its successor (two election
-    /// timeouts, as etcd bounds its transfer on stop).
-    stop_transfer_limit: Duration,
-    /// This member was removed from the cluster: it stops.
-    removed: Cell<bool>,
-    /// Members removed from the cluster (kept in MVCC metadata under
-    /// `removed/<id>`): their peer connections are refused as removed.
-    removed_members: RefCell<std::collections::HashSet<u64>>,
     /// Messages from peers for the next loop turn.
     inbound: RefCell<Vec<Message>>,
     /// Linearizable reads: queued, in ReadIndex rounds, waiting for apply.
@@ -467,12 +452,12 @@ async fn on_a_thread<T: Send + 'static>(
 impl Node {
     /// The other members' IDs.
     fn peer_ids(&self) -> Vec<u64> {
-        let registry = self.registry.borrow();
+        let registry = self.member.registry.borrow();
         registry
             .all()
             .iter()
             .map(|m| m.id)
-            .filter(|id| *id != self.id)
+            .filter(|id| *id != self.member.id)
             .collect()
     }
 
@@ -482,7 +467,8 @@ impl Node {
     async fn peer_hash_kv(&self, peer: u64, revision: i64) -> Option<(u32, i64, i64)> {
         debug_assert!(revision > 0, "a hash check names its revision");
         let asked = Box::pin(self.within_request_timeout(async {
-            self.transport
+            self.member
+                .transport
                 .ask(peer, &peer::PeerQuery::HashKv(revision))
                 .await
                 .map_err(|e| ServerError::BadRequest(e.to_string()))
@@ -526,7 +512,7 @@ impl Node {
                 log(format_args!(
                     "{:x}'s hash {} != {peer:x}'s hash {hash} (revision {}, peer revision \
                      {revision}, compact revision {compact_revision})",
-                    self.id, own.hash, own.revision
+                    self.member.id, own.hash, own.revision
                 ));
                 mismatches += 1;
             } else {
@@ -541,7 +527,7 @@ impl Node {
                 "{:x} found data inconsistency with peers (this member's data differs from \
                  theirs: remove it from the cluster, wipe its data dir and add it back, see \
                  docs/operations.md)",
-                self.id
+                self.member.id
             )));
         }
         Ok(())
@@ -578,7 +564,7 @@ impl Node {
             && again.revision == first.revision
             && again.compact_revision == first.compact_revision
         {
-            suspect = Some(self.id);
+            suspect = Some(self.member.id);
         }
         for (peer, (hash, revision, compact_revision)) in answers {
             if suspect.is_some() {
@@ -666,9 +652,9 @@ impl Node {
             .try_borrow()
             .map_or((0, Default::default()), |m| (m.key_count(), m.op_counts()));
         let gauges = crate::metrics::Gauges {
-            member_id: self.id,
+            member_id: self.member.id,
             has_leader: status.leader != 0,
-            is_leader: status.leader == self.id,
+            is_leader: status.leader == self.member.id,
             is_learner: status.is_learner,
             committed_index: status.committed_index,
             applied_index: status.applied_index,
@@ -688,7 +674,7 @@ impl Node {
             auth_revision: self.auth.try_borrow().map_or(0, |a| a.revision()),
             pending_events: crate::watch::pending_events_in_process(),
             wal_write_bytes: status.wal_bytes,
-            peers: Some(self.transport.traffic()),
+            peers: Some(self.member.transport.traffic()),
         };
         (
             crate::metrics::render(&gauges, &self.metrics),
@@ -699,7 +685,7 @@ impl Node {
     /// etcd's `/health`: no fatal error, a leader, and no active alarm.
     /// Whether client requests are served yet (see [`publish_attributes`]).
     pub fn serving(&self) -> bool {
-        self.serving.get()
+        self.member.serving.get()
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -877,7 +863,8 @@ impl Node {
         // Boxed: the peer call's future is kilobytes, and unboxed it would
         // size every owner command's future (puts included) to match.
         Box::pin(self.within_request_timeout(async {
-            self.transport
+            self.member
+                .transport
                 .ask(leader, &q)
                 .await
                 .map_err(|_| ServerError::NotLeader)
@@ -939,7 +926,7 @@ impl Node {
         }
         let id = self.next_id.get().wrapping_add(1);
         self.next_id.set(id);
-        let data = proposal(self.id, id, tag, body);
+        let data = proposal(self.member.id, id, tag, body);
         let (tx, rx) = oneshot::channel();
         self.queue.borrow_mut().push(Proposal {
             id,
@@ -1083,15 +1070,15 @@ impl Node {
 
     /// This member's ID.
     pub fn id(&self) -> u64 {
-        self.id
+        self.member.id
     }
 
     pub fn cluster_id(&self) -> u64 {
-        self.cluster_id
+        self.member.cluster_id
     }
 
     pub fn is_leader(&self) -> bool {
-        self.status.get().leader == self.id
+        self.status.get().leader == self.member.id
     }
 
     /// Whether this member's lease clock is the cluster's (the leader's,
@@ -1102,7 +1089,7 @@ impl Node {
 
     /// Every member's record, in ID order.
     pub fn members(&self) -> Vec<MemberRecord> {
-        self.registry.borrow().all()
+        self.member.registry.borrow().all()
     }
 
     /// Waits until this member has applied everything committed when the
@@ -1248,7 +1235,12 @@ impl Node {
     /// a thousand refused clients make one proposal, not a thousand).
     async fn raise_nospace(&self) {
         use crate::alarm::{AlarmAction, AlarmRequest, AlarmType};
-        if self.learner.get() || self.alarms.borrow().is_active(AlarmType::NoSpace, self.id) {
+        if self.learner.get()
+            || self
+                .alarms
+                .borrow()
+                .is_active(AlarmType::NoSpace, self.member.id)
+        {
             return;
         }
         let now = Instant::now();
@@ -1267,7 +1259,7 @@ impl Node {
         let raised = self
             .alarm(AlarmRequest {
                 action: AlarmAction::Activate,
-                member: self.id,
+                member: self.member.id,
                 alarm: AlarmType::NoSpace,
             })
             .await;

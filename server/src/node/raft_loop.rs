@@ -36,10 +36,10 @@ impl Node {
                 }
             }
             self.step_inbound(&mut raw)?;
-            for peer in self.transport.take_unreachable() {
+            for peer in self.member.transport.take_unreachable() {
                 raw.report_unreachable(peer);
             }
-            if self.transport.told_removed() && !self.removed.replace(true) {
+            if self.member.transport.told_removed() && !self.member.removed.replace(true) {
                 self.leave("a peer says this member", Duration::from_millis(100));
             }
             if let Some(target) = self.transfer_to.take() {
@@ -99,7 +99,7 @@ impl Node {
                     m.from,
                     m.commit,
                     self.dirs.root.display(),
-                    self.id
+                    self.member.id
                 )));
             }
             if m.get_msg_type() == MessageType::MsgSnapshot {
@@ -280,14 +280,14 @@ impl Node {
         load_member_records(&mvcc, &mut registry)?;
         // Bootstrap members that never published have no record yet: keep
         // what this member knew of them.
-        for m in self.registry.borrow().all() {
+        for m in self.member.registry.borrow().all() {
             if registry.get(m.id).is_none() {
                 registry.upsert(m);
             }
         }
         registry.retain(|m| conf.voters.contains(&m.id) || conf.learners.contains(&m.id));
         for m in registry.all() {
-            connect_peer(&self.transport, &m);
+            connect_peer(&self.member.transport, &m);
         }
         *self.engine.borrow_mut() = engine;
         *self.mvcc.borrow_mut() = mvcc;
@@ -299,10 +299,10 @@ impl Node {
         let mut auth = auth;
         auth.adopt_tokens(std::mem::take(&mut *self.auth.borrow_mut()));
         *self.auth.borrow_mut() = auth;
-        *self.registry.borrow_mut() = registry;
+        *self.member.registry.borrow_mut() = registry;
         self.solo
-            .set(conf.voters == [self.id] && conf.learners.is_empty());
-        self.learner.set(conf.learners.contains(&self.id));
+            .set(conf.voters == [self.member.id] && conf.learners.is_empty());
+        self.learner.set(conf.learners.contains(&self.member.id));
         self.publish_read_view();
         raw.store().wl().apply_snapshot(snap)?;
         wal.append_snapshot(index, &marker);
@@ -350,7 +350,7 @@ impl Node {
                 self.start_snapshot_send(m);
             }
         }
-        self.transport.send(msgs);
+        self.member.transport.send(msgs);
     }
 
     /// Counts heartbeats sent later than twice the heartbeat interval after
@@ -443,7 +443,8 @@ impl Node {
         }
         engine::memory::write_snapshot_file_off_core(snapshot, path, engine::any::Urgency::Waited)
             .await?;
-        self.transport
+        self.member
+            .transport
             .send_snapshot(&msg, path)
             .await
             .map_err(|e| ServerError::Startup(format!("snapshot stream: {e}")))?;
@@ -475,7 +476,7 @@ impl Node {
             terms.note(entry.index, entry.term);
             if entry.entry_type != EntryType::EntryNormal {
                 let (origin, id, result) = self.apply_membership(raw, &mut mvcc, &entry)?;
-                if origin == self.id {
+                if origin == self.member.id {
                     if let Some(reply) = pending.remove(&id) {
                         let _ = reply.send(result);
                     }
@@ -502,6 +503,7 @@ impl Node {
             let result = match decoded {
                 Decoded::MemberPeers(update) => {
                     let updated = self
+                        .member
                         .registry
                         .borrow_mut()
                         .update_peers(update.id, update.peer_urls);
@@ -512,8 +514,8 @@ impl Node {
                                 &members::meta_name(record.id),
                                 bytes::Bytes::from(members::encode(&record)),
                             )?;
-                            connect_peer(&self.transport, &record);
-                            Ok(Applied::Members(self.registry.borrow().all()))
+                            connect_peer(&self.member.transport, &record);
+                            Ok(Applied::Members(self.member.registry.borrow().all()))
                         }
                         None => {
                             mvcc.apply_noop(entry.index)?;
@@ -522,7 +524,7 @@ impl Node {
                     }
                 }
                 Decoded::MemberAttrs(attrs) => {
-                    let merged = self.registry.borrow_mut().publish(attrs);
+                    let merged = self.member.registry.borrow_mut().publish(attrs);
                     match merged {
                         Some(merged) => mvcc.put_meta(
                             entry.index,
@@ -593,7 +595,7 @@ impl Node {
                     outcome.result
                 }
             };
-            if origin == self.id {
+            if origin == self.member.id {
                 if let Some(reply) = pending.remove(&id) {
                     let _ = reply.send(result);
                 }

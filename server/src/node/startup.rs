@@ -391,21 +391,24 @@ impl Node {
         let boot_nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        let node = Rc::new(Node {
+        let member = Rc::new(Member {
             id,
-            metrics: Default::default(),
             cluster_id,
             registry: RefCell::new(registry),
             my_attrs,
             transport,
-            progress: RefCell::new(HashMap::new()),
-            transfer_to: Cell::new(None),
             stopping_since: Cell::new(None),
             serving: Cell::new(false),
             strict_reconfig: cfg.strict_reconfig_check,
             stop_transfer_limit: Duration::from_millis(2 * cfg.election_timeout),
             removed: Cell::new(false),
             removed_members: RefCell::new(removed_members),
+        });
+        let node = Rc::new(Node {
+            member,
+            metrics: Default::default(),
+            progress: RefCell::new(HashMap::new()),
+            transfer_to: Cell::new(None),
             inbound: RefCell::new(Vec::new()),
             read_rounds: RefCell::new(ReadRounds::new(id)),
             solo: Cell::new(single_voter),
@@ -504,7 +507,7 @@ impl Node {
         let weak = Rc::downgrade(&node);
         let is_removed = Rc::new(move |member: u64| {
             weak.upgrade()
-                .is_some_and(|node| node.removed_members.borrow().contains(&member))
+                .is_some_and(|node| node.member.removed_members.borrow().contains(&member))
         });
         let inbound = Rc::new(peer::Inbound {
             is_removed,
@@ -514,7 +517,7 @@ impl Node {
             snapshot_dir: node.dirs.snap.clone(),
             deliver_snapshot,
             query,
-            traffic: node.transport.traffic(),
+            traffic: node.member.transport.traffic(),
         });
         for addr in peer_addrs {
             // A member killed a moment ago may still hold the port.

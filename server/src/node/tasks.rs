@@ -38,7 +38,7 @@ pub(super) async fn expire_leases(node: Rc<Node>) {
 pub(super) async fn checkpoint_leases(node: Rc<Node>, every: Duration) {
     loop {
         glommio::timer::sleep(every).await;
-        if node.fatal.borrow().is_some() || node.removed.get() {
+        if node.fatal.borrow().is_some() || node.member.removed.get() {
             return;
         }
         if !node.leads_leases() {
@@ -91,7 +91,7 @@ pub(super) async fn auto_compact(node: Rc<Node>, mut compactor: Compactor) {
 pub(super) async fn check_corruption_periodically(node: Rc<Node>, every: Duration) {
     loop {
         glommio::timer::sleep(every).await;
-        if node.fatal.borrow().is_some() || node.removed.get() {
+        if node.fatal.borrow().is_some() || node.member.removed.get() {
             return;
         }
         let corrupt = node.alarms.borrow().any(crate::alarm::AlarmType::Corrupt);
@@ -117,7 +117,7 @@ pub(super) async fn publish_attributes(node: Rc<Node>) {
         }
         if node.status().leader != 0 {
             match node
-                .propose(TAG_MEMBER_ATTRS, &members::encode(&node.my_attrs))
+                .propose(TAG_MEMBER_ATTRS, &members::encode(&node.member.my_attrs))
                 .await
             {
                 Ok(_) => break,
@@ -136,11 +136,11 @@ pub(super) async fn publish_attributes(node: Rc<Node>) {
     ));
     log(format_args!(
         "published {{Name:{} ClientURLs:[{}]}} to cluster {:x}",
-        node.my_attrs.name,
-        node.my_attrs.client_urls.join(" "),
-        node.cluster_id
+        node.member.my_attrs.name,
+        node.member.my_attrs.client_urls.join(" "),
+        node.member.cluster_id
     ));
-    node.serving.set(true);
+    node.member.serving.set(true);
     // Recovery's buffers (the WAL read, the replayed tail) are freed by now;
     // give their pages back rather than holding the start-up peak forever.
     crate::alloc::release_freed_memory();
