@@ -9,6 +9,8 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -230,15 +232,100 @@ impl ClientStats {
     }
 }
 
-/// Runs `workers` (bounded by the load flags) and `background` workers
-/// (unbounded, stopped when the bounded ones are done) and reports one
-/// [`Report`] per series name in `series`, in that order. The clock starts
-/// here: connections and workers are set up by the caller.
+/// Clients that run beside a load, unbounded, until it is done: on an
+/// executor (a thread) of their own, with a connection each, as clients in
+/// other processes would be. Their own work (decoding a scan's megabytes)
+/// then neither holds up the measured clients' replies on a shared thread
+/// nor shares a connection with them.
+pub struct Background {
+    stop: Arc<AtomicBool>,
+    handle: glommio::ExecutorJoinHandle<Result<Vec<ClientStats>, String>>,
+}
+
+impl Background {
+    /// Starts `clients` workers made by `make` (given a connection each),
+    /// recording into series `of_series` of `series` series; returns once
+    /// they are connected. They stop when the load they run beside is
+    /// done, or after the load's duration.
+    pub fn start<W, F>(
+        args: &LoadArgs,
+        clients: usize,
+        series: usize,
+        make: F,
+    ) -> Result<Background, String>
+    where
+        W: Worker + 'static,
+        F: FnOnce(Vec<grpc::Conn>) -> Vec<W> + Send + 'static,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (connected, ready) = std::sync::mpsc::channel::<Result<(), String>>();
+        let (args, stopped) = (args.clone(), stop.clone());
+        let handle = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .io_memory(1 << 20)
+            .spawn(move || async move {
+                let limit = args.duration()?;
+                let connect = async {
+                    let endpoints = endpoints(&args).await?;
+                    let mut conns = Vec::with_capacity(clients);
+                    for i in 0..clients {
+                        conns.push(grpc::Conn::connect(&endpoints[i % endpoints.len()]).await?);
+                    }
+                    Ok::<_, String>(conns)
+                };
+                let conns = match connect.await {
+                    Ok(conns) => {
+                        let _ = connected.send(Ok(()));
+                        conns
+                    }
+                    Err(e) => {
+                        let _ = connected.send(Err(e.clone()));
+                        return Err(e);
+                    }
+                };
+                let deadline = Instant::now() + limit;
+                let mut tasks = Vec::new();
+                for mut w in make(conns) {
+                    let stop = stopped.clone();
+                    let mut stats = ClientStats::new(series)?;
+                    tasks.push(glommio::spawn_local(async move {
+                        while !stop.load(Ordering::Acquire) && Instant::now() < deadline {
+                            let t0 = Instant::now();
+                            let step = w.step().await;
+                            stats.record(step, t0.elapsed());
+                        }
+                        stats
+                    }));
+                }
+                let mut all = Vec::with_capacity(tasks.len());
+                for t in tasks {
+                    all.push(t.await);
+                }
+                Ok(all)
+            })
+            .map_err(|e| e.to_string())?;
+        ready
+            .recv()
+            .map_err(|_| "the background clients' thread ended".to_string())??;
+        Ok(Background { stop, handle })
+    }
+
+    /// Stops the clients (each after its request in flight) and takes
+    /// their results.
+    fn finish(self) -> Result<Vec<ClientStats>, String> {
+        self.stop.store(true, Ordering::Release);
+        self.handle.join().map_err(|e| e.to_string())?
+    }
+}
+
+/// Runs `workers` (bounded by the load flags) beside the `background`
+/// workers (unbounded, stopped when the bounded ones are done) and reports
+/// one [`Report`] per series name in `series`, in that order. The clock
+/// starts here: connections and workers are set up by the caller.
 pub async fn run<W: Worker + 'static>(
     args: &LoadArgs,
     series: &[String],
     workers: Vec<W>,
-    background: Vec<W>,
+    background: Option<Background>,
 ) -> Result<Vec<Report>, String> {
     let n = series.len().max(1);
     let start = Instant::now();
@@ -270,21 +357,8 @@ pub async fn run<W: Worker + 'static>(
             stats
         }));
     }
-    let mut bg_tasks = Vec::new();
-    for mut w in background {
-        let stop = stop.clone();
-        let mut stats = ClientStats::new(n)?;
-        bg_tasks.push(glommio::spawn_local(async move {
-            while !stop.get() && Instant::now() < deadline {
-                let t0 = Instant::now();
-                let step = w.step().await;
-                stats.record(step, t0.elapsed());
-            }
-            stats
-        }));
-    }
     let progress = Progress::start(args.total, args.duration()?, gate.clone(), stop.clone());
-    let mut all = Vec::with_capacity(tasks.len() + bg_tasks.len());
+    let mut all = Vec::with_capacity(tasks.len());
     for t in tasks {
         all.push(t.await);
     }
@@ -297,8 +371,8 @@ pub async fn run<W: Worker + 'static>(
         issued, bounded_sent,
         "requests claimed and requests accounted for differ"
     );
-    for t in bg_tasks {
-        all.push(t.await);
+    if let Some(background) = background {
+        all.extend(background.finish()?);
     }
     if let Some(e) = all.iter().find_map(|s| s.first_error.as_ref()) {
         eprintln!("metcd-bench: first error: {e}");

@@ -99,7 +99,10 @@ pub struct MixedExpensiveArgs {
     #[command(flatten)]
     pub load: LoadArgs,
     /// Clients doing back-to-back full scans of --prefix (0: puts only, the
-    /// baseline). Not bounded by --total or --rate; they stop with the puts.
+    /// baseline), on a thread of their own with a connection each, as
+    /// clients of other processes (not on the put clients' thread or
+    /// connections). Not bounded by --total or --rate; they stop with the
+    /// puts.
     #[arg(long, default_value_t = 2)]
     pub scan_clients: usize,
     /// The scanned prefix; filled with --prefill keys (prefix + zero-padded
@@ -381,7 +384,7 @@ pub fn put_reports(args: PutArgs) -> Result<Vec<Report>, String> {
                 value: value.clone(),
             })
             .collect();
-        load::run(&load, &[load.label("put")], workers, Vec::new()).await
+        load::run(&load, &[load.label("put")], workers, None).await
     })
 }
 
@@ -411,7 +414,7 @@ pub fn range_reports(args: RangeArgs) -> Result<Vec<Report>, String> {
             })
             .collect();
         let name = load.label(&format!("range ({})", consistency_name(serializable)));
-        load::run(&load, &[name], workers, Vec::new()).await
+        load::run(&load, &[name], workers, None).await
     })
 }
 
@@ -448,7 +451,7 @@ pub fn txn_put_reports(args: TxnPutArgs) -> Result<Vec<Report>, String> {
                 value: value.clone(),
             })
             .collect();
-        let mut reports = load::run(&load, &[load.label("txn-put")], workers, Vec::new()).await?;
+        let mut reports = load::run(&load, &[load.label("txn-put")], workers, None).await?;
         for r in &mut reports {
             for outcome in ["succeeded", "failed"] {
                 r.counters.entry(outcome.to_string()).or_default();
@@ -502,7 +505,7 @@ pub fn txn_mixed_reports(args: TxnMixedArgs) -> Result<Vec<Report>, String> {
             )),
             load.label("txn-mixed write"),
         ];
-        load::run(&load, &series, workers, Vec::new()).await
+        load::run(&load, &series, workers, None).await
     })
 }
 
@@ -583,13 +586,22 @@ pub fn mixed_expensive_reports(args: MixedExpensiveArgs) -> Result<Vec<Report>, 
             serializable: true,
             ..Default::default()
         };
-        let scanners = (0..args.scan_clients)
-            .map(|c| Client::Range {
-                conn: conns[(load.clients() + c) % conns.len()].clone(),
-                req: scan.clone(),
-                series: 1,
+        // The scanners run as other client processes would: a thread and
+        // a connection each of their own (load::Background).
+        let scanners = (args.scan_clients > 0)
+            .then(|| {
+                load::Background::start(&load, args.scan_clients, 2, move |conns| {
+                    conns
+                        .into_iter()
+                        .map(|conn| Client::Range {
+                            conn,
+                            req: scan.clone(),
+                            series: 1,
+                        })
+                        .collect::<Vec<_>>()
+                })
             })
-            .collect();
+            .transpose()?;
         let series = [
             load.label(&format!(
                 "mixed-expensive put scan-clients={}",
@@ -634,7 +646,7 @@ pub fn lease_keepalive_reports(args: LeaseKeepAliveArgs) -> Result<Vec<Report>, 
                 lease: ids[c % ids.len()],
             });
         }
-        let reports = load::run(&load, &[load.label("lease-keepalive")], workers, Vec::new()).await;
+        let reports = load::run(&load, &[load.label("lease-keepalive")], workers, None).await;
         for id in ids {
             let revoked: Result<pb::LeaseRevokeResponse, _> = conns[0]
                 .unary(LEASE_REVOKE, &pb::LeaseRevokeRequest { id })

@@ -201,7 +201,7 @@ pub fn watch_reports(args: WatchArgs) -> Result<Vec<Report>, String> {
             .collect();
         let start = Instant::now();
         let put_name = format!("{} put-rate={}", load.label("watch put"), args.put_rate);
-        let mut puts = load::run(&load, &[put_name], putters, Vec::new()).await?;
+        let mut puts = load::run(&load, &[put_name], putters, None).await?;
         let expected = puts.first().map_or(0, |r| r.ops) * watchers as u64;
         let grace = Instant::now() + GRACE;
         while events.borrow().received < expected
