@@ -12,6 +12,7 @@
 #   CLIENT=curl bench/big-range-memory.sh
 #   KEYS=100000 VALUE=1024 bench/big-range-memory.sh
 #   METCD_BIN=/path/to/older/metcd bench/big-range-memory.sh   # compare builds
+#   GET_FLAGS="--sort-by=MODIFY --order=DESCEND" bench/big-range-memory.sh  # more etcdctl get flags
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KEYS=${KEYS:-1500}; VALUE=${VALUE:-65536}; CLIENT=${CLIENT:-etcdctl}
@@ -41,7 +42,8 @@ run_case() { # name, then the server command line
     bytes=$(curl -sS --fail --max-time 600 -X POST "http://$EP/v3/kv/range" \
       -d '{"key":"AA==","range_end":"AA=="}' | wc -c)
   else
-    bytes=$(ETCDCTL_API=3 etcdctl --endpoints $EP --command-timeout=600s get --prefix "" | wc -c)
+    # shellcheck disable=SC2086
+    bytes=$(ETCDCTL_API=3 etcdctl --endpoints $EP --command-timeout=600s get --prefix "" ${GET_FLAGS:-} | wc -c)
   fi
   local secs; secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
   local peak; peak=$(kib $pid VmHWM)

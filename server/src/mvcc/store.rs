@@ -1518,24 +1518,21 @@ fn decode_rev(rev: Rev, value: Option<Bytes>) -> Result<KeyValue, MvccError> {
 
 /// The value half of a range, after its values are loaded: revision
 /// filters, sort, limit and `more`, `keys_only`.
+/// etcd's `pruneKVs` with the request's revision filters (0: none).
+fn passes_revision_filters(req: &RangeRequest, kv: &KeyValue) -> bool {
+    (req.max_mod_revision == 0 || kv.mod_revision <= req.max_mod_revision)
+        && (req.min_mod_revision == 0 || kv.mod_revision >= req.min_mod_revision)
+        && (req.max_create_revision == 0 || kv.create_revision <= req.max_create_revision)
+        && (req.min_create_revision == 0 || kv.create_revision >= req.min_create_revision)
+}
+
 fn finish_range(
     req: &RangeRequest,
     cur_rev: i64,
     count: i64,
     mut kvs: Vec<KeyValue>,
 ) -> RangeResponse {
-    if req.max_mod_revision != 0 {
-        kvs.retain(|kv| kv.mod_revision <= req.max_mod_revision);
-    }
-    if req.min_mod_revision != 0 {
-        kvs.retain(|kv| kv.mod_revision >= req.min_mod_revision);
-    }
-    if req.max_create_revision != 0 {
-        kvs.retain(|kv| kv.create_revision <= req.max_create_revision);
-    }
-    if req.min_create_revision != 0 {
-        kvs.retain(|kv| kv.create_revision >= req.min_create_revision);
-    }
+    kvs.retain(|kv| passes_revision_filters(req, kv));
 
     let mut order = req.sort_order;
     if req.sort_target != SortTarget::Key && order == SortOrder::None {
@@ -1586,6 +1583,12 @@ pub struct RangePlan<S> {
     count: i64,
     revs: std::vec::IntoIter<Rev>,
     kvs: Vec<KeyValue>,
+    /// For an answer whose order or keys depend on each key's revisions or
+    /// version ([`RangePlan::order`]): the keys read so far that pass the
+    /// revision filters, with the field they sort by (none: by key).
+    ordered: Vec<(i64, Rev)>,
+    /// How many of `revs` the ordering pass has read.
+    ordered_upto: usize,
 }
 
 /// A range's key-index walk in progress ([`StoreReader::begin_range`]): the
@@ -1609,7 +1612,9 @@ impl<S> RangeWalk<S> {
             return RangeStart::Done(counted_response(self.cur_rev, self.count));
         }
         RangeStart::Plan(RangePlan {
-            kvs: Vec::with_capacity(self.revs.len()),
+            kvs: Vec::new(),
+            ordered: Vec::new(),
+            ordered_upto: 0,
             revs: self.revs.into_iter(),
             snap: self.snap,
             req: self.req,
@@ -1668,6 +1673,50 @@ impl<S: EngineSnapshot> RangePlan<S> {
         Ok(self.revs.len() == 0)
     }
 
+    /// Whether the answer's order or its keys depend on each key's
+    /// revisions or version (a revision filter; a sort by create or mod
+    /// revision or by version), which only the key's record holds.
+    fn needs_order(&self) -> bool {
+        revision_filtered(&self.req)
+            || matches!(
+                self.req.sort_target,
+                SortTarget::Create | SortTarget::Mod | SortTarget::Version
+            )
+    }
+
+    /// For an answer that [`RangePlan::needs_order`], reads up to `n` more
+    /// keys' records and keeps, of those that pass the revision filters,
+    /// the revision and the field the answer sorts by (24 bytes a key; the
+    /// values go at once), so that [`RangePlan::into_chunked`] can send the
+    /// answer in its order a chunk at a time. True once every key is read,
+    /// or at once for an answer that needs nothing read.
+    pub fn order(&mut self, n: usize) -> Result<bool, MvccError> {
+        let revs = self.revs.as_slice();
+        if !self.needs_order() || !self.kvs.is_empty() {
+            return Ok(true);
+        }
+        let from = self.ordered_upto.min(revs.len());
+        let batch = &revs[from..from.saturating_add(n).min(revs.len())];
+        let (req, ordered) = (&self.req, &mut self.ordered);
+        let mut next = batch.iter();
+        load_revs(&self.snap, batch, |kv| {
+            let Some(rev) = next.next() else {
+                return;
+            };
+            if passes_revision_filters(req, &kv) {
+                let field = match req.sort_target {
+                    SortTarget::Create => kv.create_revision,
+                    SortTarget::Mod => kv.mod_revision,
+                    SortTarget::Version => kv.version,
+                    SortTarget::Key | SortTarget::Value => 0,
+                };
+                ordered.push((field, *rev));
+            }
+        })?;
+        self.ordered_upto = from + batch.len();
+        Ok(self.ordered_upto >= revs.len())
+    }
+
     /// The answer: loads what is left, then filters, sorts and limits.
     pub fn finish(mut self) -> Result<RangeResponse, MvccError> {
         // In batches: each batch's blocks are read together, and a batch
@@ -1682,17 +1731,40 @@ impl<S: EngineSnapshot> RangePlan<S> {
     /// a chunk at a time, never all held at once. Otherwise (a sort by
     /// another field, a revision filter, or values loaded already) the plan
     /// back, to [`RangePlan::finish`].
-    pub fn into_chunked(self) -> Chunking<S> {
+    pub fn into_chunked(mut self) -> Chunking<S> {
         let req = &self.req;
-        if revision_filtered(req) || req.sort_target != SortTarget::Key || !self.kvs.is_empty() {
+        let ordered_all = self.ordered_upto >= self.revs.len();
+        if req.sort_target == SortTarget::Value
+            || !self.kvs.is_empty()
+            || (self.needs_order() && !ordered_all)
+        {
             return Chunking::Whole(self);
         }
-        let descend = req.sort_order == SortOrder::Descend;
         let (limit, keys_only) = (req.limit, req.keys_only);
-        let mut revs: Vec<Rev> = self.revs.collect();
-        if descend {
-            revs.reverse();
+        // As finish_range: a sort by a field other than the key ascends
+        // unless told otherwise, and is stable (ties keep key order).
+        let mut order = req.sort_order;
+        if req.sort_target != SortTarget::Key && order == SortOrder::None {
+            order = SortOrder::Ascend;
         }
+        let mut revs: Vec<Rev> = if self.needs_order() {
+            let mut ordered = std::mem::take(&mut self.ordered);
+            match (req.sort_target, order) {
+                (SortTarget::Key, SortOrder::Descend) => ordered.reverse(),
+                (SortTarget::Key, _) => {}
+                (_, SortOrder::Descend) => {
+                    ordered.sort_by_key(|(field, _)| std::cmp::Reverse(*field))
+                }
+                (_, _) => ordered.sort_by_key(|(field, _)| *field),
+            }
+            ordered.into_iter().map(|(_, rev)| rev).collect()
+        } else {
+            let mut revs: Vec<Rev> = self.revs.collect();
+            if order == SortOrder::Descend {
+                revs.reverse();
+            }
+            revs
+        };
         // As finish_range: the limit applies after the order.
         let mut more = false;
         if let Ok(limit) = usize::try_from(limit) {

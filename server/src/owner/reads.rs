@@ -79,10 +79,12 @@ impl Backend {
         (answer, term)
     }
 
-    /// A range as [`Backend::range`] reads it, except that an answer in key
-    /// order comes back with its values not loaded
+    /// A range as [`Backend::range`] reads it, except that an answer whose
+    /// order is known without its values (by key; by create or mod
+    /// revision or version, and with revision filters, once a pass over
+    /// the records has read those) comes back with its values not loaded
     /// ([`mvcc::RangePlan::into_chunked`]): its caller loads and sends
-    /// them a chunk at a time.
+    /// them a chunk at a time. Only a sort by value is read whole.
     pub async fn range_read(
         &self,
         req: mvcc::RangeRequest,
@@ -91,10 +93,7 @@ impl Backend {
         let (walked, term) = self.gated_walk(req, token).await;
         let answer = match walked {
             Ok(mvcc::RangeStart::Done(response)) => Ok(RangeRead::Whole(response)),
-            Ok(mvcc::RangeStart::Plan(plan)) => match plan.into_chunked() {
-                mvcc::Chunking::Chunked(chunked) => Ok(RangeRead::Chunked(chunked)),
-                mvcc::Chunking::Whole(plan) => load_whole(plan).await.map(RangeRead::Whole),
-            },
+            Ok(mvcc::RangeStart::Plan(plan)) => chunked_or_whole(plan).await,
             Err(e) => Err(e),
         };
         (answer, term)
@@ -200,6 +199,18 @@ async fn walk(
         crate::sched::end_of_slice().await;
     }
     Ok(walk.finish())
+}
+
+/// A plan's answer to send in chunks, once its order is known (read in
+/// slices), or whole.
+async fn chunked_or_whole(mut plan: mvcc::RangePlan<Snapshot>) -> Result<RangeRead> {
+    while !plan.order(RANGE_LOAD_CHUNK)? {
+        crate::sched::end_of_slice().await;
+    }
+    match plan.into_chunked() {
+        mvcc::Chunking::Chunked(chunked) => Ok(RangeRead::Chunked(chunked)),
+        mvcc::Chunking::Whole(plan) => load_whole(plan).await.map(RangeRead::Whole),
+    }
 }
 
 /// A range's values, loaded in slices, and its answer.

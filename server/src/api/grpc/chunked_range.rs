@@ -517,14 +517,62 @@ mod tests {
         }
     }
 
+    /// `req`'s plan after its ordering pass (what the read path does before
+    /// it chunks an answer), in slices of 100 keys.
+    fn ordered_plan(
+        store: &MvccStore<AnyEngine>,
+        req: &mvcc::RangeRequest,
+    ) -> mvcc::RangePlan<Snapshot> {
+        let mut plan = plan(store, req);
+        while !plan.order(100).unwrap() {}
+        plan
+    }
+
     fn chunked_plan(
         store: &MvccStore<AnyEngine>,
         req: &mvcc::RangeRequest,
     ) -> ChunkedRange<Snapshot> {
-        let mvcc::Chunking::Chunked(chunked) = plan(store, req).into_chunked() else {
+        let mvcc::Chunking::Chunked(chunked) = ordered_plan(store, req).into_chunked() else {
             panic!("not chunked: {req:?}");
         };
         chunked
+    }
+
+    /// 3000 values of 1000 bytes under `k/` whose mod revisions, versions
+    /// and create revisions are not in key order: every third key is put
+    /// again, last key first; every fifth is deleted and created again.
+    fn reshuffled_store() -> MvccStore<AnyEngine> {
+        let mut store = store(&vec![1000; 3000]);
+        let mut index = 3001;
+        let mut apply = |store: &mut MvccStore<AnyEngine>, req: mvcc::Request| {
+            index += 1;
+            store.apply(index, &req).unwrap();
+        };
+        let value = bytes::Bytes::from(vec![7u8; 1000]);
+        for i in (0..3000).rev().filter(|i| i % 3 == 0) {
+            let key = bytes::Bytes::from(format!("k/{i:06}"));
+            let put = mvcc::PutRequest {
+                key,
+                value: value.clone(),
+                ..Default::default()
+            };
+            apply(&mut store, mvcc::Request::Put(put));
+        }
+        for i in (0..3000).filter(|i| i % 5 == 0) {
+            let key = bytes::Bytes::from(format!("k/{i:06}"));
+            let delete = mvcc::DeleteRangeRequest {
+                key: key.clone(),
+                ..Default::default()
+            };
+            apply(&mut store, mvcc::Request::DeleteRange(delete));
+            let put = mvcc::PutRequest {
+                key,
+                value: value.clone(),
+                ..Default::default()
+            };
+            apply(&mut store, mvcc::Request::Put(put));
+        }
+        store
     }
 
     /// Runs `work` on an executor of its own (the answers spawn their
@@ -587,11 +635,13 @@ mod tests {
 
     /// The stores the byte-for-byte tests read: `big` (3000 values of 1000
     /// bytes, ~3 MB, over WHOLE_BELOW), `huge_first` (one value bigger than
-    /// WHOLE_BELOW first, then small ones) and `small`.
+    /// WHOLE_BELOW first, then small ones), `small`, and `reshuffled` (as
+    /// `big`, its revisions and versions out of key order).
     struct Stores {
         big: MvccStore<AnyEngine>,
         huge_first: MvccStore<AnyEngine>,
         small: MvccStore<AnyEngine>,
+        reshuffled: MvccStore<AnyEngine>,
     }
 
     fn stores() -> Stores {
@@ -601,6 +651,38 @@ mod tests {
             big: store(&vec![1000; 3000]),
             huge_first: store(&sizes),
             small: store(&[10, 20, 30]),
+            reshuffled: reshuffled_store(),
+        }
+    }
+
+    /// `range(limit, order, keys_only)` sorted by `target`.
+    fn sorted(
+        target: mvcc::SortTarget,
+        limit: i64,
+        order: mvcc::SortOrder,
+        keys_only: bool,
+    ) -> mvcc::RangeRequest {
+        mvcc::RangeRequest {
+            sort_target: target,
+            ..range(limit, order, keys_only)
+        }
+    }
+
+    /// `range(limit, order, false)` with revision filters: mod revisions
+    /// in `[min_mod, max_mod]`, create revisions in `[min_create,
+    /// max_create]` (0: no bound).
+    fn filtered(
+        limit: i64,
+        order: mvcc::SortOrder,
+        (min_mod, max_mod): (i64, i64),
+        (min_create, max_create): (i64, i64),
+    ) -> mvcc::RangeRequest {
+        mvcc::RangeRequest {
+            min_mod_revision: min_mod,
+            max_mod_revision: max_mod,
+            min_create_revision: min_create,
+            max_create_revision: max_create,
+            ..range(limit, order, false)
         }
     }
 
@@ -608,6 +690,7 @@ mod tests {
     /// answers go in chunks.
     fn cases(s: &Stores) -> Vec<(&MvccStore<AnyEngine>, mvcc::RangeRequest, bool, bool)> {
         use mvcc::SortOrder::{Ascend, Descend, None as Unsorted};
+        use mvcc::SortTarget::{Create, Key, Mod, Version};
         vec![
             (&s.big, range(0, Unsorted, false), true, true),
             (&s.big, range(0, Ascend, false), true, true),
@@ -622,6 +705,69 @@ mod tests {
             (&s.huge_first, range(0, Descend, false), true, false),
             (&s.small, range(0, Unsorted, false), false, false),
             (&s.small, range(2, Descend, false), false, false),
+            // Sorted by a field other than the key, and revision filters:
+            // in the answer's order once the records were read.
+            (&s.reshuffled, sorted(Mod, 0, Unsorted, false), true, true),
+            (&s.reshuffled, sorted(Mod, 0, Descend, false), true, true),
+            (&s.reshuffled, sorted(Create, 0, Ascend, false), true, true),
+            (
+                &s.reshuffled,
+                sorted(Create, 2000, Descend, false),
+                true,
+                true,
+            ),
+            (
+                &s.reshuffled,
+                sorted(Version, 0, Descend, false),
+                true,
+                true,
+            ),
+            (
+                &s.reshuffled,
+                sorted(Version, 0, Ascend, true),
+                false,
+                false,
+            ),
+            (
+                &s.reshuffled,
+                sorted(Version, 10, Descend, false),
+                false,
+                false,
+            ),
+            (&s.reshuffled, sorted(Key, 0, Descend, false), true, true),
+            (
+                &s.reshuffled,
+                filtered(0, Unsorted, (2000, 0), (0, 0)),
+                true,
+                true,
+            ),
+            (
+                &s.reshuffled,
+                filtered(0, Descend, (0, 3500), (1500, 0)),
+                true,
+                true,
+            ),
+            (
+                &s.reshuffled,
+                filtered(700, Ascend, (0, 0), (0, 3001)),
+                false,
+                false,
+            ),
+            (
+                &s.reshuffled,
+                filtered(0, Unsorted, (5000, 0), (0, 0)),
+                false,
+                false,
+            ),
+            (
+                &s.reshuffled,
+                mvcc::RangeRequest {
+                    min_mod_revision: 1000,
+                    ..sorted(Create, 0, Descend, false)
+                },
+                true,
+                true,
+            ),
         ]
     }
 
@@ -691,21 +837,26 @@ mod tests {
         }
     }
 
-    /// A sort by another field or a revision filter needs every value
-    /// before the first can be sent: such a plan stays whole.
+    /// A sort by value needs every value before the first can be sent:
+    /// such a plan stays whole. A sort by revisions or version, or a
+    /// revision filter, is chunked only once its ordering pass has read
+    /// every key (before, it would send keys it has not checked).
     #[test]
-    fn sorted_or_filtered_answers_are_not_chunked() {
+    fn only_value_sorts_and_unordered_plans_stay_whole() {
         let store = store(&[10, 20, 30]);
-        let by_value = mvcc::RangeRequest {
-            sort_target: mvcc::SortTarget::Value,
-            ..range(0, mvcc::SortOrder::Ascend, false)
+        let whole = |plan: mvcc::RangePlan<Snapshot>| {
+            matches!(plan.into_chunked(), mvcc::Chunking::Whole(_))
         };
-        let whole = |req| matches!(plan(&store, req).into_chunked(), mvcc::Chunking::Whole(_));
-        assert!(whole(&by_value));
-        let filtered = mvcc::RangeRequest {
-            min_mod_revision: 2,
-            ..range(0, mvcc::SortOrder::None, false)
-        };
-        assert!(whole(&filtered));
+        let by_value = sorted(mvcc::SortTarget::Value, 0, mvcc::SortOrder::Ascend, false);
+        assert!(whole(ordered_plan(&store, &by_value)));
+        let by_mod = sorted(mvcc::SortTarget::Mod, 0, mvcc::SortOrder::Ascend, false);
+        let min_mod = filtered(0, mvcc::SortOrder::None, (2, 0), (0, 0));
+        for req in [&by_mod, &min_mod] {
+            assert!(whole(plan(&store, req)), "{req:?}");
+            let mut part = plan(&store, req);
+            assert!(!part.order(1).unwrap());
+            assert!(whole(part), "{req:?}");
+            assert!(!whole(ordered_plan(&store, req)), "{req:?}");
+        }
     }
 }
