@@ -189,15 +189,18 @@ async fn run(keys: usize, value_bytes: usize, dir: &std::path::Path) -> Result<(
             },
         )
         .map_err(|e| err(&e))?;
-    for (index, chunk) in records.chunks(1000).enumerate() {
-        let mut batch = WriteBatch::with_capacity(chunk.len());
-        for (k, v) in chunk {
-            batch.put(k.clone(), v.clone());
+    // Moved in, not cloned: a clone would give each copy a sharing header.
+    let mut records = records.into_iter().peekable();
+    let mut index = 0;
+    while records.peek().is_some() {
+        index += 1;
+        let mut batch = WriteBatch::with_capacity(1000);
+        for (k, v) in records.by_ref().take(1000) {
+            batch.put(k, v);
         }
-        batch.set_applied_index(index as u64 + 1);
+        batch.set_applied_index(index);
         copy.write(batch).map_err(|e| err(&e))?;
     }
-    // The engine now holds the only references to the copies.
     drop(records);
     report("2. memory engine alone, copies of its records", base, keys);
     drop(copy);

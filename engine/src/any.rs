@@ -170,7 +170,7 @@ impl EngineSnapshot for AnySnapshot {
 
     fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, visit: F) -> Result<()>
     where
-        F: FnMut(&Bytes, &Bytes) -> Scan,
+        F: FnMut(&[u8], &Bytes) -> Scan,
     {
         dispatch_snapshot!(self, s => s.scan(start, end, visit))
     }

@@ -142,7 +142,7 @@ pub trait EngineSnapshot: Send + Sync + 'static {
     /// Visits keys in ascending order from `start` (inclusive) to `end`.
     fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, visit: F) -> Result<()>
     where
-        F: FnMut(&Bytes, &Bytes) -> Scan;
+        F: FnMut(&[u8], &Bytes) -> Scan;
 }
 
 /// How much room an engine's data takes: what etcd calls the backend's

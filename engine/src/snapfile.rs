@@ -105,7 +105,7 @@ async fn write_to<S: EngineSnapshot>(snap: &S, mut sink: DmaSink<'_>) -> Result<
             None => Bound::Unbounded,
         };
         snap.scan(start, Bound::Unbounded, |key, value| {
-            chunk.push((key.clone(), value.clone()));
+            chunk.push((Bytes::copy_from_slice(key), value.clone()));
             chunk_bytes += RECORD_HEADER_LEN as usize + key.len() + value.len();
             if chunk.len() >= CHUNK_MAX_RECORDS || chunk_bytes >= CHUNK_MAX_BYTES {
                 more = true;

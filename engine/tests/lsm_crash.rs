@@ -59,7 +59,7 @@ fn contents(engine: &LsmEngine) -> Model {
     engine
         .snapshot()
         .scan(Bound::Unbounded, Bound::Unbounded, |k, v| {
-            out.insert(k.clone(), v.clone());
+            out.insert(Bytes::copy_from_slice(k), v.clone());
             Scan::Continue
         })
         .unwrap();

@@ -152,7 +152,7 @@ fn scan(
 ) -> Vec<(Bytes, Bytes)> {
     let mut out = Vec::new();
     snap.scan(start, end, |k, v| {
-        out.push((k.clone(), v.clone()));
+        out.push((Bytes::copy_from_slice(k), v.clone()));
         if limit != 0 && out.len() >= limit {
             Scan::Stop
         } else {

@@ -265,7 +265,7 @@ pub fn write_db<S: EngineSnapshot>(snapshot: &S, path: &Path) -> Result<u64> {
         Bound::Included(&b"m"[..]),
         Bound::Excluded(&b"n"[..]),
         |k, v| {
-            records.push((k.clone(), v.clone()));
+            records.push((Bytes::copy_from_slice(k), v.clone()));
             Scan::Continue
         },
     )?;
@@ -598,7 +598,7 @@ mod tests {
         let mut out = Vec::new();
         e.snapshot()
             .scan(Bound::Unbounded, Bound::Unbounded, |k, v| {
-                out.push((k.clone(), v.clone()));
+                out.push((Bytes::copy_from_slice(k), v.clone()));
                 Scan::Continue
             })
             .unwrap();

@@ -2467,7 +2467,7 @@ fn copy_engine(from: &MemoryEngine, stamp: Option<u64>) -> Result<MemoryEngine, 
         std::ops::Bound::Unbounded,
         std::ops::Bound::Unbounded,
         |k, v| {
-            batch.put(k.clone(), v.clone());
+            batch.put(Bytes::copy_from_slice(k), v.clone());
             engine::Scan::Continue
         },
     )?;

@@ -1399,7 +1399,7 @@ impl EngineSnapshot for BtreeSnapshot {
 
     fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, mut visit: F) -> Result<()>
     where
-        F: FnMut(&Bytes, &Bytes) -> Scan,
+        F: FnMut(&[u8], &Bytes) -> Scan,
     {
         tree::scan(&self.file, &self.root, start, end, &mut visit).map(|_| ())
     }

@@ -331,7 +331,7 @@ pub fn scan<F>(
     visit: &mut F,
 ) -> Result<Scan>
 where
-    F: FnMut(&Bytes, &Bytes) -> Scan,
+    F: FnMut(&[u8], &Bytes) -> Scan,
 {
     let node = match child {
         Child::Mem(n) => n.clone(),
@@ -409,7 +409,7 @@ fn scan_leaf_page<F>(
     visit: &mut F,
 ) -> Result<Scan>
 where
-    F: FnMut(&Bytes, &Bytes) -> Scan,
+    F: FnMut(&[u8], &Bytes) -> Scan,
 {
     let bad = |r: String| file.corrupt("btree page", page::offset_of(page_id), r);
     let bytes = Bytes::from_owner(block);

@@ -810,7 +810,7 @@ fn scan_version<'a, F>(
     mut visit: F,
 ) -> Result<()>
 where
-    F: FnMut(&Bytes, &Bytes) -> Scan,
+    F: FnMut(&[u8], &Bytes) -> Scan,
 {
     let mut sources: Vec<Box<dyn EntryIter + 'a>> = Vec::new();
     sources.push(Box::new(v.active.iter(start)));
@@ -900,7 +900,7 @@ impl EngineSnapshot for LsmSnapshot {
 
     fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, visit: F) -> Result<()>
     where
-        F: FnMut(&Bytes, &Bytes) -> Scan,
+        F: FnMut(&[u8], &Bytes) -> Scan,
     {
         scan_version(&self.version, self.seq, start, end, visit)
     }
@@ -1651,7 +1651,7 @@ mod tests {
             }
             let mut scanned = BTreeMap::new();
             snap.scan(Bound::Unbounded, Bound::Unbounded, |k, v| {
-                scanned.insert(k.clone(), v.clone());
+                scanned.insert(Bytes::copy_from_slice(k), v.clone());
                 Scan::Continue
             })
             .unwrap();

@@ -164,7 +164,7 @@ fn checkpoints_taken_during_writes_are_consistent() {
             assert_eq!(data.applied_index, snap.applied_index());
             let mut got = Vec::new();
             snap.scan(Bound::Unbounded, Bound::Unbounded, |k, v| {
-                got.push((k.clone(), v.clone()));
+                got.push((Bytes::copy_from_slice(k), v.clone()));
                 engine::Scan::Continue
             })
             .unwrap();

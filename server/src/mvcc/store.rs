@@ -1118,7 +1118,7 @@ impl<E: Engine> MvccStore<E> {
                 if !k.starts_with(&start) {
                     return Scan::Stop;
                 }
-                out.push((k.slice(1..), v.clone()));
+                out.push((Bytes::copy_from_slice(&k[1..]), v.clone()));
                 Scan::Continue
             })?;
         Ok(out)
@@ -1226,6 +1226,10 @@ impl<E: Engine> MvccStore<E> {
         for (sub, ch) in changes.iter().enumerate() {
             let mut value = Vec::with_capacity(24 + ch.kv.key.len() + ch.kv.value.len());
             codec::encode_kv(&mut value, &ch.kv, ch.tombstone);
+            // A `Bytes` made of a Vec with spare capacity allocates a header
+            // to remember it (32 bytes that an engine keeping the record in
+            // memory keeps as long as the record); an exact Vec needs none.
+            value.shrink_to_fit();
             batch.put(rev_key(rev, sub as u64), Bytes::from(value));
         }
         batch.set_applied_index(index);

@@ -1404,7 +1404,7 @@ fn delete_oldest_revision_record(data_dir: &std::path::Path) {
     let mut oldest = None;
     e.snapshot()
         .scan(Bound::Included(b"k"), Bound::Excluded(b"l"), |k, _| {
-            oldest = Some(k.clone());
+            oldest = Some(bytes::Bytes::copy_from_slice(k));
             Scan::Stop
         })
         .unwrap();

@@ -56,7 +56,7 @@ impl EngineSnapshot for MapSnap {
 
     fn scan<F>(&self, start: Bound<&[u8]>, end: Bound<&[u8]>, mut visit: F) -> engine::Result<()>
     where
-        F: FnMut(&Bytes, &Bytes) -> Scan,
+        F: FnMut(&[u8], &Bytes) -> Scan,
     {
         for (k, v) in self.data.range::<[u8], _>((start, end)) {
             if visit(k, v) == Scan::Stop {
@@ -186,7 +186,7 @@ fn dump<E: Engine>(e: &E) -> Vec<(Bytes, Bytes)> {
     let mut out = Vec::new();
     e.snapshot()
         .scan(Bound::Unbounded, Bound::Unbounded, |k, v| {
-            out.push((k.clone(), v.clone()));
+            out.push((Bytes::copy_from_slice(k), v.clone()));
             Scan::Continue
         })
         .unwrap();
