@@ -381,6 +381,26 @@ mod tests {
             .unwrap()
     }
 
+    /// Runs `body` on a shard of its own (an executor on this thread) with
+    /// its end of `link`, allowed `bound` questions in flight.
+    fn on_a_shard<T, Fut>(
+        questions: SharedSender<Vec<Job<FakeOwner>>>,
+        answers: SharedReceiver<Vec<Delivery>>,
+        bound: usize,
+        body: impl FnOnce(Rc<Remote<FakeOwner>>) -> Fut,
+    ) -> T
+    where
+        Fut: Future<Output = T>,
+    {
+        LocalExecutorBuilder::new(Placement::Unbound)
+            .make()
+            .unwrap()
+            .run(async move {
+                let view = std::sync::Arc::new(ReadView::new(Default::default()));
+                body(Remote::start(questions, answers, view, bound).await).await
+            })
+    }
+
     /// A burst of questions from a shard crosses to the owner in far fewer
     /// messages than questions, and every caller gets its own answer.
     #[test]
@@ -388,13 +408,11 @@ mod tests {
         const BURST: usize = 2_000;
         let link = Link::<FakeOwner>::new();
         let owner = fake_owner(link.questions.1, link.answers.0, Some(BURST));
-        let (sent_messages, answered) = LocalExecutorBuilder::new(Placement::Unbound)
-            .make()
-            .unwrap()
-            .run(async move {
-                let view = std::sync::Arc::new(ReadView::new(Default::default()));
-                let remote =
-                    Remote::start(link.questions.0, link.answers.1, view, MAX_IN_FLIGHT).await;
+        let (sent_messages, answered) = on_a_shard(
+            link.questions.0,
+            link.answers.1,
+            MAX_IN_FLIGHT,
+            |remote| async move {
                 let calls: Vec<_> = (0..BURST as u64)
                     .map(|i| {
                         let remote = remote.clone();
@@ -410,7 +428,8 @@ mod tests {
                     }
                 }
                 (remote.to_owner.messages.get(), answered)
-            });
+            },
+        );
         let (messages, items) = owner.join().unwrap();
         assert_eq!(answered, BURST);
         assert_eq!(items, BURST);
@@ -445,13 +464,11 @@ mod tests {
                 glommio::timer::sleep(Duration::from_millis(200)).await;
             })
             .unwrap();
-        let answers = LocalExecutorBuilder::new(Placement::Unbound)
-            .make()
-            .unwrap()
-            .run(async move {
-                let view = std::sync::Arc::new(ReadView::new(Default::default()));
-                let remote =
-                    Remote::start(link.questions.0, link.answers.1, view, MAX_IN_FLIGHT).await;
+        let answers = on_a_shard(
+            link.questions.0,
+            link.answers.1,
+            MAX_IN_FLIGHT,
+            |remote| async move {
                 let first = remote.ask(|owner| async move { owner.0 }).await;
                 let on_the_way: Vec<_> = (0..ON_THE_WAY)
                     .map(|_| {
@@ -472,7 +489,8 @@ mod tests {
                 let later = remote.ask(|owner| async move { owner.0 }).await;
                 answers.push(Ok(later));
                 answers
-            });
+            },
+        );
         owner.join().unwrap();
         assert!(matches!(answers[0], Ok(Ok(7))));
         for answer in &answers[1..] {
@@ -492,12 +510,11 @@ mod tests {
         const CALLERS: usize = 3 * BOUND;
         let link = Link::<FakeOwner>::new();
         let owner = fake_owner(link.questions.1, link.answers.0, None);
-        let (finished, queued, slots_left) = LocalExecutorBuilder::new(Placement::Unbound)
-            .make()
-            .unwrap()
-            .run(async move {
-                let view = std::sync::Arc::new(ReadView::new(Default::default()));
-                let remote = Remote::start(link.questions.0, link.answers.1, view, BOUND).await;
+        let (finished, queued, slots_left) = on_a_shard(
+            link.questions.0,
+            link.answers.1,
+            BOUND,
+            |remote| async move {
                 let finished = Rc::new(Cell::new(0usize));
                 let calls: Vec<_> = (0..CALLERS)
                     .map(|_| {
@@ -519,7 +536,8 @@ mod tests {
                 );
                 drop(calls);
                 seen
-            });
+            },
+        );
         let (_, items) = owner.join().unwrap();
         assert_eq!(items, BOUND, "the owner got exactly the bound");
         assert_eq!(

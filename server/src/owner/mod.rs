@@ -277,11 +277,7 @@ impl Backend {
         is_learner: bool,
     ) -> Result<(MemberChange, u64)> {
         self.ask_termed(move |node| async move {
-            let (added, members) = node.member_add(peer_urls, is_learner).await?;
-            Ok(MemberChange {
-                added: Some(added),
-                members,
-            })
+            with_added(node.member_add(peer_urls, is_learner).await)
         })
         .await
     }
@@ -292,13 +288,9 @@ impl Backend {
         old: u64,
         peer_urls: Vec<String>,
     ) -> Result<(MemberChange, u64)> {
-        self.ask_termed(move |node| async move {
-            let (added, members) = node.member_replace(old, peer_urls).await?;
-            Ok(MemberChange {
-                added: Some(added),
-                members,
-            })
-        })
+        self.ask_termed(
+            move |node| async move { with_added(node.member_replace(old, peer_urls).await) },
+        )
         .await
     }
 
@@ -385,6 +377,13 @@ fn lease_answer<T>(node: &Node, answer: T) -> LeaseAnswer<T> {
         revision: status.revision,
         term: status.term,
     }
+}
+
+fn with_added(change: Result<(MemberRecord, Vec<MemberRecord>)>) -> Result<MemberChange> {
+    change.map(|(added, members)| MemberChange {
+        added: Some(added),
+        members,
+    })
 }
 
 fn members_only(members: Result<Vec<MemberRecord>>) -> Result<MemberChange> {
