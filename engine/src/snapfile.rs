@@ -136,6 +136,110 @@ async fn write_to<S: EngineSnapshot>(snap: &S, mut sink: DmaSink<'_>) -> Result<
     sink.finish().await
 }
 
+/// A snapshot file written record by record from plain std I/O, for
+/// offline tools (a restore converting another store) whose source hands
+/// out records in ascending key order and is too big to hold: the bytes are
+/// exactly [`write`]'s. Nothing is left under `path` unless
+/// [`StreamWriter::finish`] succeeds (the file is removed on drop).
+pub struct StreamWriter {
+    file: Option<std::io::BufWriter<File>>,
+    path: std::path::PathBuf,
+    crc: u32,
+    count: u64,
+    last_key: Option<Vec<u8>>,
+}
+
+impl StreamWriter {
+    pub fn create(path: &Path, applied_index: u64) -> Result<StreamWriter> {
+        let file = File::create(path).map_err(|e| Error::io("create snapshot file", path, e))?;
+        let mut writer = StreamWriter {
+            file: Some(std::io::BufWriter::with_capacity(
+                WRITE_BUFFER_SIZE as usize,
+                file,
+            )),
+            path: path.to_path_buf(),
+            crc: 0,
+            count: 0,
+            last_key: None,
+        };
+        let mut header = [0u8; HEADER_LEN as usize];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header[12..20].copy_from_slice(&applied_index.to_le_bytes());
+        writer.put_bytes(&header)?;
+        Ok(writer)
+    }
+
+    /// Appends a record; keys must come strictly ascending.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        if self.last_key.as_deref().is_some_and(|last| last >= key) {
+            return Err(Error::Invalid(format!(
+                "snapshot records out of order: {:02x?} after {:02x?}",
+                &key[..key.len().min(32)],
+                self.last_key.as_deref().map(|k| &k[..k.len().min(32)])
+            )));
+        }
+        let mut record_header = [0u8; RECORD_HEADER_LEN as usize];
+        record_header[..4].copy_from_slice(&len_u32(key.len(), "key")?.to_le_bytes());
+        record_header[4..].copy_from_slice(&len_u32(value.len(), "value")?.to_le_bytes());
+        self.put_bytes(&record_header)?;
+        self.put_bytes(key)?;
+        self.put_bytes(value)?;
+        self.count += 1;
+        let last = self.last_key.get_or_insert_with(Vec::new);
+        last.clear();
+        last.extend_from_slice(key);
+        Ok(())
+    }
+
+    /// Writes the footer and makes the file durable; answers its length.
+    pub fn finish(mut self) -> Result<u64> {
+        self.put_bytes(&self.count.to_le_bytes())?;
+        let crc = self.crc.to_le_bytes();
+        let mut file = self
+            .file
+            .take()
+            .ok_or_else(|| Error::Invalid("a finished snapshot writer".into()))?;
+        let path = self.path.clone();
+        let done = (|| {
+            use std::io::Write;
+            file.write_all(&crc)?;
+            let file = file.into_inner().map_err(|e| e.into_error())?;
+            file.sync_data()?;
+            file.metadata().map(|m| m.len())
+        })();
+        match done {
+            Ok(len) => {
+                // Kept: nothing to remove on drop.
+                self.path = std::path::PathBuf::new();
+                Ok(len)
+            }
+            Err(e) => Err(Error::io("write snapshot file", &path, e)),
+        }
+    }
+
+    fn put_bytes(&mut self, data: &[u8]) -> Result<()> {
+        use std::io::Write;
+        self.crc = crc32c::crc32c_append(self.crc, data);
+        let file = self
+            .file
+            .as_mut()
+            .ok_or_else(|| Error::Invalid("a finished snapshot writer".into()))?;
+        file.write_all(data)
+            .map_err(|e| Error::io("write snapshot file", &self.path, e))
+    }
+}
+
+impl Drop for StreamWriter {
+    fn drop(&mut self) {
+        // Unfinished (an error on the way): leave no partial file behind.
+        if !self.path.as_os_str().is_empty() {
+            self.file = None;
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 fn len_u32(len: usize, what: &str) -> Result<u32> {
     u32::try_from(len).map_err(|_| {
         Error::Invalid(format!(

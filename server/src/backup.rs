@@ -267,8 +267,10 @@ fn build(backup: &Path, cfg: &Config, size: u64, data_dir: &Path) -> Result<(u64
     // The engine installs a snapshot file: cut it out of the backup, or
     // convert an etcd db into one (in the executor below).
     let staged = dirs.root.join("member").join("restore.snap");
-    let etcd_db = crate::bolt::is_bolt(backup);
-    if !etcd_db {
+    if crate::bolt::is_bolt(backup) {
+        // Streamed record by record: an etcd db is never held in memory.
+        crate::etcd_db::convert_db(backup, &staged)?;
+    } else {
         stage(backup, size, &staged)?;
     }
     // Sorted: every member writes the same record whatever the order of
@@ -279,19 +281,13 @@ fn build(backup: &Path, cfg: &Config, size: u64, data_dir: &Path) -> Result<(u64
         voters,
         ..Default::default()
     };
-    let (cfg2, staged2, backup2) = (cfg.clone(), staged.clone(), backup.to_path_buf());
+    let (cfg2, staged2) = (cfg.clone(), staged.clone());
     let outcome = glommio::LocalExecutorBuilder::default()
         .name("metcd-restore")
         .io_memory(cfg.io_memory_bytes)
         .make()
         .map_err(|e| failed(format!("cannot start an executor: {e}")))?
-        .run(async move {
-            if etcd_db {
-                let store = crate::etcd_db::read_db(&backup2)?;
-                engine::snapfile::write(&engine::Engine::snapshot(&store), &staged2).await?;
-            }
-            install(&cfg2, &dirs, &staged2, &conf).await
-        });
+        .run(async move { install(&cfg2, &dirs, &staged2, &conf).await });
     let _ = std::fs::remove_file(&staged);
     outcome
 }

@@ -418,6 +418,53 @@ pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
     const BATCH: usize = 4096;
     let store = engine::MemoryEngine::new();
     let mut batch = WriteBatch::new();
+    let (applied_index, meta) = map_db(db, |key, value| {
+        batch.put(key, value);
+        if batch.ops().len() >= BATCH {
+            store.write(std::mem::replace(&mut batch, WriteBatch::new()))?;
+        }
+        Ok(())
+    })?;
+    for (k, v) in meta {
+        batch.put(k, v);
+    }
+    batch.set_applied_index(applied_index);
+    store.write(batch)?;
+    Ok(store)
+}
+
+/// The etcd backend in `path` written as a snapshot file at `out` (the
+/// records [`read_db`] would hold), streamed: a backup of any size is
+/// converted without holding its store. Answers the file's length.
+pub fn convert_db(path: &Path, out: &Path) -> Result<u64> {
+    // The file's header names the applied index before any record: read it
+    // first (a pass over the metadata), then stream the records.
+    let applied_index = consistent_index(path)?;
+    let file = std::fs::File::open(path)
+        .map_err(|e| failed(format!("cannot open {}: {e}", path.display())))?;
+    let mut writer = engine::snapfile::StreamWriter::create(out, applied_index)?;
+    let (mapped_index, meta) = map_db(&file, |key, value| Ok(writer.put(&key, &value)?))?;
+    if mapped_index != applied_index {
+        return Err(failed(format!(
+            "{} changed while it was read (consistent index {applied_index}, then {mapped_index})",
+            path.display()
+        )));
+    }
+    for (k, v) in meta {
+        writer.put(&k, &v)?;
+    }
+    Ok(writer.finish()?)
+}
+
+/// Maps the etcd backend `db` to our records: each key revision, in
+/// ascending order of our keys, goes to `put_key` as it is read; answers
+/// the backend's consistent index and the metadata records (compaction,
+/// leases, auth, alarms; sorted, and after every key revision in our
+/// order, so a sorted store can take them last).
+fn map_db(
+    db: &dyn bolt::Pages,
+    mut put_key: impl FnMut(Bytes, Bytes) -> Result<()>,
+) -> Result<(u64, Vec<(Bytes, Bytes)>)> {
     let mut applied_index = 0u64;
     let mut compacted = 0i64;
     let mut meta: Vec<(Bytes, Bytes)> = Vec::new();
@@ -462,10 +509,7 @@ pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
                     key.push(b'k');
                     key.extend_from_slice(&(main as u64).to_be_bytes());
                     key.extend_from_slice(&sub.to_be_bytes());
-                    batch.put(key.into(), value.into());
-                    if batch.ops().len() >= BATCH {
-                        store.write(std::mem::replace(&mut batch, WriteBatch::new()))?;
-                    }
+                    put_key(key.into(), value.into())?;
                 }
                 b"meta" => match k {
                     b"consistent_index" => {
@@ -539,12 +583,7 @@ pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
     }
     // Metadata records sort after every key revision (b'm' > b'k').
     meta.sort();
-    for (k, v) in meta {
-        batch.put(k, v);
-    }
-    batch.set_applied_index(applied_index);
-    store.write(batch)?;
-    Ok(store)
+    Ok((applied_index, meta))
 }
 
 #[cfg(test)]
@@ -709,6 +748,14 @@ mod tests {
         let back = read_db(&db).unwrap();
         assert_eq!(engine::Engine::applied_index(&back), 42);
         assert_eq!(all_records(&back), expected);
+        // Streamed straight into a snapshot file (a restore), the same
+        // records at the same index, never held in a store.
+        let streamed = dir.path().join("restore.snap");
+        let len = convert_db(&db, &streamed).unwrap();
+        assert_eq!(std::fs::metadata(&streamed).unwrap().len(), len);
+        let data = engine::snapfile::read(&streamed).unwrap();
+        assert_eq!(data.applied_index, 42);
+        assert_eq!(data.entries, expected);
         std::fs::remove_file(&db).unwrap();
         let again = write_db(&back.snapshot(), &db).unwrap();
         assert!(again > 0);

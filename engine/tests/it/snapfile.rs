@@ -67,6 +67,36 @@ fn file_bytes_match_the_documented_layout() {
     assert_eq!(len, expected.len() as u64);
 }
 
+/// The streaming writer writes the same bytes as the engine's, refuses
+/// keys out of order, and leaves no file behind when not finished.
+#[test]
+fn a_streamed_file_is_byte_for_byte_the_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let (from_engine, streamed) = (dir.path().join("a.snap"), dir.path().join("b.snap"));
+    write_snapfile(&small_engine(), &from_engine).unwrap();
+    let mut writer = snapfile::StreamWriter::create(&streamed, 42).unwrap();
+    for (k, v) in [
+        (&b""[..], &b"empty key"[..]),
+        (b"alpha", b"1"),
+        (b"beta", b""),
+        (b"gamma", b"three"),
+    ] {
+        writer.put(k, v).unwrap();
+    }
+    let len = writer.finish().unwrap();
+    let bytes = std::fs::read(&streamed).unwrap();
+    assert_eq!(bytes, std::fs::read(&from_engine).unwrap());
+    assert_eq!(len, bytes.len() as u64);
+
+    let unfinished = dir.path().join("c.snap");
+    let mut writer = snapfile::StreamWriter::create(&unfinished, 1).unwrap();
+    writer.put(b"b", b"1").unwrap();
+    assert!(writer.put(b"b", b"2").is_err(), "a repeated key");
+    assert!(writer.put(b"a", b"3").is_err(), "a key going back");
+    drop(writer);
+    assert!(!unfinished.exists(), "an unfinished file was left behind");
+}
+
 #[test]
 fn empty_snapshot_round_trips() {
     let dir = tempfile::tempdir().unwrap();
