@@ -292,6 +292,9 @@ fn build(backup: &Path, cfg: &Config, size: u64, data_dir: &Path) -> Result<(u64
     outcome
 }
 
+/// The block cache of the engine a restore builds.
+const RESTORE_CACHE_BYTES: usize = 32 << 20;
+
 /// Installs the staged snapshot file as the engine's state, replaces the
 /// membership records at the next index, makes that durable and starts
 /// the WAL there. Answers (index, revision).
@@ -301,8 +304,11 @@ async fn install(
     staged: &Path,
     conf: &ConfState,
 ) -> Result<(u64, i64)> {
+    // Offline: nothing is read back but the few records changed below, so
+    // the block cache (a quarter of RAM, up to 1 GiB, by default) would
+    // only fill with the pages the install writes.
     let engine_dir = engine::any::EngineDir::open(&dirs.snap, cfg.engine_kind())?
-        .with_cache_bytes(cfg.engine_cache_bytes);
+        .with_cache_bytes(cfg.engine_cache_bytes.min(RESTORE_CACHE_BYTES));
     let engine = engine_dir.install_snapshot_file(staged).await?;
     let index = engine::Engine::applied_index(&engine) + 1;
     let mut mvcc = MvccStore::open(engine.clone())?;
