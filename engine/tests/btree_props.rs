@@ -700,3 +700,30 @@ fn key_limits_and_edge_sizes() {
         assert_eq!(engine.get(k).unwrap().as_deref(), Some(&v[..]));
     }
 }
+
+/// A tree that only grows (a sequential fill, an install) is trimmed after
+/// a persist like one whose nodes are rewritten: what stays in memory is
+/// bounded by the resident budget, not by the store.
+#[test]
+fn a_growing_tree_is_trimmed_to_its_resident_budget() {
+    const BUDGET: usize = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = BtreeEngine::open(dir.path(), small_options(BUDGET)).unwrap();
+    let mut most = 0;
+    for round in 0..20u64 {
+        let mut batch = WriteBatch::new();
+        for i in 0..1000u64 {
+            let key = format!("k{:08}", round * 1000 + i);
+            batch.put(Bytes::from(key), Bytes::from(vec![b'v'; 200]));
+        }
+        batch.set_applied_index(round + 1);
+        engine.write(batch).unwrap();
+        engine.persist().unwrap();
+        most = most.max(engine.resident_nodes());
+    }
+    // 20,000 keys of ~210 bytes fill well over 1,000 leaves.
+    assert!(most <= BUDGET, "{most} nodes stayed resident");
+    let snap = engine.snapshot();
+    assert_eq!(snap.get(b"k00000000").unwrap().unwrap().len(), 200);
+    assert_eq!(snap.get(b"k00019999").unwrap().unwrap().len(), 200);
+}

@@ -608,6 +608,12 @@ impl BtreeEngine {
         self.inner.cache.usage()
     }
 
+    /// How many nodes of the writer's tree are in memory (what
+    /// [`BtreeOptions::resident_nodes`] bounds after each persist).
+    pub fn resident_nodes(&self) -> usize {
+        tree::resident(&lock(&self.inner.current).root)
+    }
+
     /// Makes everything written so far durable together with its applied
     /// index, and returns that index. Holds the writer out only while it
     /// freezes the current root; concurrent calls are serialised.
@@ -640,10 +646,13 @@ impl BtreeEngine {
             self.commit(&mut store, epoch, &root, applied, &file, freed)
         }))
         .unwrap_or_else(|_| Err(Error::Poisoned("a btree commit panicked".to_owned())));
-        if let Err(e) = committed {
-            inner.poison(&e);
-            return Err(e);
-        }
+        let nodes_written = match committed {
+            Ok(nodes) => nodes,
+            Err(e) => {
+                inner.poison(&e);
+                return Err(e);
+            }
+        };
         inner
             .durable_applied_index
             .store(applied, Ordering::Release);
@@ -652,6 +661,12 @@ impl BtreeEngine {
         }
         drop(root);
         let mut w = lock(&inner.writer);
+        // Nodes a batch created (splits, a growing tree: all of a
+        // sequential fill or an install) became resident too, not only
+        // those it loaded or copied: without them a tree that only grows
+        // was never trimmed, and held every node it wrote (7 GB for an
+        // install of 10M keys).
+        w.touched += nodes_written;
         if w.touched > inner.options.resident_nodes {
             let mut c = lock(&inner.current);
             tree::evict(&mut c.root);
@@ -668,7 +683,7 @@ impl BtreeEngine {
         applied_index: u64,
         file: &DataFile,
         freed: Vec<Freed>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         fail::fail_point!("btree::commit::after_freeze", |_| Err(injected(
             "btree::commit::after_freeze",
             file.path()
@@ -801,7 +816,7 @@ impl BtreeEngine {
                 }
             }
         }
-        Ok(())
+        Ok(node_offsets.len())
     }
 
     /// The data file's size and how much of it live data uses (as of the

@@ -920,6 +920,17 @@ fn packed_cut_points(sizes: &[usize]) -> Result<Vec<usize>> {
     Ok(cuts)
 }
 
+/// How many nodes of the tree under `child` are resident.
+pub fn resident(child: &Child) -> usize {
+    let Child::Mem(arc) = child else {
+        return 0;
+    };
+    match &arc.kind {
+        NodeKind::Branch { children, .. } => 1 + children.iter().map(resident).sum::<usize>(),
+        NodeKind::Leaf { .. } => 1,
+    }
+}
+
 /// Drops resident clean nodes from the tree under `child`, leaving page
 /// pointers, so memory holds only dirty nodes. Dirty nodes shared with a
 /// snapshot are copied (keeping their epoch: they are the same node).
