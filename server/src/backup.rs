@@ -265,7 +265,7 @@ fn build(backup: &Path, cfg: &Config, size: u64, data_dir: &Path) -> Result<(u64
         crate::node::create_dir_durable(dir)?;
     }
     // The engine installs a snapshot file: cut it out of the backup, or
-    // convert an etcd db into one (in the executor below).
+    // convert an etcd db into one.
     let staged = dirs.root.join("member").join("restore.snap");
     if crate::bolt::is_bolt(backup) {
         // Streamed record by record: an etcd db is never held in memory.

@@ -438,7 +438,8 @@ pub fn read_db_from(db: &dyn bolt::Pages) -> Result<engine::MemoryEngine> {
 /// converted without holding its store. Answers the file's length.
 pub fn convert_db(path: &Path, out: &Path) -> Result<u64> {
     // The file's header names the applied index before any record: read it
-    // first (a pass over the metadata), then stream the records.
+    // first, then stream the records (the db is read twice: bolt::read
+    // walks every bucket).
     let applied_index = consistent_index(path)?;
     let file = std::fs::File::open(path)
         .map_err(|e| failed(format!("cannot open {}: {e}", path.display())))?;

@@ -646,13 +646,10 @@ impl BtreeEngine {
             self.commit(&mut store, epoch, &root, applied, &file, freed)
         }))
         .unwrap_or_else(|_| Err(Error::Poisoned("a btree commit panicked".to_owned())));
-        let nodes_written = match committed {
-            Ok(nodes) => nodes,
-            Err(e) => {
-                inner.poison(&e);
-                return Err(e);
-            }
-        };
+        if let Err(e) = committed {
+            inner.poison(&e);
+            return Err(e);
+        }
         inner
             .durable_applied_index
             .store(applied, Ordering::Release);
@@ -661,14 +658,13 @@ impl BtreeEngine {
         }
         drop(root);
         let mut w = lock(&inner.writer);
-        // Nodes a batch created (splits, a growing tree: all of a
-        // sequential fill or an install) became resident too, not only
-        // those it loaded or copied: without them a tree that only grows
-        // was never trimmed, and held every node it wrote (7 GB for an
-        // install of 10M keys).
-        w.touched += nodes_written;
-        if w.touched > inner.options.resident_nodes {
-            let mut c = lock(&inner.current);
+        let mut c = lock(&inner.current);
+        // `touched` counts the nodes batches loaded or copied, not those
+        // they created (splits): a tree that only grows (a sequential fill,
+        // an install) was never trimmed and held every node it wrote (7 GB
+        // installing 10M keys), so the resident tree is measured too.
+        let budget = inner.options.resident_nodes;
+        if w.touched > budget || tree::resident_above(&c.root, budget) {
             tree::evict(&mut c.root);
             w.touched = 0;
         }
@@ -683,7 +679,7 @@ impl BtreeEngine {
         applied_index: u64,
         file: &DataFile,
         freed: Vec<Freed>,
-    ) -> Result<usize> {
+    ) -> Result<()> {
         fail::fail_point!("btree::commit::after_freeze", |_| Err(injected(
             "btree::commit::after_freeze",
             file.path()
@@ -816,7 +812,7 @@ impl BtreeEngine {
                 }
             }
         }
-        Ok(node_offsets.len())
+        Ok(())
     }
 
     /// The data file's size and how much of it live data uses (as of the

@@ -931,6 +931,26 @@ pub fn resident(child: &Child) -> usize {
     }
 }
 
+/// Whether more than `budget` nodes of the tree under `child` are
+/// resident; stops counting there (a walk of at most `budget` nodes).
+pub fn resident_above(child: &Child, budget: usize) -> bool {
+    fn count(child: &Child, left: &mut usize) -> bool {
+        let Child::Mem(arc) = child else {
+            return false;
+        };
+        if *left == 0 {
+            return true;
+        }
+        *left -= 1;
+        match &arc.kind {
+            NodeKind::Branch { children, .. } => children.iter().any(|c| count(c, left)),
+            NodeKind::Leaf { .. } => false,
+        }
+    }
+    let mut left = budget;
+    count(child, &mut left)
+}
+
 /// Drops resident clean nodes from the tree under `child`, leaving page
 /// pointers, so memory holds only dirty nodes. Dirty nodes shared with a
 /// snapshot are copied (keeping their epoch: they are the same node).

@@ -1681,11 +1681,13 @@ impl<S: EngineSnapshot> RangePlan<S> {
     /// revisions or version (a revision filter; a sort by create or mod
     /// revision or by version), which only the key's record holds.
     fn needs_order(&self) -> bool {
-        revision_filtered(&self.req)
-            || matches!(
-                self.req.sort_target,
-                SortTarget::Create | SortTarget::Mod | SortTarget::Version
-            )
+        match self.req.sort_target {
+            // Read whole whatever the filters: ordering would only read
+            // every record once more.
+            SortTarget::Value => false,
+            SortTarget::Create | SortTarget::Mod | SortTarget::Version => true,
+            SortTarget::Key => revision_filtered(&self.req),
+        }
     }
 
     /// For an answer that [`RangePlan::needs_order`], reads up to `n` more

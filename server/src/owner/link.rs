@@ -136,11 +136,26 @@ impl<T: Send + 'static> Outbox<T> {
     pub(crate) async fn drain_into(self: Rc<Self>, to: ConnectedSender<Vec<T>>) {
         while let Some(batch) = self.next_batch().await {
             self.messages.set(self.messages.get() + 1);
-            if to.send(batch).await.is_err() {
+            // A send waiting for room in a full channel whose other side is
+            // gone never ends (glommio waits for room, not for the
+            // receiver): the outbox closing ends it too, dropping the batch.
+            let sent = futures_lite::future::or(async { to.send(batch).await.is_ok() }, async {
+                self.closed().await;
+                false
+            })
+            .await;
+            if !sent {
                 break;
             }
         }
         self.close();
+    }
+
+    /// Once [`Outbox::close`] has run.
+    async fn closed(&self) {
+        while !self.closed.get() {
+            self.ready.notified().await;
+        }
     }
 }
 
@@ -442,11 +457,12 @@ mod tests {
     }
 
     /// Once the owner is gone, a question, whether it was already on its
-    /// way (in the link's channel, never taken by the owner) or is asked
-    /// later, is answered `Stopped` instead of waiting forever.
+    /// way (in the link's channel, never taken by the owner, or waiting for
+    /// room in it) or is asked later, is answered `Stopped` instead of
+    /// waiting forever.
     #[test]
     fn questions_to_an_owner_that_is_gone_are_answered_stopped() {
-        const ON_THE_WAY: usize = 20;
+        const ON_THE_WAY: usize = 3 * LINK_CAPACITY;
         let link = Link::<FakeOwner>::new();
         let (questions, answers) = (link.questions.1, link.answers.0);
         // Answers its first batch, then takes nothing for a while and ends.
@@ -470,18 +486,18 @@ mod tests {
             MAX_IN_FLIGHT,
             |remote| async move {
                 let first = remote.ask(|owner| async move { owner.0 }).await;
-                let on_the_way: Vec<_> = (0..ON_THE_WAY)
-                    .map(|_| {
-                        let remote = remote.clone();
-                        glommio::spawn_local(async move {
-                            let asked = remote.ask(|owner| async move { owner.0 });
-                            glommio::timer::timeout(Duration::from_secs(10), async {
-                                Ok(asked.await)
-                            })
+                // Asked over many turns, so they cross in more batches than
+                // the channel holds: its sender ends up waiting for room.
+                let mut on_the_way = Vec::new();
+                for _ in 0..ON_THE_WAY {
+                    let remote = remote.clone();
+                    on_the_way.push(glommio::spawn_local(async move {
+                        let asked = remote.ask(|owner| async move { owner.0 });
+                        glommio::timer::timeout(Duration::from_secs(10), async { Ok(asked.await) })
                             .await
-                        })
-                    })
-                    .collect();
+                    }));
+                    glommio::timer::sleep(Duration::from_millis(2)).await;
+                }
                 let mut answers = vec![Ok(first)];
                 for asked in on_the_way {
                     answers.push(asked.await);
