@@ -84,11 +84,7 @@ pub async fn write<S: EngineSnapshot>(snap: &S, path: &Path) -> Result<u64> {
 }
 
 async fn write_to<S: EngineSnapshot>(snap: &S, mut sink: DmaSink<'_>) -> Result<u64> {
-    let mut header = [0u8; HEADER_LEN as usize];
-    header[..8].copy_from_slice(MAGIC);
-    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    header[12..20].copy_from_slice(&snap.applied_index().to_le_bytes());
-    sink.put(&header).await?;
+    sink.put(&file_header(snap.applied_index())).await?;
 
     let mut count: u64 = 0;
     let mut resume_after: Option<Bytes> = None;
@@ -115,10 +111,7 @@ async fn write_to<S: EngineSnapshot>(snap: &S, mut sink: DmaSink<'_>) -> Result<
             }
         })?;
         for (key, value) in &chunk {
-            let mut record_header = [0u8; RECORD_HEADER_LEN as usize];
-            record_header[..4].copy_from_slice(&len_u32(key.len(), "key")?.to_le_bytes());
-            record_header[4..].copy_from_slice(&len_u32(value.len(), "value")?.to_le_bytes());
-            sink.put(&record_header).await?;
+            sink.put(&record_header(key, value)?).await?;
             sink.put(key).await?;
             sink.put(value).await?;
             count += 1;
@@ -162,11 +155,7 @@ impl StreamWriter {
             count: 0,
             last_key: None,
         };
-        let mut header = [0u8; HEADER_LEN as usize];
-        header[..8].copy_from_slice(MAGIC);
-        header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        header[12..20].copy_from_slice(&applied_index.to_le_bytes());
-        writer.put_bytes(&header)?;
+        writer.put_bytes(&file_header(applied_index))?;
         Ok(writer)
     }
 
@@ -179,10 +168,7 @@ impl StreamWriter {
                 self.last_key.as_deref().map(|k| &k[..k.len().min(32)])
             )));
         }
-        let mut record_header = [0u8; RECORD_HEADER_LEN as usize];
-        record_header[..4].copy_from_slice(&len_u32(key.len(), "key")?.to_le_bytes());
-        record_header[4..].copy_from_slice(&len_u32(value.len(), "value")?.to_le_bytes());
-        self.put_bytes(&record_header)?;
+        self.put_bytes(&record_header(key, value)?)?;
         self.put_bytes(key)?;
         self.put_bytes(value)?;
         self.count += 1;
@@ -238,6 +224,23 @@ impl Drop for StreamWriter {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// The file's first bytes: magic, format version, applied index.
+fn file_header(applied_index: u64) -> [u8; HEADER_LEN as usize] {
+    let mut header = [0u8; HEADER_LEN as usize];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[12..20].copy_from_slice(&applied_index.to_le_bytes());
+    header
+}
+
+/// A record's length prefix.
+fn record_header(key: &[u8], value: &[u8]) -> Result<[u8; RECORD_HEADER_LEN as usize]> {
+    let mut header = [0u8; RECORD_HEADER_LEN as usize];
+    header[..4].copy_from_slice(&len_u32(key.len(), "key")?.to_le_bytes());
+    header[4..].copy_from_slice(&len_u32(value.len(), "value")?.to_le_bytes());
+    Ok(header)
 }
 
 fn len_u32(len: usize, what: &str) -> Result<u32> {

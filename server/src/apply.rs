@@ -253,15 +253,21 @@ pub(crate) fn proposal(origin: u64, id: u64, tag: u8, body: &[u8]) -> Vec<u8> {
 /// (checked again at apply), the member's own does not.
 pub(crate) fn kv_body(req: &mvcc::Request, by: Option<&ProposedBy>) -> (u8, Vec<u8>) {
     let mut body = Vec::with_capacity(64);
-    let tag = match by {
-        Some(by) => {
-            by.encode(&mut body);
-            TAG_KV_AUTHED
-        }
-        None => TAG_KV,
-    };
+    let tag = proposer_first(by, &mut body, TAG_KV_AUTHED, TAG_KV);
     mvcc::codec::encode(req, &mut body);
     (tag, body)
+}
+
+/// Starts `body` with who proposed it, if a client did: the entry's tag
+/// is then `authed`, `plain` otherwise.
+fn proposer_first(by: Option<&ProposedBy>, body: &mut Vec<u8>, authed: u8, plain: u8) -> u8 {
+    match by {
+        Some(by) => {
+            by.encode(body);
+            authed
+        }
+        None => plain,
+    }
 }
 
 /// A lease grant's entry body.
@@ -276,13 +282,7 @@ pub(crate) fn lease_grant_body(id: i64, ttl: i64) -> Vec<u8> {
 /// (checked again at apply), the member's own (an expiry) does not.
 pub(crate) fn lease_revoke_body(id: i64, by: Option<&ProposedBy>) -> (u8, Vec<u8>) {
     let mut body = Vec::with_capacity(32);
-    let tag = match by {
-        Some(by) => {
-            by.encode(&mut body);
-            TAG_LEASE_REVOKE_AUTHED
-        }
-        None => TAG_LEASE_REVOKE,
-    };
+    let tag = proposer_first(by, &mut body, TAG_LEASE_REVOKE_AUTHED, TAG_LEASE_REVOKE);
     body.put_i64_le(id);
     (tag, body)
 }
